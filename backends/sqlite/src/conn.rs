@@ -1,0 +1,204 @@
+//! Connections, schema and the bounded blocking bridge.
+//!
+//! SQLite is synchronous. Every call runs on tokio's blocking pool under the operation's
+//! deadline; when the deadline passes, the running statement is interrupted so that no
+//! thread keeps working on a request nobody waits for.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ctxlog_core::{Error, Result, ShardId, Written};
+use rusqlite::{Connection, ErrorCode, InterruptHandle, OpenFlags, TransactionBehavior};
+
+pub(crate) const BACKEND: &str = "sqlite";
+/// Bumped when the schema changes incompatibly.
+const FORMAT: &str = "1";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS ctxlog_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS shards (
+    shard_no INTEGER PRIMARY KEY,
+    shard    BLOB NOT NULL UNIQUE,
+    writer   TEXT NOT NULL,
+    epoch    INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    max_hlc  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_no INTEGER PRIMARY KEY,
+    bot_id     TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    UNIQUE (bot_id, session_id)
+);
+CREATE TABLE IF NOT EXISTS entries (
+    shard_no     INTEGER NOT NULL,
+    seq          INTEGER NOT NULL,
+    epoch        INTEGER NOT NULL,
+    hlc          INTEGER NOT NULL,
+    kind         INTEGER NOT NULL,
+    session_no   INTEGER NOT NULL,
+    content_hash BLOB NOT NULL,
+    id           TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    body_text    TEXT,
+    body_bytes   BLOB,
+    metadata     TEXT,
+    created_at   INTEGER
+);
+-- The projection's covering index: a first scan reads this b-tree only, never bodies.
+-- Its (shard_no, seq, epoch) prefix is unique: appends take seqs inside the epoch-checked
+-- transaction.
+CREATE INDEX IF NOT EXISTS entries_projection
+    ON entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id);
+";
+
+/// A connection shared by one handle, with the means to interrupt it.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    conn: Arc<Mutex<Connection>>,
+    interrupt: Arc<InterruptHandle>,
+    timeout: Duration,
+}
+
+impl Conn {
+    /// Open (and, if asked, create) the store file, set WAL mode and ensure the schema.
+    /// Safe when many processes do it at once (rule 12).
+    pub(crate) fn open(path: &Path, create: bool, timeout: Duration) -> Result<Self> {
+        if !create && !path.exists() {
+            return Err(Error::NotFound {
+                what: format!("no ctxlog store at {}", path.display()),
+            });
+        }
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let open_err = |e: rusqlite::Error| open_error(path, e);
+        let mut conn = Connection::open_with_flags(path, flags).map_err(open_err)?;
+        // The busy handler waits for other processes' locks, never past the deadline.
+        conn.busy_timeout(timeout).map_err(open_err)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(open_err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::backend(
+                BACKEND,
+                "open",
+                None,
+                Written::Nothing,
+                format!("{} cannot use WAL journal mode (got {mode})", path.display()),
+            ));
+        }
+        // FULL: an acknowledged commit survives power loss, not only a process crash.
+        conn.pragma_update(None, "synchronous", "FULL").map_err(open_err)?;
+        ensure_schema(&mut conn).map_err(open_err)?;
+        let interrupt = Arc::new(conn.get_interrupt_handle());
+        Ok(Conn {
+            conn: Arc::new(Mutex::new(conn)),
+            interrupt,
+            timeout,
+        })
+    }
+
+    /// Run `f` on the blocking pool under the deadline. On a miss the statement is
+    /// interrupted and the error says `written_on_timeout`.
+    pub(crate) async fn run<T, F>(&self, op: &'static str, shard: Option<ShardId>, written_on_timeout: Written, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut guard)
+        });
+        match tokio::time::timeout(self.timeout, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(Error::backend(BACKEND, op, shard, written_on_timeout, join)),
+            Err(_) => {
+                self.interrupt.interrupt();
+                Err(Error::Timeout {
+                    op,
+                    after: self.timeout,
+                    shard,
+                    written: written_on_timeout,
+                })
+            }
+        }
+    }
+}
+
+fn ensure_schema(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(SCHEMA)?;
+    tx.execute(
+        "INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1) ON CONFLICT (key) DO NOTHING",
+        [FORMAT],
+    )?;
+    let format: String = tx.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))?;
+    tx.commit()?;
+    if format != FORMAT {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "store format {format}, this build reads format {FORMAT}"
+        )));
+    }
+    Ok(())
+}
+
+fn open_error(path: &Path, e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => Error::Corrupt {
+            shard: None,
+            what: format!("{} is not a SQLite database", path.display()),
+        },
+        Some(ErrorCode::CannotOpen) => Error::NotFound {
+            what: format!("cannot open a ctxlog store at {}", path.display()),
+        },
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => Error::Timeout {
+            op: "open",
+            after: Duration::ZERO,
+            shard: None,
+            written: Written::Nothing,
+        },
+        _ => match e {
+            rusqlite::Error::InvalidParameterName(what) => Error::Corrupt {
+                shard: None,
+                what: format!("{}: {what}", path.display()),
+            },
+            e => Error::backend(BACKEND, "open", None, Written::Nothing, with_path(path, e)),
+        },
+    }
+}
+
+fn with_path(path: &Path, e: rusqlite::Error) -> String {
+    format!("{}: {e}", path.display())
+}
+
+/// Map a SQLite error of operation `op`. `written` is what the caller knows: `Nothing`
+/// before COMMIT was attempted, `Unknown` once it was.
+pub(crate) fn sql_error(op: &'static str, shard: Option<ShardId>, written: Written, e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => Error::Timeout {
+            op,
+            after: Duration::ZERO,
+            shard,
+            written,
+        },
+        Some(ErrorCode::OperationInterrupted) => Error::Timeout {
+            op,
+            after: Duration::ZERO,
+            shard,
+            written,
+        },
+        Some(ErrorCode::DatabaseCorrupt) | Some(ErrorCode::NotADatabase) => Error::Corrupt {
+            shard,
+            what: e.to_string(),
+        },
+        _ => Error::backend(BACKEND, op, shard, written, e),
+    }
+}

@@ -1,0 +1,342 @@
+//! Reading: shard listings, full entries, and the projector's and history checker's scans.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::DateTime;
+use ctxlog_core::engine::{HistoryChecker, HistorySource, IndexSource};
+use ctxlog_core::index::{IndexRow, ProjectionIndex};
+use ctxlog_core::{
+    Body, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions, WriterId,
+    Written,
+};
+use rusqlite::{Connection, Row, params};
+
+use crate::conn::{Conn, sql_error};
+
+pub(crate) fn shards(c: &mut Connection) -> rusqlite::Result<Vec<ShardInfo>> {
+    let mut stmt = c.prepare(
+        "SELECT s.shard, s.writer, s.epoch, s.last_seq,
+                (SELECT count(*) FROM entries e WHERE e.shard_no = s.shard_no)
+         FROM shards s",
+    )?;
+    let mut out = stmt
+        .query_map([], |r| {
+            Ok(ShardInfo {
+                shard: shard_id(r, 0)?,
+                writer: WriterId::new(r.get::<_, String>(1)?)
+                    .map_err(|e| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.into()))?,
+                epoch: r.get::<_, i64>(2)? as u64,
+                last_seq: r.get::<_, i64>(3)? as u64,
+                entries: r.get::<_, i64>(4)? as u64,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    out.sort_by_key(|s| s.shard);
+    Ok(out)
+}
+
+fn shard_id(r: &Row<'_>, i: usize) -> rusqlite::Result<ShardId> {
+    let bytes: [u8; 16] = r.get(i)?;
+    Ok(ShardId::from_bytes(bytes))
+}
+
+/// The columns of a full entry, joined with its shard and session.
+const ENTRY_COLUMNS: &str = "sh.shard, e.seq, e.epoch, e.hlc, e.kind, s.bot_id, s.session_id, e.content_hash, e.id,
+     e.role, e.content_type, e.body_text, e.body_bytes, e.metadata, e.created_at";
+const ENTRY_JOIN: &str = "FROM entries e JOIN shards sh ON sh.shard_no = e.shard_no
+     JOIN sessions s ON s.session_no = e.session_no";
+
+/// Decode one full entry. A row that cannot be decoded is corrupt, and the error says which.
+fn entry(r: &Row<'_>) -> Result<Entry> {
+    let corrupt = |what: String| Error::Corrupt { shard: None, what };
+    let sql = |e: rusqlite::Error| corrupt(format!("unreadable entry row: {e}"));
+    let shard = shard_id(r, 0).map_err(sql)?;
+    let seq = r.get::<_, i64>(1).map_err(sql)? as u64;
+    let epoch = r.get::<_, i64>(2).map_err(sql)? as u64;
+    let at = |what: &str| Error::Corrupt {
+        shard: Some(shard),
+        what: format!("entry seq {seq} epoch {epoch}: {what}"),
+    };
+    let kind = Kind::from_u8(r.get::<_, u8>(4).map_err(sql)?).ok_or_else(|| at("unknown kind"))?;
+    let hash: Vec<u8> = r.get(7).map_err(sql)?;
+    let content_hash = ContentHash::from_slice(&hash).ok_or_else(|| at("content hash is not 32 bytes"))?;
+    let body = match (r.get::<_, Option<String>>(11).map_err(sql)?, r.get::<_, Option<Vec<u8>>>(12).map_err(sql)?) {
+        (Some(t), None) => Body::Text(t),
+        (None, Some(b)) => Body::Bytes(b),
+        _ => return Err(at("body must be text or bytes")),
+    };
+    let metadata = match r.get::<_, Option<String>>(13).map_err(sql)? {
+        None => None,
+        Some(m) => Some(serde_json::from_str(&m).map_err(|e| at(&format!("metadata is not JSON: {e}")))?),
+    };
+    let created_at = r
+        .get::<_, Option<i64>>(14)
+        .map_err(sql)?
+        .map(DateTime::from_timestamp_nanos);
+    Ok(Entry {
+        shard,
+        seq,
+        epoch,
+        hlc: Hlc(r.get::<_, i64>(3).map_err(sql)? as u64),
+        record: Record {
+            id: r.get(8).map_err(sql)?,
+            bot_id: r.get(5).map_err(sql)?,
+            session_id: r.get(6).map_err(sql)?,
+            role: r.get(9).map_err(sql)?,
+            content_type: r.get(10).map_err(sql)?,
+            body,
+            metadata,
+            created_at,
+            kind,
+        },
+        content_hash,
+    })
+}
+
+pub(crate) fn read_shard(c: &mut Connection, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
+    let err = |e| sql_error("read shard", Some(shard), Written::Nothing, e);
+    let mut stmt = c
+        .prepare_cached(&format!(
+            "SELECT {ENTRY_COLUMNS} {ENTRY_JOIN} WHERE sh.shard = ?1 AND e.seq > ?2 ORDER BY e.seq, e.epoch LIMIT ?3"
+        ))
+        .map_err(err)?;
+    let mut rows = stmt
+        .query(params![&shard.as_bytes()[..], after_seq as i64, limit.min(i64::MAX as usize) as i64])
+        .map_err(err)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(err)? {
+        out.push(entry(r)?);
+    }
+    Ok(out)
+}
+
+/// A lazily opened read connection for a projector or checker.
+struct ReadConn {
+    path: PathBuf,
+    options: StoreOptions,
+    conn: Mutex<Option<Conn>>,
+}
+
+impl ReadConn {
+    fn new(path: PathBuf, options: StoreOptions) -> Self {
+        ReadConn {
+            path,
+            options,
+            conn: Mutex::new(None),
+        }
+    }
+
+    async fn get(&self) -> Result<Conn> {
+        if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
+            return Ok(c.clone());
+        }
+        let (path, timeout) = (self.path.clone(), self.options.timeout);
+        // Readers never create a store: a missing file is NotFound.
+        let task = tokio::task::spawn_blocking(move || Conn::open(&path, false, timeout));
+        let conn = match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(r)) => r?,
+            Ok(Err(join)) => return Err(Error::backend(crate::conn::BACKEND, "open", None, Written::Nothing, join)),
+            Err(_) => {
+                return Err(Error::Timeout {
+                    op: "open",
+                    after: timeout,
+                    shard: None,
+                    written: Written::Nothing,
+                });
+            }
+        };
+        *self.conn.lock().expect("not poisoned") = Some(conn.clone());
+        Ok(conn)
+    }
+}
+
+/// What the projector's source remembers between catch-ups.
+#[derive(Default)]
+pub(crate) struct Cursor {
+    /// shard_no -> shard id.
+    shards: HashMap<i64, ShardId>,
+    /// session_no -> (bot, session), for the sessions seen so far.
+    sessions: HashMap<i64, (String, String)>,
+    max_session_no: i64,
+}
+
+pub(crate) struct SqliteIndex {
+    conn: ReadConn,
+}
+
+impl SqliteIndex {
+    pub(crate) fn new(path: PathBuf, options: StoreOptions) -> Self {
+        SqliteIndex {
+            conn: ReadConn::new(path, options),
+        }
+    }
+}
+
+#[async_trait]
+impl IndexSource for SqliteIndex {
+    type Cursor = Cursor;
+
+    async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<u64> {
+        let conn = self.conn.get().await?;
+        // Move both into the blocking task and back; if the task is cancelled by the
+        // deadline, both stay at their defaults, which agree (the next refresh is a first scan).
+        let mut cur = std::mem::take(cursor);
+        let mut idx = std::mem::take(index);
+        let (cur, idx, n) = conn
+            .run("refresh", None, Written::Nothing, move |c| {
+                let n = catch_up(c, &mut cur, &mut idx);
+                Ok((cur, idx, n))
+            })
+            .await?;
+        *cursor = cur;
+        *index = idx;
+        n.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
+    }
+
+    async fn fetch(&self, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+        let conn = self.conn.get().await?;
+        let keys = keys.to_vec();
+        conn.run("read entries", None, Written::Nothing, move |c| fetch(c, &keys))
+            .await
+    }
+
+    fn timeout(&self) -> Duration {
+        self.conn.options.timeout
+    }
+}
+
+/// Apply every entry past the index's checkpoint, in one read transaction so that every
+/// shard is read at the same snapshot.
+fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex) -> rusqlite::Result<u64> {
+    let tx = c.transaction()?;
+    {
+        let mut stmt = tx.prepare_cached("SELECT shard_no, shard FROM shards")?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            cursor.shards.insert(r.get(0)?, shard_id(r, 1)?);
+        }
+        let mut stmt =
+            tx.prepare_cached("SELECT session_no, bot_id, session_id FROM sessions WHERE session_no > ?1")?;
+        let mut rows = stmt.query([cursor.max_session_no])?;
+        while let Some(r) = rows.next()? {
+            let no: i64 = r.get(0)?;
+            cursor.sessions.insert(no, (r.get(1)?, r.get(2)?));
+            cursor.max_session_no = cursor.max_session_no.max(no);
+        }
+    }
+    let mut applied = 0;
+    let mut stmt = tx.prepare_cached(
+        "SELECT seq, epoch, hlc, kind, session_no, content_hash, id FROM entries INDEXED BY entries_projection
+         WHERE shard_no = ?1 AND seq > ?2 ORDER BY seq, epoch",
+    )?;
+    for (&shard_no, &shard) in &cursor.shards {
+        let after = index.checkpoint().get(shard);
+        let mut rows = stmt.query(params![shard_no, after as i64])?;
+        while let Some(r) = rows.next()? {
+            let session_no: i64 = r.get(4)?;
+            let (bot_id, session_id) = cursor.sessions.get(&session_no).ok_or_else(|| {
+                rusqlite::Error::InvalidColumnType(4, format!("session_no {session_no}"), rusqlite::types::Type::Integer)
+            })?;
+            let hash = r.get_ref(5)?.as_blob()?;
+            let kind = Kind::from_u8(r.get(3)?)
+                .ok_or_else(|| rusqlite::Error::InvalidColumnType(3, "kind".into(), rusqlite::types::Type::Integer))?;
+            let row = IndexRow {
+                key: OrderKey {
+                    hlc: Hlc(r.get::<_, i64>(2)? as u64),
+                    shard,
+                    seq: r.get::<_, i64>(0)? as u64,
+                    epoch: r.get::<_, i64>(1)? as u64,
+                },
+                id: r.get_ref(6)?.as_str()?,
+                kind,
+                hash: ContentHash::from_slice(hash).ok_or_else(|| {
+                    rusqlite::Error::InvalidColumnType(5, "content_hash".into(), rusqlite::types::Type::Blob)
+                })?,
+                bot_id,
+                session_id,
+            };
+            if index.apply(row) {
+                applied += 1;
+            }
+        }
+    }
+    drop(stmt);
+    tx.commit()?;
+    Ok(applied)
+}
+
+fn fetch(c: &mut Connection, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+    let err = |e| sql_error("read entries", None, Written::Nothing, e);
+    let tx = c.transaction().map_err(err)?;
+    let mut out = Vec::with_capacity(keys.len());
+    {
+        let mut stmt = tx
+            .prepare_cached(&format!(
+                "SELECT {ENTRY_COLUMNS} {ENTRY_JOIN} WHERE sh.shard = ?1 AND e.seq = ?2 AND e.epoch = ?3"
+            ))
+            .map_err(err)?;
+        for k in keys {
+            let mut rows = stmt
+                .query(params![&k.shard.as_bytes()[..], k.seq as i64, k.epoch as i64])
+                .map_err(err)?;
+            match rows.next().map_err(err)? {
+                Some(r) => out.push(entry(r)?),
+                None => {
+                    return Err(Error::Corrupt {
+                        shard: Some(k.shard),
+                        what: format!("entry seq {} epoch {} is indexed but missing", k.seq, k.epoch),
+                    });
+                }
+            }
+        }
+    }
+    tx.commit().map_err(err)?;
+    Ok(out)
+}
+
+pub(crate) struct SqliteHistory {
+    conn: ReadConn,
+}
+
+impl SqliteHistory {
+    pub(crate) fn new(path: PathBuf, options: StoreOptions) -> Self {
+        SqliteHistory {
+            conn: ReadConn::new(path, options),
+        }
+    }
+}
+
+#[async_trait]
+impl HistorySource for SqliteHistory {
+    async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
+        let conn = self.conn.get().await?;
+        let mut ch = std::mem::take(checker);
+        let ch = conn
+            .run("conflict discovery", None, Written::Nothing, move |c| {
+                let err = |e| sql_error("conflict discovery", None, Written::Nothing, e);
+                let tx = c.transaction().map_err(err)?;
+                {
+                    let mut stmt = tx
+                        .prepare(&format!("SELECT {ENTRY_COLUMNS} {ENTRY_JOIN}"))
+                        .map_err(err)?;
+                    let mut rows = stmt.query([]).map_err(err)?;
+                    while let Some(r) = rows.next().map_err(err)? {
+                        ch.visit(&entry(r)?);
+                    }
+                }
+                tx.commit().map_err(err)?;
+                Ok(ch)
+            })
+            .await?;
+        *checker = ch;
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.conn.options.timeout
+    }
+}

@@ -1,0 +1,158 @@
+//! The CLI's JSON interface: input records on stdin, output records on stdout.
+//! Field names are part of the interface; scripts rely on them.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use chrono::{DateTime, SecondsFormat, Utc};
+use ctxlog::{Body, Entry, Error, Kind, Record, Result};
+use serde_json::{Map, Value, json};
+
+/// Parse one input line into a record. Every problem names its field.
+pub fn parse_record(line: &str) -> Result<Record> {
+    let value: Value =
+        serde_json::from_str(line).map_err(|e| Error::invalid("record", None, format!("not valid JSON: {e}")))?;
+    let Value::Object(mut obj) = value else {
+        return Err(Error::invalid("record", None, "each line must be a JSON object"));
+    };
+    let text = take_string(&mut obj, "text")?;
+    let bytes = take_string(&mut obj, "bytes_b64")?;
+    let body = match (text, bytes) {
+        (Some(_), Some(_)) => return Err(Error::invalid("bytes_b64", None, "give either `text` or `bytes_b64`, not both")),
+        (Some(t), None) => Body::Text(t),
+        (None, Some(b)) => Body::Bytes(
+            B64.decode(b.as_bytes())
+                .map_err(|e| Error::invalid("bytes_b64", None, format!("not base64: {e}")))?,
+        ),
+        (None, None) => Body::Text(String::new()),
+    };
+    let kind = match take_string(&mut obj, "kind")?.as_deref() {
+        None | Some("put") => Kind::Put,
+        Some("tombstone") => Kind::Tombstone,
+        Some(other) => {
+            return Err(Error::invalid("kind", None, format!("`{other}` is neither `put` nor `tombstone`")));
+        }
+    };
+    let created_at = match take_string(&mut obj, "created_at")? {
+        None => None,
+        Some(s) => Some(
+            DateTime::parse_from_rfc3339(&s)
+                .map_err(|e| Error::invalid("created_at", None, format!("not RFC 3339: {e}")))?
+                .with_timezone(&Utc),
+        ),
+    };
+    let record = Record {
+        id: take_string(&mut obj, "id")?.unwrap_or_default(),
+        bot_id: take_string(&mut obj, "bot_id")?.unwrap_or_default(),
+        session_id: take_string(&mut obj, "session_id")?.unwrap_or_default(),
+        role: take_string(&mut obj, "role")?.unwrap_or_default(),
+        content_type: take_string(&mut obj, "content_type")?.unwrap_or_else(|| "text/plain".into()),
+        body,
+        metadata: obj.remove("metadata").filter(|m| !m.is_null()),
+        created_at,
+        kind,
+    };
+    if let Some(unknown) = obj.keys().next() {
+        let field: &'static str = "record";
+        return Err(Error::invalid(field, None, format!("unknown field `{unknown}`")));
+    }
+    Ok(record)
+}
+
+fn take_string(obj: &mut Map<String, Value>, field: &'static str) -> Result<Option<String>> {
+    match obj.remove(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(Error::invalid(field, None, "must be a string")),
+    }
+}
+
+/// An entry as printed: the input fields plus `shard`, `seq`, `epoch`, `hlc`.
+pub fn entry_json(e: &Entry) -> Value {
+    let r = &e.record;
+    let mut obj = Map::new();
+    obj.insert("id".into(), json!(r.id));
+    obj.insert("bot_id".into(), json!(r.bot_id));
+    obj.insert("session_id".into(), json!(r.session_id));
+    obj.insert("role".into(), json!(r.role));
+    obj.insert("content_type".into(), json!(r.content_type));
+    match &r.body {
+        Body::Text(t) => obj.insert("text".into(), json!(t)),
+        Body::Bytes(b) => obj.insert("bytes_b64".into(), json!(B64.encode(b))),
+    };
+    if let Some(m) = &r.metadata {
+        obj.insert("metadata".into(), m.clone());
+    }
+    if let Some(t) = r.created_at {
+        obj.insert("created_at".into(), json!(t.to_rfc3339_opts(SecondsFormat::AutoSi, true)));
+    }
+    obj.insert(
+        "kind".into(),
+        json!(match r.kind {
+            Kind::Put => "put",
+            Kind::Tombstone => "tombstone",
+        }),
+    );
+    obj.insert("shard".into(), json!(e.shard.to_string()));
+    obj.insert("seq".into(), json!(e.seq));
+    obj.insert("epoch".into(), json!(e.epoch));
+    obj.insert("hlc".into(), json!(e.hlc.0));
+    Value::Object(obj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(e: Error) -> &'static str {
+        match e {
+            Error::InvalidInput { field, .. } => field,
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn parses_the_documented_fields() {
+        let r = parse_record(
+            r#"{"id":"m1","bot_id":"b","session_id":"s","role":"user","text":"hi","metadata":{"k":1},"created_at":"2026-01-02T03:04:05Z","kind":"put"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.id, "m1");
+        assert_eq!(r.content_type, "text/plain");
+        assert_eq!(r.body, Body::Text("hi".into()));
+        let r = parse_record(r#"{"id":"m1","bot_id":"b","session_id":"s","bytes_b64":"AAE=","kind":"tombstone"}"#)
+            .unwrap();
+        assert_eq!(r.body, Body::Bytes(vec![0, 1]));
+        assert_eq!(r.kind, Kind::Tombstone);
+    }
+
+    #[test]
+    fn names_the_bad_field() {
+        assert_eq!(field(parse_record(r#"{"id":1}"#).unwrap_err()), "id");
+        assert_eq!(field(parse_record(r#"{"id":"a","kind":"upsert"}"#).unwrap_err()), "kind");
+        assert_eq!(field(parse_record(r#"{"id":"a","bytes_b64":"%%"}"#).unwrap_err()), "bytes_b64");
+        assert_eq!(field(parse_record(r#"{"id":"a","created_at":"yesterday"}"#).unwrap_err()), "created_at");
+        assert_eq!(field(parse_record("[1]").unwrap_err()), "record");
+        assert_eq!(field(parse_record(r#"{"id":"a","txt":"typo"}"#).unwrap_err()), "record");
+    }
+
+    #[test]
+    fn output_round_trips_through_input() {
+        let mut rec = Record::text("m1", "b", "s", "user", "hi");
+        rec.metadata = Some(json!({"k": [1, 2]}));
+        rec.created_at = Some(DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123Z").unwrap().with_timezone(&Utc));
+        let e = Entry {
+            shard: ctxlog::WriterId::new("w").unwrap().shard_id(),
+            seq: 1,
+            epoch: 1,
+            hlc: ctxlog::Hlc(7),
+            content_hash: rec.content_hash(),
+            record: rec.clone(),
+        };
+        let mut v = entry_json(&e);
+        let obj = v.as_object_mut().unwrap();
+        for k in ["shard", "seq", "epoch", "hlc"] {
+            obj.remove(k);
+        }
+        assert_eq!(parse_record(&v.to_string()).unwrap(), rec);
+    }
+}

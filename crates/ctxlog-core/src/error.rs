@@ -1,0 +1,234 @@
+//! The typed errors of every ctxlog operation (contract rules 4 and 5).
+//!
+//! Every variant says whether anything was written ([`Written`]). Callers branch on the
+//! variant and on [`Error::written`], never on message text.
+
+use std::time::Duration;
+
+use crate::types::{Epoch, ShardId};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether a failed operation may have written anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Definite: nothing of the operation was or will become visible.
+    Nothing,
+    /// Indeterminate: the write may have landed. The shard handle is poisoned; reopen the
+    /// shard and retry with the same record ids (always safe, rule 6).
+    Unknown,
+}
+
+impl std::fmt::Display for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Written::Nothing => f.write_str("nothing was written"),
+            Written::Unknown => f.write_str(
+                "the write may have landed: reopen the shard and retry with the same ids",
+            ),
+        }
+    }
+}
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input, rejected before anything was written (rule 11).
+    #[error("invalid input: `{field}`{}: {reason}; nothing was written", at(*.index))]
+    InvalidInput {
+        /// The offending field (`id`, `bot_id`, `metadata`, `body`, `uri`, ...).
+        field: &'static str,
+        /// Index of the offending record in its batch, when there is one.
+        index: Option<usize>,
+        reason: String,
+    },
+
+    /// The URI names a scheme no backend understands.
+    #[error("unknown store URI scheme `{scheme}` in `{uri}`; nothing was written")]
+    UnknownScheme { uri: String, scheme: String },
+
+    /// The URI names a backend this build does not include.
+    #[error(
+        "store `{uri}` needs the {backend} backend, which is not compiled in: enable cargo feature `{feature}`; nothing was written"
+    )]
+    BackendNotCompiled {
+        uri: String,
+        backend: &'static str,
+        feature: &'static str,
+    },
+
+    /// A newer `open_shard` of the same writer claimed the shard (rule 3).
+    #[error("shard {shard} (writer `{writer}`) is fenced: epoch {epoch} was superseded{}; {written}", newer(*.current))]
+    Fenced {
+        shard: ShardId,
+        writer: String,
+        epoch: Epoch,
+        /// The epoch that superseded ours, when the backend knows it.
+        current: Option<Epoch>,
+        written: Written,
+    },
+
+    /// A previous indeterminate error poisoned this shard handle (rule 4).
+    #[error(
+        "shard {shard} handle is poisoned by an earlier indeterminate error; reopen the shard and retry; nothing was written"
+    )]
+    Poisoned { shard: ShardId },
+
+    /// The handle was closed.
+    #[error("shard {shard} handle is closed; nothing was written")]
+    Closed { shard: ShardId },
+
+    #[error("not found: {what}")]
+    NotFound { what: String },
+
+    /// The operation missed its deadline.
+    #[error("{op} timed out after {after:?}{}; {written}", on_shard(*.shard))]
+    Timeout {
+        op: &'static str,
+        after: Duration,
+        shard: Option<ShardId>,
+        written: Written,
+    },
+
+    /// The storage engine failed.
+    #[error("{op} failed in the {backend} backend{}: {source}; {written}", on_shard(*.shard))]
+    Backend {
+        backend: &'static str,
+        op: &'static str,
+        shard: Option<ShardId>,
+        written: Written,
+        #[source]
+        source: Source,
+    },
+
+    /// Stored data is not what ctxlog wrote (or can read).
+    #[error("corrupt store{}: {what}", on_shard(*.shard))]
+    Corrupt { shard: Option<ShardId>, what: String },
+}
+
+fn at(index: Option<usize>) -> String {
+    index.map(|i| format!(" of record {i}")).unwrap_or_default()
+}
+
+fn newer(current: Option<Epoch>) -> String {
+    current.map(|e| format!(" by epoch {e}")).unwrap_or_default()
+}
+
+fn on_shard(shard: Option<ShardId>) -> String {
+    shard.map(|s| format!(" on shard {s}")).unwrap_or_default()
+}
+
+impl Error {
+    pub fn invalid(field: &'static str, index: Option<usize>, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field,
+            index,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn backend(
+        backend: &'static str,
+        op: &'static str,
+        shard: Option<ShardId>,
+        written: Written,
+        source: impl Into<Source>,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            op,
+            shard,
+            written,
+            source: source.into(),
+        }
+    }
+
+    /// Whether anything may have been written (rule 4).
+    pub fn written(&self) -> Written {
+        match self {
+            Error::Fenced { written, .. }
+            | Error::Timeout { written, .. }
+            | Error::Backend { written, .. } => *written,
+            Error::InvalidInput { .. }
+            | Error::UnknownScheme { .. }
+            | Error::BackendNotCompiled { .. }
+            | Error::Poisoned { .. }
+            | Error::Closed { .. }
+            | Error::NotFound { .. }
+            | Error::Corrupt { .. } => Written::Nothing,
+        }
+    }
+
+    /// Definite: nothing was written, the caller may act on that.
+    pub fn is_definite(&self) -> bool {
+        self.written() == Written::Nothing
+    }
+
+    /// Bad input of any kind (rule 11), including URIs and missing backends.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidInput { .. } | Error::UnknownScheme { .. } | Error::BackendNotCompiled { .. }
+        )
+    }
+
+    /// The same error with `written` turned indeterminate (used when a failure strikes
+    /// after the write may have reached storage).
+    pub fn indeterminate(self) -> Self {
+        match self {
+            Error::Fenced {
+                shard,
+                writer,
+                epoch,
+                current,
+                ..
+            } => Error::Fenced {
+                shard,
+                writer,
+                epoch,
+                current,
+                written: Written::Unknown,
+            },
+            Error::Timeout { op, after, shard, .. } => Error::Timeout {
+                op,
+                after,
+                shard,
+                written: Written::Unknown,
+            },
+            Error::Backend {
+                backend,
+                op,
+                shard,
+                source,
+                ..
+            } => Error::Backend {
+                backend,
+                op,
+                shard,
+                written: Written::Unknown,
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Run `fut` under a deadline; a miss becomes a typed [`Error::Timeout`].
+pub async fn with_deadline<T>(
+    op: &'static str,
+    after: Duration,
+    shard: Option<ShardId>,
+    written_on_timeout: Written,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(after, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            op,
+            after,
+            shard,
+            written: written_on_timeout,
+        }),
+    }
+}

@@ -1,0 +1,341 @@
+//! The incremental projection index that backends feed while they scan.
+//!
+//! It holds only what the projection needs per entry — id, kind, content hash, order key
+//! and session — never bodies. Applying rows is idempotent and order-independent: the
+//! result depends only on the set of rows applied, so backends may read shards in any
+//! order, and a refresh may apply entries that sort before ones already seen (per-writer
+//! logs commit out of order).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use indexmap::IndexMap;
+
+use crate::hash::ContentHash;
+use crate::hlc::Hlc;
+use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats};
+use crate::types::{Checkpoint, Kind, OrderKey, SessionSummary, ShardId};
+
+/// One entry as the projection sees it. Borrowed, so that backends can feed rows straight
+/// from their column buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexRow<'a> {
+    pub key: OrderKey,
+    pub id: &'a str,
+    pub kind: Kind,
+    pub hash: ContentHash,
+    pub bot_id: &'a str,
+    pub session_id: &'a str,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Put {
+    key: OrderKey,
+    hash: ContentHash,
+    session: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+struct IdState {
+    /// The earliest `Put`.
+    winner: Option<Put>,
+    /// Every other `Put` (rare: retries and divergent writes).
+    others: Vec<Put>,
+    /// Every `Tombstone`.
+    tombstones: Vec<OrderKey>,
+}
+
+impl IdState {
+    fn first_tombstone(&self) -> Option<OrderKey> {
+        self.tombstones.iter().min().copied()
+    }
+
+    fn live(&self) -> Option<&Put> {
+        if self.tombstones.is_empty() {
+            self.winner.as_ref()
+        } else {
+            None
+        }
+    }
+
+    fn has(&self, key: &OrderKey) -> bool {
+        self.winner.as_ref().is_some_and(|w| w.key == *key)
+            || self.others.iter().any(|p| p.key == *key)
+            || self.tombstones.contains(key)
+    }
+
+    fn sessions(&self) -> impl Iterator<Item = u32> + '_ {
+        self.winner.iter().chain(self.others.iter()).map(|p| p.session)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct SessionState {
+    /// Ids that have (or had) a put in this session. Filtered at read time by the id's
+    /// current winner.
+    ids: Vec<u32>,
+}
+
+/// The projection of every row applied so far.
+#[derive(Clone, Debug, Default)]
+pub struct ProjectionIndex {
+    ids: IndexMap<Box<str>, IdState>,
+    sessions: IndexMap<(Box<str>, Box<str>), SessionState>,
+    shards: BTreeSet<ShardId>,
+    entries: u64,
+    checkpoint: Checkpoint,
+    last_session: Option<u32>,
+}
+
+/// A borrowed session key that hashes and compares like the owned `(Box<str>, Box<str>)`.
+#[derive(Hash)]
+struct SessionRef<'a>(&'a str, &'a str);
+
+impl indexmap::Equivalent<(Box<str>, Box<str>)> for SessionRef<'_> {
+    fn equivalent(&self, key: &(Box<str>, Box<str>)) -> bool {
+        self.0 == &*key.0 && self.1 == &*key.1
+    }
+}
+
+impl ProjectionIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply one entry. Returns false when the index already held it.
+    pub fn apply(&mut self, row: IndexRow<'_>) -> bool {
+        let session = self.session_no(row.bot_id, row.session_id);
+        let (id_no, state) = match self.ids.get_full_mut(row.id) {
+            Some((i, _, s)) => (i as u32, s),
+            None => {
+                let (i, _) = self.ids.insert_full(row.id.into(), IdState::default());
+                (i as u32, &mut self.ids[i])
+            }
+        };
+        if state.has(&row.key) {
+            return false;
+        }
+        match row.kind {
+            Kind::Tombstone => state.tombstones.push(row.key),
+            Kind::Put => {
+                let known_here = state.sessions().any(|s| s == session);
+                let put = Put {
+                    key: row.key,
+                    hash: row.hash,
+                    session,
+                };
+                match state.winner {
+                    None => state.winner = Some(put),
+                    Some(w) if put.key < w.key => {
+                        state.others.push(w);
+                        state.winner = Some(put);
+                    }
+                    Some(_) => state.others.push(put),
+                }
+                if !known_here {
+                    self.sessions[session as usize].ids.push(id_no);
+                }
+            }
+        }
+        self.entries += 1;
+        self.shards.insert(row.key.shard);
+        self.checkpoint.advance(row.key.shard, row.key.seq);
+        true
+    }
+
+    fn session_no(&mut self, bot_id: &str, session_id: &str) -> u32 {
+        // Rows of one session tend to come together: try the last one first, then look up
+        // by borrowed key, allocating only for a new session.
+        if let Some(last) = self.last_session {
+            let ((b, s), _) = self.sessions.get_index(last as usize).expect("interned");
+            if &**b == bot_id && &**s == session_id {
+                return last;
+            }
+        }
+        let no = match self.sessions.get_index_of(&SessionRef(bot_id, session_id)) {
+            Some(i) => i as u32,
+            None => {
+                let key = (Box::<str>::from(bot_id), Box::<str>::from(session_id));
+                self.sessions.insert_full(key, SessionState::default()).0 as u32
+            }
+        };
+        self.last_session = Some(no);
+        no
+    }
+
+    /// The highest seq applied per shard.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// The order key of the live winner of `id`.
+    pub fn live_key(&self, id: &str) -> Option<OrderKey> {
+        self.ids.get(id).and_then(|s| s.live()).map(|p| p.key)
+    }
+
+    /// Order keys of the live records of one session, in contract order.
+    pub fn session_keys(&self, bot_id: &str, session_id: &str) -> Vec<OrderKey> {
+        match self.sessions.get_index_of(&SessionRef(bot_id, session_id)) {
+            Some(no) => self.session_keys_of(no),
+            None => Vec::new(),
+        }
+    }
+
+    /// Sessions of one bot with at least one live record, sorted by session id.
+    pub fn sessions(&self, bot_id: &str) -> Vec<SessionSummary> {
+        let mut out = Vec::new();
+        for (no, ((b, s), _)) in self.sessions.iter().enumerate() {
+            if &**b != bot_id {
+                continue;
+            }
+            let keys = self.session_keys_of(no);
+            if keys.is_empty() {
+                continue;
+            }
+            out.push(SessionSummary {
+                bot_id: b.to_string(),
+                session_id: s.to_string(),
+                records: keys.len() as u64,
+                first_hlc: keys.iter().map(|k| k.hlc).min(),
+                last_hlc: keys.iter().map(|k| k.hlc).max(),
+            });
+        }
+        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        out
+    }
+
+    fn session_keys_of(&self, no: usize) -> Vec<OrderKey> {
+        let mut keys: Vec<OrderKey> = self.sessions[no]
+            .ids
+            .iter()
+            .filter_map(|&i| self.ids[i as usize].live())
+            .filter(|p| p.session as usize == no)
+            .map(|p| p.key)
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// The highest HLC of any entry applied.
+    pub fn max_hlc(&self) -> Hlc {
+        self.ids
+            .values()
+            .flat_map(|s| {
+                s.winner
+                    .iter()
+                    .chain(s.others.iter())
+                    .map(|p| p.key.hlc)
+                    .chain(s.tombstones.iter().map(|k| k.hlc))
+            })
+            .max()
+            .unwrap_or(Hlc::ZERO)
+    }
+
+    pub fn stats(&self) -> ProjectionStats {
+        let mut stats = ProjectionStats {
+            entries: self.entries,
+            shards: self.shards.len() as u64,
+            ids: self.ids.len() as u64,
+            ..Default::default()
+        };
+        let mut live_sessions = BTreeSet::new();
+        for state in self.ids.values() {
+            let tomb = state.first_tombstone();
+            if tomb.is_some() {
+                stats.tombstoned += 1;
+            }
+            if let Some(p) = state.live() {
+                stats.live += 1;
+                live_sessions.insert(p.session);
+            }
+            let Some(w) = state.winner else { continue };
+            for p in std::iter::once(&w).chain(state.others.iter()) {
+                if tomb.is_some_and(|t| p.key > t) {
+                    stats.writes_after_delete += 1;
+                } else if p.key != w.key {
+                    if p.hash == w.hash {
+                        stats.duplicates += 1;
+                    } else {
+                        stats.divergent_puts += 1;
+                    }
+                }
+            }
+        }
+        stats.sessions = live_sessions.len() as u64;
+        stats
+    }
+
+    /// Conflicts of rules 6 and 7 (divergent puts, writes after delete).
+    pub fn id_conflicts(&self) -> Vec<Conflict> {
+        let mut out = Vec::new();
+        for (id, state) in &self.ids {
+            if state.others.is_empty() && state.tombstones.is_empty() {
+                continue;
+            }
+            let tomb = state.first_tombstone();
+            let Some(w) = state.winner else { continue };
+            for p in std::iter::once(&w).chain(state.others.iter()) {
+                match tomb {
+                    Some(t) if p.key > t => out.push(Conflict::WriteAfterDelete {
+                        id: id.to_string(),
+                        tombstone: t,
+                        entry: p.key,
+                    }),
+                    _ if p.key != w.key && p.hash != w.hash => out.push(Conflict::DivergentPut {
+                        id: id.to_string(),
+                        winner: w.key,
+                        winner_hash: w.hash,
+                        entry: p.key,
+                        entry_hash: p.hash,
+                    }),
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// The canonical projection.
+    pub fn projection(&self) -> Projection {
+        let mut records = Vec::new();
+        let mut tombstoned = Vec::new();
+        for (id, state) in &self.ids {
+            if !state.tombstones.is_empty() {
+                tombstoned.push(id.to_string());
+            }
+            if let Some(p) = state.live() {
+                let ((bot, session), _) = self.sessions.get_index(p.session as usize).expect("interned");
+                records.push(LiveRecord {
+                    bot_id: bot.to_string(),
+                    session_id: session.to_string(),
+                    key: p.key,
+                    id: id.to_string(),
+                    content_hash: p.hash,
+                });
+            }
+        }
+        records.sort();
+        tombstoned.sort();
+        Projection {
+            records,
+            tombstoned,
+            stats: self.stats(),
+        }
+    }
+
+    /// Live records grouped per session, for callers that walk everything.
+    pub fn live_by_session(&self) -> BTreeMap<(String, String), Vec<OrderKey>> {
+        let mut out = BTreeMap::new();
+        for (no, ((b, s), _)) in self.sessions.iter().enumerate() {
+            let keys = self.session_keys_of(no);
+            if !keys.is_empty() {
+                out.insert((b.to_string(), s.to_string()), keys);
+            }
+        }
+        out
+    }
+}

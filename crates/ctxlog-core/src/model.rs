@@ -1,0 +1,403 @@
+//! The reference model: the projection and conflict rules (6–10) written for clarity, over
+//! a plain list of entries. Backends are checked against it; it is never used to serve.
+//!
+//! Every function here is a pure function of the *set* of entries: input order and repeats
+//! of the same entry (same shard, seq, epoch) do not change the output.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::hash::ContentHash;
+use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats, canonical_conflicts};
+use crate::types::{Entry, Kind, ShardId};
+
+/// The set of entries: one per (shard, seq, epoch), sorted in contract order.
+fn entry_set(entries: &[Entry]) -> Vec<&Entry> {
+    let mut by_position: BTreeMap<(ShardId, u64, u64), &Entry> = BTreeMap::new();
+    for e in entries {
+        by_position.entry((e.shard, e.seq, e.epoch)).or_insert(e);
+    }
+    let mut set: Vec<&Entry> = by_position.into_values().collect();
+    set.sort_by_key(|e| e.key());
+    set
+}
+
+/// What rule 6 and 7 make of one id: its entries in contract order.
+struct IdHistory<'a> {
+    /// The earliest `Put`.
+    winner: Option<&'a Entry>,
+    /// The earliest `Tombstone`.
+    tombstone: Option<&'a Entry>,
+    /// Every other `Put`, in contract order.
+    later_puts: Vec<&'a Entry>,
+}
+
+impl<'a> IdHistory<'a> {
+    fn of(entries_in_order: &[&'a Entry]) -> Self {
+        let puts: Vec<&Entry> = entries_in_order
+            .iter()
+            .copied()
+            .filter(|e| e.record.kind == Kind::Put)
+            .collect();
+        IdHistory {
+            winner: puts.first().copied(),
+            tombstone: entries_in_order
+                .iter()
+                .copied()
+                .find(|e| e.record.kind == Kind::Tombstone),
+            later_puts: puts.iter().skip(1).copied().collect(),
+        }
+    }
+
+    fn is_live(&self) -> bool {
+        self.winner.is_some() && self.tombstone.is_none()
+    }
+
+    /// Puts after the tombstone are writes after delete; puts before it are compared to
+    /// the winner.
+    fn after_tombstone(&self, e: &Entry) -> bool {
+        self.tombstone.is_some_and(|t| e.key() > t.key())
+    }
+}
+
+fn by_id<'a>(set: &[&'a Entry]) -> BTreeMap<&'a str, Vec<&'a Entry>> {
+    let mut ids: BTreeMap<&str, Vec<&Entry>> = BTreeMap::new();
+    for e in set {
+        ids.entry(e.record.id.as_str()).or_default().push(e);
+    }
+    ids
+}
+
+/// The projection of a set of entries.
+pub fn project(entries: &[Entry]) -> Projection {
+    let set = entry_set(entries);
+    let mut records = Vec::new();
+    let mut tombstoned = Vec::new();
+    let mut stats = ProjectionStats {
+        entries: set.len() as u64,
+        shards: set.iter().map(|e| e.shard).collect::<BTreeSet<_>>().len() as u64,
+        ..Default::default()
+    };
+    for (id, history) in by_id(&set) {
+        stats.ids += 1;
+        let h = IdHistory::of(&history);
+        if h.tombstone.is_some() {
+            stats.tombstoned += 1;
+            tombstoned.push(id.to_string());
+        }
+        let mut all_puts: Vec<&Entry> = h.winner.into_iter().collect();
+        all_puts.extend(h.later_puts.iter().copied());
+        for p in &all_puts {
+            if h.after_tombstone(p) {
+                stats.writes_after_delete += 1;
+            } else if Some(*p) != h.winner {
+                let winner = h.winner.expect("a later put implies a winner");
+                if p.content_hash == winner.content_hash {
+                    stats.duplicates += 1;
+                } else {
+                    stats.divergent_puts += 1;
+                }
+            }
+        }
+        if h.is_live() {
+            let w = h.winner.expect("live implies a winner");
+            records.push(LiveRecord {
+                bot_id: w.record.bot_id.clone(),
+                session_id: w.record.session_id.clone(),
+                key: w.key(),
+                id: id.to_string(),
+                content_hash: w.content_hash,
+            });
+        }
+    }
+    stats.live = records.len() as u64;
+    records.sort();
+    stats.sessions = records
+        .iter()
+        .map(|r| (&r.bot_id, &r.session_id))
+        .collect::<BTreeSet<_>>()
+        .len() as u64;
+    Projection {
+        records,
+        tombstoned,
+        stats,
+    }
+}
+
+/// The live records of one session, in contract order, with their full content.
+pub fn session_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<Entry> {
+    let set = entry_set(entries);
+    let mut view: Vec<Entry> = by_id(&set)
+        .values()
+        .map(|history| IdHistory::of(history))
+        .filter(|h| h.is_live())
+        .filter_map(|h| h.winner)
+        .filter(|w| w.record.bot_id == bot_id && w.record.session_id == session_id)
+        .cloned()
+        .collect();
+    view.sort_by_key(|e| e.key());
+    view
+}
+
+/// Every conflict in a set of entries, in canonical order.
+pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
+    let set = entry_set(entries);
+    let mut out = Vec::new();
+
+    // Rules 6 and 7, per id.
+    for (id, history) in by_id(&set) {
+        let h = IdHistory::of(&history);
+        let puts = h.winner.into_iter().chain(h.later_puts.iter().copied());
+        for p in puts {
+            if let Some(t) = h.tombstone.filter(|_| h.after_tombstone(p)) {
+                out.push(Conflict::WriteAfterDelete {
+                    id: id.to_string(),
+                    tombstone: t.key(),
+                    entry: p.key(),
+                });
+            } else if let Some(w) = h.winner.filter(|w| *w != p && w.content_hash != p.content_hash) {
+                out.push(Conflict::DivergentPut {
+                    id: id.to_string(),
+                    winner: w.key(),
+                    winner_hash: w.content_hash,
+                    entry: p.key(),
+                    entry_hash: p.content_hash,
+                });
+            }
+        }
+    }
+
+    // Rule 10, per shard.
+    let mut shards: BTreeMap<ShardId, Vec<&Entry>> = BTreeMap::new();
+    for e in &set {
+        shards.entry(e.shard).or_default().push(e);
+    }
+    for (shard, entries) in shards {
+        // Stale epoch: some entry at the same or a lower seq carries a higher epoch.
+        for e in &entries {
+            let newest_at_or_before = entries
+                .iter()
+                .filter(|o| o.seq <= e.seq)
+                .map(|o| o.epoch)
+                .max()
+                .unwrap_or(e.epoch);
+            if newest_at_or_before > e.epoch {
+                out.push(Conflict::StaleEpoch {
+                    shard,
+                    seq: e.seq,
+                    epoch: e.epoch,
+                    superseded_by: newest_at_or_before,
+                });
+            }
+        }
+        // Seq gaps: seqs run 1..=max with none missing.
+        let seqs: BTreeSet<u64> = entries.iter().map(|e| e.seq).collect();
+        let mut expected = 1;
+        for &s in &seqs {
+            if s > expected {
+                out.push(Conflict::SeqGap {
+                    shard,
+                    missing_from: expected,
+                    missing_to: s - 1,
+                });
+            }
+            expected = s + 1;
+        }
+        // Corrupt: the stored hash is not the hash of the stored content.
+        for e in &entries {
+            let actual = ContentHash::of(&e.record);
+            if actual != e.content_hash {
+                out.push(Conflict::Corrupt {
+                    shard,
+                    seq: e.seq,
+                    epoch: e.epoch,
+                    id: e.record.id.clone(),
+                    stored_hash: e.content_hash,
+                    actual_hash: actual,
+                });
+            }
+        }
+    }
+    canonical_conflicts(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hlc::Hlc;
+    use crate::projection::ConflictKind;
+    use crate::types::{Record, WriterId};
+
+    fn shard(n: u8) -> ShardId {
+        WriterId::new(format!("w{n}")).unwrap().shard_id()
+    }
+
+    fn entry(shard_no: u8, seq: u64, epoch: u64, hlc: u64, record: Record) -> Entry {
+        let content_hash = record.content_hash();
+        Entry {
+            shard: shard(shard_no),
+            seq,
+            epoch,
+            hlc: Hlc(hlc),
+            record,
+            content_hash,
+        }
+    }
+
+    fn put(id: &str, text: &str) -> Record {
+        Record::text(id, "bot", "s", "user", text)
+    }
+
+    fn kinds(c: &[Conflict]) -> Vec<ConflictKind> {
+        c.iter().map(Conflict::kind).collect()
+    }
+
+    #[test]
+    fn rule6_duplicate_put_changes_nothing() {
+        let a = entry(1, 1, 1, 10, put("x", "hello"));
+        let b = entry(2, 1, 1, 20, put("x", "hello"));
+        let p = project(&[a.clone(), b]);
+        assert_eq!(p.records.len(), 1);
+        assert_eq!(p.records[0].key, a.key());
+        assert_eq!(p.stats.duplicates, 1);
+        assert!(conflicts(&[a]).is_empty());
+    }
+
+    #[test]
+    fn rule6_created_at_does_not_make_a_retry_divergent() {
+        let mut r = put("x", "hello");
+        r.created_at = Some(chrono::Utc::now());
+        let a = entry(1, 1, 1, 10, put("x", "hello"));
+        let b = entry(1, 2, 1, 11, r);
+        assert!(conflicts(&[a, b]).is_empty());
+    }
+
+    #[test]
+    fn rule6_divergent_put_keeps_the_earliest_winner() {
+        let early = entry(2, 1, 1, 10, put("x", "first"));
+        let late = entry(1, 1, 1, 20, put("x", "second"));
+        let p = project(&[late.clone(), early.clone()]);
+        assert_eq!(p.records[0].key, early.key());
+        let c = conflicts(&[late.clone(), early.clone()]);
+        assert_eq!(kinds(&c), vec![ConflictKind::DivergentPut]);
+        match &c[0] {
+            Conflict::DivergentPut { winner, entry, .. } => {
+                assert_eq!(*winner, early.key());
+                assert_eq!(*entry, late.key());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule6_ties_on_hlc_break_by_shard_then_seq_then_epoch() {
+        let a = entry(1, 5, 1, 10, put("x", "a"));
+        let b = entry(2, 1, 1, 10, put("x", "b"));
+        let winner = if a.shard < b.shard { &a } else { &b };
+        let p = project(&[a.clone(), b.clone()]);
+        assert_eq!(p.records[0].key, winner.key());
+    }
+
+    #[test]
+    fn rule7_tombstone_is_final() {
+        let p1 = entry(1, 1, 1, 10, put("x", "v"));
+        let t = entry(1, 2, 1, 20, Record::tombstone("x", "bot", "s"));
+        let p2 = entry(2, 1, 1, 30, put("x", "v"));
+        let p = project(&[p1.clone(), t.clone(), p2.clone()]);
+        assert!(p.records.is_empty());
+        assert_eq!(p.tombstoned, vec!["x".to_string()]);
+        let c = conflicts(&[p1, t.clone(), p2.clone()]);
+        assert_eq!(
+            c,
+            vec![Conflict::WriteAfterDelete {
+                id: "x".into(),
+                tombstone: t.key(),
+                entry: p2.key()
+            }]
+        );
+    }
+
+    #[test]
+    fn rule7_tombstone_before_any_put() {
+        let t = entry(1, 1, 1, 10, Record::tombstone("x", "bot", "s"));
+        let p1 = entry(1, 2, 1, 20, put("x", "v"));
+        assert!(project(&[t.clone(), p1.clone()]).records.is_empty());
+        assert_eq!(
+            kinds(&conflicts(&[t, p1])),
+            vec![ConflictKind::WriteAfterDelete]
+        );
+    }
+
+    #[test]
+    fn rule8_session_view_is_in_contract_order() {
+        let a = entry(2, 1, 1, 30, put("a", "1"));
+        let b = entry(1, 1, 1, 10, put("b", "2"));
+        let c = entry(1, 2, 1, 20, put("c", "3"));
+        let mut other = put("d", "4");
+        other.session_id = "other".into();
+        let d = entry(1, 3, 1, 5, other);
+        let view = session_view(&[a, b, c, d], "bot", "s");
+        let ids: Vec<&str> = view.iter().map(|e| e.record.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c", "a"]);
+    }
+
+    #[test]
+    fn rule9_input_order_and_repeats_do_not_matter() {
+        let es = vec![
+            entry(1, 1, 1, 10, put("x", "a")),
+            entry(2, 1, 1, 5, put("x", "b")),
+            entry(2, 2, 1, 6, Record::tombstone("y", "bot", "s")),
+            entry(1, 2, 1, 11, put("y", "c")),
+        ];
+        let mut shuffled = es.clone();
+        shuffled.reverse();
+        shuffled.push(es[0].clone());
+        assert_eq!(project(&es).canonical_json(), project(&shuffled).canonical_json());
+        assert_eq!(conflicts(&es), conflicts(&shuffled));
+    }
+
+    #[test]
+    fn rule10_stale_epoch_seq_gap_and_corrupt() {
+        let e1 = entry(1, 1, 1, 10, put("a", "1"));
+        let e2 = entry(1, 2, 2, 11, put("b", "2"));
+        // a fenced writer (epoch 1) wrote seq 2 and 5 after the successor claimed epoch 2
+        let stale = entry(1, 2, 1, 12, put("c", "3"));
+        let after_gap = entry(1, 5, 2, 13, put("d", "4"));
+        let mut corrupt = entry(2, 1, 1, 14, put("e", "5"));
+        corrupt.record.body = crate::types::Body::Text("tampered".into());
+        let c = conflicts(&[e1, e2, stale, after_gap, corrupt]);
+        assert_eq!(
+            kinds(&c),
+            vec![ConflictKind::StaleEpoch, ConflictKind::SeqGap, ConflictKind::Corrupt]
+        );
+        assert!(matches!(
+            c[0],
+            Conflict::StaleEpoch {
+                seq: 2,
+                epoch: 1,
+                superseded_by: 2,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c[1],
+            Conflict::SeqGap {
+                missing_from: 3,
+                missing_to: 4,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn rule10_gap_at_the_start_of_a_shard() {
+        let e = entry(1, 3, 1, 10, put("a", "1"));
+        assert!(matches!(
+            conflicts(&[e])[..],
+            [Conflict::SeqGap {
+                missing_from: 1,
+                missing_to: 2,
+                ..
+            }]
+        ));
+    }
+}

@@ -1,0 +1,220 @@
+//! ctxlog: a durable, append-only context log for AI agents that many server replicas can
+//! write at once.
+//!
+//! [`open`] picks the backend from the URI; cargo features decide which backends exist:
+//! `sqlite` (default) and `lance` (with `s3`, `gcs`, `azure` for object stores).
+//!
+//! | URI | backend |
+//! |-----|---------|
+//! | `sqlite:PATH`, `PATH.db`, `PATH.sqlite` | SQLite |
+//! | `lance:PATH`, `PATH.lance`, `s3://…`, `gs://…`, `az://…`, `memory://…` | Lance |
+//!
+//! Query parameters of a Lance URI (`s3://bucket/log.lance?region=eu-west-1`) become
+//! storage options.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use ctxlog_core::*;
+
+/// Which backend a URI names, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    /// A Lance dataset URI (local path, `file://`, `memory://`, or an object store) and the
+    /// storage options from its query string.
+    Lance { uri: String, storage_options: Vec<(String, String)> },
+}
+
+impl Location {
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Location::Sqlite(_) => "sqlite",
+            Location::Lance { .. } => "lance",
+        }
+    }
+
+    /// Parse a store URI (see the crate docs).
+    pub fn parse(uri: &str) -> Result<Self> {
+        if uri.is_empty() {
+            return Err(Error::invalid("uri", None, "the store URI is empty"));
+        }
+        if let Some(rest) = uri.strip_prefix("sqlite:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(Error::invalid("uri", None, format!("`{uri}` names no file")));
+            }
+            return Ok(Location::Sqlite(PathBuf::from(path)));
+        }
+        if let Some(rest) = uri.strip_prefix("lance:") {
+            if rest.is_empty() {
+                return Err(Error::invalid("uri", None, format!("`{uri}` names no dataset")));
+            }
+            return Ok(lance_location(rest));
+        }
+        if let Some((scheme, _)) = uri.split_once("://") {
+            return match scheme {
+                "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "memory" | "shared-memory" => Ok(lance_location(uri)),
+                "file" => {
+                    let path = uri.trim_start_matches("file://");
+                    Location::parse(path).map(|l| match l {
+                        Location::Lance { .. } => lance_location(uri),
+                        other => other,
+                    })
+                }
+                _ => Err(Error::UnknownScheme {
+                    uri: uri.to_string(),
+                    scheme: scheme.to_string(),
+                }),
+            };
+        }
+        let path = PathBuf::from(uri);
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        match ext {
+            "db" | "sqlite" | "sqlite3" => Ok(Location::Sqlite(path)),
+            "lance" => Ok(lance_location(uri)),
+            _ => sniff(&path).ok_or_else(|| {
+                Error::invalid(
+                    "uri",
+                    None,
+                    format!(
+                        "cannot tell the backend of `{uri}`: name a file `*.db` or a directory `*.lance`, \
+                         or write `sqlite:{uri}` or `lance:{uri}`"
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+fn lance_location(uri: &str) -> Location {
+    let (base, query) = uri.split_once('?').unwrap_or((uri, ""));
+    let storage_options = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    Location::Lance {
+        uri: base.to_string(),
+        storage_options,
+    }
+}
+
+/// An existing store without a telling name: a SQLite file starts with its magic string,
+/// a Lance dataset is a directory with `_versions`.
+fn sniff(path: &std::path::Path) -> Option<Location> {
+    if path.is_dir() {
+        return path
+            .join("_versions")
+            .is_dir()
+            .then(|| lance_location(&path.to_string_lossy()));
+    }
+    let mut magic = [0u8; 16];
+    let mut f = std::fs::File::open(path).ok()?;
+    std::io::Read::read_exact(&mut f, &mut magic).ok()?;
+    (&magic == b"SQLite format 3\0").then(|| Location::Sqlite(path.to_path_buf()))
+}
+
+/// Open (or create, per `options.create_if_missing`) the store at `uri`.
+pub async fn open(uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    open_location(Location::parse(uri)?, uri, options).await
+}
+
+/// Open a parsed [`Location`]; `uri` is only used in error messages.
+pub async fn open_location(location: Location, uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    match location {
+        Location::Sqlite(path) => open_sqlite(path, uri, options).await,
+        Location::Lance {
+            uri: dataset,
+            storage_options,
+        } => {
+            let mut options = options;
+            options.storage_options.extend(storage_options);
+            open_lance(dataset, uri, options).await
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(path: PathBuf, _uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    Ok(Arc::new(ctxlog_sqlite::SqliteStore::open(path, options).await?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(_path: PathBuf, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
+    Err(Error::BackendNotCompiled {
+        uri: uri.to_string(),
+        backend: "sqlite",
+        feature: "sqlite",
+    })
+}
+
+#[cfg(feature = "lance")]
+async fn open_lance(dataset: String, _uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    ctxlog_lance::LanceStore::open(&dataset, options).await
+}
+
+#[cfg(not(feature = "lance"))]
+async fn open_lance(_dataset: String, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
+    Err(Error::BackendNotCompiled {
+        uri: uri.to_string(),
+        backend: "lance",
+        feature: "lance",
+    })
+}
+
+/// The backends compiled into this build.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if cfg!(feature = "sqlite") {
+        out.push("sqlite");
+    }
+    if cfg!(feature = "lance") {
+        out.push("lance");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_documented_form() {
+        assert_eq!(Location::parse("sqlite:/tmp/a").unwrap(), Location::Sqlite("/tmp/a".into()));
+        assert_eq!(Location::parse("x/y.db").unwrap(), Location::Sqlite("x/y.db".into()));
+        assert_eq!(Location::parse("y.sqlite").unwrap(), Location::Sqlite("y.sqlite".into()));
+        for uri in ["lance:/tmp/x", "/tmp/x.lance", "memory://t", "gs://b/p", "az://c/p"] {
+            assert_eq!(Location::parse(uri).unwrap().backend(), "lance", "{uri}");
+        }
+        match Location::parse("s3://bucket/log.lance?region=eu-west-1&endpoint=http%3A%2F%2Flocalhost").unwrap() {
+            Location::Lance { uri, storage_options } => {
+                assert_eq!(uri, "s3://bucket/log.lance");
+                assert_eq!(
+                    storage_options,
+                    vec![
+                        ("region".to_string(), "eu-west-1".to_string()),
+                        ("endpoint".to_string(), "http://localhost".to_string())
+                    ]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_schemes_and_unnamed_backends() {
+        assert!(matches!(Location::parse("ftp://x/y"), Err(Error::UnknownScheme { scheme, .. }) if scheme == "ftp"));
+        assert!(matches!(
+            Location::parse("/nonexistent/no-extension"),
+            Err(Error::InvalidInput { field: "uri", .. })
+        ));
+        assert!(matches!(Location::parse(""), Err(Error::InvalidInput { field: "uri", .. })));
+    }
+
+    #[cfg(not(feature = "lance"))]
+    #[tokio::test]
+    async fn a_backend_not_compiled_in_names_its_feature() {
+        let err = open("memory://x", StoreOptions::default()).await.err().expect("must fail");
+        assert!(matches!(err, Error::BackendNotCompiled { feature: "lance", .. }), "{err}");
+        assert!(err.is_definite());
+    }
+}
