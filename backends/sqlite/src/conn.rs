@@ -74,14 +74,17 @@ impl Conn {
                 what: format!("no ctxlog store at {}", path.display()),
             });
         }
-        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let mut flags =
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
         if create {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
         let open_err = |e: rusqlite::Error| open_error(path, e);
         let mut conn = Connection::open_with_flags(path, flags).map_err(open_err)?;
-        // The busy handler waits for other processes' locks, never past the deadline.
-        conn.busy_timeout(timeout).map_err(open_err)?;
+        // The busy handler waits for other processes' locks. It outlasts the deadline on
+        // purpose: a lock wait that outlives the deadline is cut by the deadline (and the
+        // statement interrupted), so a BUSY error always means "gave up before writing".
+        conn.busy_timeout(timeout + Duration::from_secs(1)).map_err(open_err)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
             .map_err(open_err)?;
@@ -107,7 +110,13 @@ impl Conn {
 
     /// Run `f` on the blocking pool under the deadline. On a miss the statement is
     /// interrupted and the error says `written_on_timeout`.
-    pub(crate) async fn run<T, F>(&self, op: &'static str, shard: Option<ShardId>, written_on_timeout: Written, f: F) -> Result<T>
+    pub(crate) async fn run<T, F>(
+        &self,
+        op: &'static str,
+        shard: Option<ShardId>,
+        written_on_timeout: Written,
+        f: F,
+    ) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,

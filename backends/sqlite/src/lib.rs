@@ -9,6 +9,8 @@
 mod conn;
 mod read;
 mod shard;
+#[doc(hidden)]
+pub mod testing;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,7 +52,13 @@ async fn open_conn(path: &Path, options: &StoreOptions) -> Result<Conn> {
     let task = tokio::task::spawn_blocking(move || Conn::open(&p, create, timeout));
     match tokio::time::timeout(options.timeout, task).await {
         Ok(Ok(r)) => r,
-        Ok(Err(join)) => Err(ctxlog_core::Error::backend(BACKEND, "open", None, Written::Nothing, join)),
+        Ok(Err(join)) => Err(ctxlog_core::Error::backend(
+            BACKEND,
+            "open",
+            None,
+            Written::Nothing,
+            join,
+        )),
         Err(_) => Err(ctxlog_core::Error::Timeout {
             op: "open",
             after: options.timeout,
@@ -113,12 +121,18 @@ impl Store for SqliteStore {
         self.conn
             .run("compact", None, Written::Nothing, |c| {
                 let (busy, log, done): (i64, i64, i64) = c
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })
                     .map_err(|e| sql_error("compact", None, Written::Nothing, e))?;
                 Ok(CompactReport {
                     note: format!(
                         "sqlite WAL checkpoint: {done} of {log} pages copied{}",
-                        if busy != 0 { " (readers kept it from finishing)" } else { "" }
+                        if busy != 0 {
+                            " (readers kept it from finishing)"
+                        } else {
+                            ""
+                        }
                     ),
                     ..Default::default()
                 })

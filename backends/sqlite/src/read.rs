@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::DateTime;
-use ctxlog_core::engine::{HistoryChecker, HistorySource, IndexSource};
+use ctxlog_core::engine::{CatchUp, HistoryChecker, HistorySource, IndexSource};
 use ctxlog_core::index::{IndexRow, ProjectionIndex};
 use ctxlog_core::{
     Body, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions, WriterId,
@@ -64,7 +64,10 @@ fn entry(r: &Row<'_>) -> Result<Entry> {
     let kind = Kind::from_u8(r.get::<_, u8>(4).map_err(sql)?).ok_or_else(|| at("unknown kind"))?;
     let hash: Vec<u8> = r.get(7).map_err(sql)?;
     let content_hash = ContentHash::from_slice(&hash).ok_or_else(|| at("content hash is not 32 bytes"))?;
-    let body = match (r.get::<_, Option<String>>(11).map_err(sql)?, r.get::<_, Option<Vec<u8>>>(12).map_err(sql)?) {
+    let body = match (
+        r.get::<_, Option<String>>(11).map_err(sql)?,
+        r.get::<_, Option<Vec<u8>>>(12).map_err(sql)?,
+    ) {
         (Some(t), None) => Body::Text(t),
         (None, Some(b)) => Body::Bytes(b),
         _ => return Err(at("body must be text or bytes")),
@@ -105,7 +108,11 @@ pub(crate) fn read_shard(c: &mut Connection, shard: ShardId, after_seq: u64, lim
         ))
         .map_err(err)?;
     let mut rows = stmt
-        .query(params![&shard.as_bytes()[..], after_seq as i64, limit.min(i64::MAX as usize) as i64])
+        .query(params![
+            &shard.as_bytes()[..],
+            after_seq as i64,
+            limit.min(i64::MAX as usize) as i64
+        ])
         .map_err(err)?;
     let mut out = Vec::new();
     while let Some(r) = rows.next().map_err(err)? {
@@ -139,7 +146,15 @@ impl ReadConn {
         let task = tokio::task::spawn_blocking(move || Conn::open(&path, false, timeout));
         let conn = match tokio::time::timeout(timeout, task).await {
             Ok(Ok(r)) => r?,
-            Ok(Err(join)) => return Err(Error::backend(crate::conn::BACKEND, "open", None, Written::Nothing, join)),
+            Ok(Err(join)) => {
+                return Err(Error::backend(
+                    crate::conn::BACKEND,
+                    "open",
+                    None,
+                    Written::Nothing,
+                    join,
+                ));
+            }
             Err(_) => {
                 return Err(Error::Timeout {
                     op: "open",
@@ -180,7 +195,7 @@ impl SqliteIndex {
 impl IndexSource for SqliteIndex {
     type Cursor = Cursor;
 
-    async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<u64> {
+    async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<CatchUp> {
         let conn = self.conn.get().await?;
         // Move both into the blocking task and back; if the task is cancelled by the
         // deadline, both stay at their defaults, which agree (the next refresh is a first scan).
@@ -211,7 +226,7 @@ impl IndexSource for SqliteIndex {
 
 /// Apply every entry past the index's checkpoint, in one read transaction so that every
 /// shard is read at the same snapshot.
-fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex) -> rusqlite::Result<u64> {
+fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex) -> rusqlite::Result<CatchUp> {
     let tx = c.transaction()?;
     {
         let mut stmt = tx.prepare_cached("SELECT shard_no, shard FROM shards")?;
@@ -228,7 +243,7 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
             cursor.max_session_no = cursor.max_session_no.max(no);
         }
     }
-    let mut applied = 0;
+    let mut done = CatchUp::default();
     let mut stmt = tx.prepare_cached(
         "SELECT seq, epoch, hlc, kind, session_no, content_hash, id FROM entries INDEXED BY entries_projection
          WHERE shard_no = ?1 AND seq > ?2 ORDER BY seq, epoch",
@@ -239,7 +254,11 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
         while let Some(r) = rows.next()? {
             let session_no: i64 = r.get(4)?;
             let (bot_id, session_id) = cursor.sessions.get(&session_no).ok_or_else(|| {
-                rusqlite::Error::InvalidColumnType(4, format!("session_no {session_no}"), rusqlite::types::Type::Integer)
+                rusqlite::Error::InvalidColumnType(
+                    4,
+                    format!("session_no {session_no}"),
+                    rusqlite::types::Type::Integer,
+                )
             })?;
             let hash = r.get_ref(5)?.as_blob()?;
             let kind = Kind::from_u8(r.get(3)?)
@@ -259,14 +278,15 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
                 bot_id,
                 session_id,
             };
+            done.read += 1;
             if index.apply(row) {
-                applied += 1;
+                done.applied += 1;
             }
         }
     }
     drop(stmt);
     tx.commit()?;
-    Ok(applied)
+    Ok(done)
 }
 
 fn fetch(c: &mut Connection, keys: &[OrderKey]) -> Result<Vec<Entry>> {

@@ -61,7 +61,13 @@ fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> rusqlite::Res
         "UPDATE shards SET epoch = epoch + 1, writer = ?2 WHERE shard = ?1
          RETURNING shard_no, epoch, max_hlc",
         params![&shard.as_bytes()[..], writer.as_str()],
-        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)),
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+            ))
+        },
     )?;
     tx.commit()?;
     Ok(row)
@@ -150,7 +156,9 @@ fn append_tx(
 ) -> Result<AppendAck> {
     // Everything before COMMIT is definite: a failure rolls the transaction back.
     let before = |e: rusqlite::Error| sql_error("append", Some(shard), Written::Nothing, e);
-    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(before)?;
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(before)?;
     let (current, last_seq, max_hlc): (i64, i64, i64) = tx
         .query_row(
             "SELECT epoch, last_seq, max_hlc FROM shards WHERE shard_no = ?1",

@@ -71,7 +71,11 @@ impl Replica {
 }
 
 /// Replica A opens ticket-1042 and hands turns to replica B through `baton`.
-async fn replica_a(store: Arc<dyn Store>, to_b: mpsc::Sender<Hlc>, mut from_b: mpsc::Receiver<Hlc>) -> Result<Tally, Failure> {
+async fn replica_a(
+    store: Arc<dyn Store>,
+    to_b: mpsc::Sender<Hlc>,
+    mut from_b: mpsc::Receiver<Hlc>,
+) -> Result<Tally, Failure> {
     let t = "ticket-1042";
     let mut r = Replica::open(&store, "replica-a").await?;
     let hlc = r
@@ -80,8 +84,13 @@ async fn replica_a(store: Arc<dyn Store>, to_b: mpsc::Sender<Hlc>, mut from_b: m
             msg(t, 2, "assistant", "Sorry about that! Let me look up order 8812."),
         ])
         .await?;
-    r.write(vec![tool_call(t, 3, "lookup_order", serde_json::json!({"order": 8812, "charges": [49.0, 49.0]}))])
-        .await?;
+    r.write(vec![tool_call(
+        t,
+        3,
+        "lookup_order",
+        serde_json::json!({"order": 8812, "charges": [49.0, 49.0]}),
+    )])
+    .await?;
     let _ = to_b.send(hlc).await;
     // B answers turns 4-5; A continues after observing B's last write.
     if let Some(seen) = from_b.recv().await {
@@ -92,30 +101,48 @@ async fn replica_a(store: Arc<dyn Store>, to_b: mpsc::Sender<Hlc>, mut from_b: m
         msg(t, 7, "assistant", "Thanks, I've noted it on your ticket."),
     ])
     .await?;
-    r.write(vec![msg(t, 8, "user", "Actually, please forget that number.")]).await?;
+    r.write(vec![msg(t, 8, "user", "Actually, please forget that number.")])
+        .await?;
     // The user's request: a tombstone hides turn 6 for good.
     let mut forget = Record::tombstone(format!("{t}/m06"), BOT, t);
     forget.created_at = Some(chrono::Utc::now());
-    r.write(vec![forget, msg(t, 9, "assistant", "Done, it's gone from this conversation.")])
-        .await?;
+    r.write(vec![
+        forget,
+        msg(t, 9, "assistant", "Done, it's gone from this conversation."),
+    ])
+    .await?;
     r.finish().await
 }
 
 /// Replica B takes over ticket-1042 mid-conversation and retries one write.
-async fn replica_b(store: Arc<dyn Store>, mut from_a: mpsc::Receiver<Hlc>, to_a: mpsc::Sender<Hlc>) -> Result<Tally, Failure> {
+async fn replica_b(
+    store: Arc<dyn Store>,
+    mut from_a: mpsc::Receiver<Hlc>,
+    to_a: mpsc::Sender<Hlc>,
+) -> Result<Tally, Failure> {
     let t = "ticket-1042";
     let mut r = Replica::open(&store, "replica-b").await?;
     // Meanwhile, its own onboarding session.
     let o = "onboarding-7";
     r.write(vec![
         msg(o, 1, "user", "How do I connect my calendar?"),
-        msg(o, 2, "assistant", "Open Settings → Integrations and choose Google or Outlook."),
+        msg(
+            o,
+            2,
+            "assistant",
+            "Open Settings → Integrations and choose Google or Outlook.",
+        ),
     ])
     .await?;
     if let Some(seen) = from_a.recv().await {
         r.shard.observe(seen);
     }
-    let refund = msg(t, 4, "assistant", "I see two charges of $49. I've refunded the duplicate.");
+    let refund = msg(
+        t,
+        4,
+        "assistant",
+        "I see two charges of $49. I've refunded the duplicate.",
+    );
     r.write(vec![refund.clone()]).await?;
     // The ack was "lost" (say, a proxy timed out): the replica retries with the same id.
     // Same content, so the projection keeps one copy (rule 6).
@@ -123,7 +150,12 @@ async fn replica_b(store: Arc<dyn Store>, mut from_a: mpsc::Receiver<Hlc>, to_a:
     retry.created_at = Some(chrono::Utc::now());
     r.write(vec![retry]).await?;
     let hlc = r
-        .write(vec![msg(t, 5, "assistant", "You'll see it on your statement in 3–5 business days.")])
+        .write(vec![msg(
+            t,
+            5,
+            "assistant",
+            "You'll see it on your statement in 3–5 business days.",
+        )])
         .await?;
     let _ = to_a.send(hlc).await;
     r.write(vec![msg(o, 3, "user", "Connected, thanks!")]).await?;
@@ -148,8 +180,13 @@ async fn replica_c(store: Arc<dyn Store>) -> Result<Tally, Failure> {
         "Refunds usually take up to 10 days.",
     )])
     .await?;
-    r.write(vec![msg(t, 4, "assistant", "Updated. You'll get a confirmation email shortly.")])
-        .await?;
+    r.write(vec![msg(
+        t,
+        4,
+        "assistant",
+        "Updated. You'll get a confirmation email shortly.",
+    )])
+    .await?;
     r.finish().await
 }
 
@@ -212,7 +249,10 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
 
     for session in ["ticket-1042", "ticket-1043", "onboarding-7"] {
         let view = projector.session(BOT, session).await?;
-        println!("── {BOT} / {session}: {} live records, in (hlc, shard, seq) order", view.len());
+        println!(
+            "── {BOT} / {session}: {} live records, in (hlc, shard, seq) order",
+            view.len()
+        );
         for e in &view {
             let text = match &e.record.body {
                 Body::Text(t) => t.clone(),
@@ -239,7 +279,11 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
                 who(entry),
                 who(tombstone)
             ),
-            other => println!("  {:<19} {}", other.kind().as_str(), serde_json::to_string(other).unwrap_or_default()),
+            other => println!(
+                "  {:<19} {}",
+                other.kind().as_str(),
+                serde_json::to_string(other).unwrap_or_default()
+            ),
         }
     }
     let stats = projector.stats();
@@ -255,9 +299,15 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
     let hidden = projector.get("ticket-1042/m06").await?;
     println!(
         "── the forgotten message ticket-1042/m06 is {}",
-        if hidden.is_none() { "gone from every view" } else { "STILL VISIBLE (bug!)" }
+        if hidden.is_none() {
+            "gone from every view"
+        } else {
+            "STILL VISIBLE (bug!)"
+        }
     );
-    println!("\nTry it yourself:\n  ctxlog --store {uri} session --bot {BOT} --session ticket-1042\n  ctxlog --store {uri} conflicts");
+    println!(
+        "\nTry it yourself:\n  ctxlog --store {uri} session --bot {BOT} --session ticket-1042\n  ctxlog --store {uri} conflicts"
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -17,7 +17,13 @@ pub fn parse_record(line: &str) -> Result<Record> {
     let text = take_string(&mut obj, "text")?;
     let bytes = take_string(&mut obj, "bytes_b64")?;
     let body = match (text, bytes) {
-        (Some(_), Some(_)) => return Err(Error::invalid("bytes_b64", None, "give either `text` or `bytes_b64`, not both")),
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid(
+                "bytes_b64",
+                None,
+                "give either `text` or `bytes_b64`, not both",
+            ));
+        }
         (Some(t), None) => Body::Text(t),
         (None, Some(b)) => Body::Bytes(
             B64.decode(b.as_bytes())
@@ -29,7 +35,11 @@ pub fn parse_record(line: &str) -> Result<Record> {
         None | Some("put") => Kind::Put,
         Some("tombstone") => Kind::Tombstone,
         Some(other) => {
-            return Err(Error::invalid("kind", None, format!("`{other}` is neither `put` nor `tombstone`")));
+            return Err(Error::invalid(
+                "kind",
+                None,
+                format!("`{other}` is neither `put` nor `tombstone`"),
+            ));
         }
     };
     let created_at = match take_string(&mut obj, "created_at")? {
@@ -83,7 +93,10 @@ pub fn entry_json(e: &Entry) -> Value {
         obj.insert("metadata".into(), m.clone());
     }
     if let Some(t) = r.created_at {
-        obj.insert("created_at".into(), json!(t.to_rfc3339_opts(SecondsFormat::AutoSi, true)));
+        obj.insert(
+            "created_at".into(),
+            json!(t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        );
     }
     obj.insert(
         "kind".into(),
@@ -119,8 +132,8 @@ mod tests {
         assert_eq!(r.id, "m1");
         assert_eq!(r.content_type, "text/plain");
         assert_eq!(r.body, Body::Text("hi".into()));
-        let r = parse_record(r#"{"id":"m1","bot_id":"b","session_id":"s","bytes_b64":"AAE=","kind":"tombstone"}"#)
-            .unwrap();
+        let r =
+            parse_record(r#"{"id":"m1","bot_id":"b","session_id":"s","bytes_b64":"AAE=","kind":"tombstone"}"#).unwrap();
         assert_eq!(r.body, Body::Bytes(vec![0, 1]));
         assert_eq!(r.kind, Kind::Tombstone);
     }
@@ -128,9 +141,18 @@ mod tests {
     #[test]
     fn names_the_bad_field() {
         assert_eq!(field(parse_record(r#"{"id":1}"#).unwrap_err()), "id");
-        assert_eq!(field(parse_record(r#"{"id":"a","kind":"upsert"}"#).unwrap_err()), "kind");
-        assert_eq!(field(parse_record(r#"{"id":"a","bytes_b64":"%%"}"#).unwrap_err()), "bytes_b64");
-        assert_eq!(field(parse_record(r#"{"id":"a","created_at":"yesterday"}"#).unwrap_err()), "created_at");
+        assert_eq!(
+            field(parse_record(r#"{"id":"a","kind":"upsert"}"#).unwrap_err()),
+            "kind"
+        );
+        assert_eq!(
+            field(parse_record(r#"{"id":"a","bytes_b64":"%%"}"#).unwrap_err()),
+            "bytes_b64"
+        );
+        assert_eq!(
+            field(parse_record(r#"{"id":"a","created_at":"yesterday"}"#).unwrap_err()),
+            "created_at"
+        );
         assert_eq!(field(parse_record("[1]").unwrap_err()), "record");
         assert_eq!(field(parse_record(r#"{"id":"a","txt":"typo"}"#).unwrap_err()), "record");
     }
@@ -139,7 +161,11 @@ mod tests {
     fn output_round_trips_through_input() {
         let mut rec = Record::text("m1", "b", "s", "user", "hi");
         rec.metadata = Some(json!({"k": [1, 2]}));
-        rec.created_at = Some(DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123Z").unwrap().with_timezone(&Utc));
+        rec.created_at = Some(
+            DateTime::parse_from_rfc3339("2026-01-02T03:04:05.123Z")
+                .unwrap()
+                .with_timezone(&Utc),
+        );
         let e = Entry {
             shard: ctxlog::WriterId::new("w").unwrap().shard_id(),
             seq: 1,

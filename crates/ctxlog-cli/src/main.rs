@@ -134,9 +134,16 @@ async fn run(cli: Cli) -> ExitCode {
 enum Failure {
     Store(Error),
     /// Bad input on stdin line `line`; `written` records were durably appended before it.
-    Input { line: usize, error: Error, written: u64 },
+    Input {
+        line: usize,
+        error: Error,
+        written: u64,
+    },
     /// A storage failure while appending, after `written` records were durable.
-    Append { error: Error, written: u64 },
+    Append {
+        error: Error,
+        written: u64,
+    },
 }
 
 impl From<Error> for Failure {

@@ -21,16 +21,25 @@ pub trait IndexSource: Send + Sync + 'static {
     /// Where the last catch-up stopped, beyond what the index's own checkpoint says.
     type Cursor: Default + Send + Sync + 'static;
 
-    /// Apply every entry past `cursor` to `index` and advance `cursor`; return how many
-    /// entries were new. If this fails or is cancelled, `cursor` and `index` must still
-    /// agree (either both advanced or both reset to their defaults).
-    async fn catch_up(&self, cursor: &mut Self::Cursor, index: &mut ProjectionIndex) -> Result<u64>;
+    /// Apply every entry past `cursor` to `index` and advance `cursor`. If this fails or is
+    /// cancelled, `cursor` and `index` must still agree (both advanced, or both reset to
+    /// their defaults).
+    async fn catch_up(&self, cursor: &mut Self::Cursor, index: &mut ProjectionIndex) -> Result<CatchUp>;
 
     /// Full entries for `keys`, in the same order.
     async fn fetch(&self, keys: &[OrderKey]) -> Result<Vec<Entry>>;
 
     /// The deadline of one operation.
     fn timeout(&self) -> Duration;
+}
+
+/// What one catch-up did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CatchUp {
+    /// Entries read from storage.
+    pub read: u64,
+    /// Entries the index did not hold yet.
+    pub applied: u64,
 }
 
 /// A [`Projector`] over any [`IndexSource`].
@@ -88,10 +97,11 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
             // The source reset both (or never started): the next refresh is a first scan.
             self.scanned = false;
         }
-        let new_entries = result?;
+        let done = result?;
         self.scanned = true;
         Ok(RefreshReport {
-            new_entries,
+            entries_read: done.read,
+            new_entries: done.applied,
             first_scan,
         })
     }
@@ -185,7 +195,10 @@ impl HistoryChecker {
             let mut i = 0;
             while i < positions.len() {
                 let seq = positions[i].0;
-                let group_end = positions[i..].iter().position(|p| p.0 != seq).map_or(positions.len(), |n| i + n);
+                let group_end = positions[i..]
+                    .iter()
+                    .position(|p| p.0 != seq)
+                    .map_or(positions.len(), |n| i + n);
                 let group = &positions[i..group_end];
                 newest = newest.max(group.iter().map(|p| p.1).max().unwrap_or(0));
                 for &(_, epoch) in group {
@@ -267,7 +280,8 @@ mod tests {
             raw.into_iter()
                 .map(|(w, seq, epoch, hlc, id, text, op, sess)| {
                     let shard = WriterId::new(format!("w{w}")).unwrap().shard_id();
-                    let mut record = Record::text(format!("id{id}"), "bot", format!("s{sess}"), "user", format!("t{text}"));
+                    let mut record =
+                        Record::text(format!("id{id}"), "bot", format!("s{sess}"), "user", format!("t{text}"));
                     if op == 0 {
                         record.kind = Kind::Tombstone;
                     }

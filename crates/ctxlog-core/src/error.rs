@@ -23,9 +23,7 @@ impl std::fmt::Display for Written {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Written::Nothing => f.write_str("nothing was written"),
-            Written::Unknown => f.write_str(
-                "the write may have landed: reopen the shard and retry with the same ids",
-            ),
+            Written::Unknown => f.write_str("the write may have landed: reopen the shard and retry with the same ids"),
         }
     }
 }
@@ -147,9 +145,7 @@ impl Error {
     /// Whether anything may have been written (rule 4).
     pub fn written(&self) -> Written {
         match self {
-            Error::Fenced { written, .. }
-            | Error::Timeout { written, .. }
-            | Error::Backend { written, .. } => *written,
+            Error::Fenced { written, .. } | Error::Timeout { written, .. } | Error::Backend { written, .. } => *written,
             Error::InvalidInput { .. }
             | Error::UnknownScheme { .. }
             | Error::BackendNotCompiled { .. }

@@ -321,10 +321,7 @@ mod tests {
         let t = entry(1, 1, 1, 10, Record::tombstone("x", "bot", "s"));
         let p1 = entry(1, 2, 1, 20, put("x", "v"));
         assert!(project(&[t.clone(), p1.clone()]).records.is_empty());
-        assert_eq!(
-            kinds(&conflicts(&[t, p1])),
-            vec![ConflictKind::WriteAfterDelete]
-        );
+        assert_eq!(kinds(&conflicts(&[t, p1])), vec![ConflictKind::WriteAfterDelete]);
     }
 
     #[test]

@@ -92,8 +92,7 @@ impl Conflict {
                 checkpoint.is_after(winner.shard, winner.seq) || checkpoint.is_after(entry.shard, entry.seq)
             }
             Conflict::WriteAfterDelete { tombstone, entry, .. } => {
-                checkpoint.is_after(tombstone.shard, tombstone.seq)
-                    || checkpoint.is_after(entry.shard, entry.seq)
+                checkpoint.is_after(tombstone.shard, tombstone.seq) || checkpoint.is_after(entry.shard, entry.seq)
             }
             Conflict::StaleEpoch { shard, seq, .. } | Conflict::Corrupt { shard, seq, .. } => {
                 checkpoint.is_after(*shard, *seq)

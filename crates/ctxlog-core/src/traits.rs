@@ -72,7 +72,9 @@ pub struct CompactReport {
 /// What a refresh read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefreshReport {
-    /// Entries applied to the projection by this refresh.
+    /// Entries the backend read from storage for this refresh.
+    pub entries_read: u64,
+    /// Entries new to the projection (the rest were already applied).
     pub new_entries: u64,
     /// True for the first scan.
     pub first_scan: bool,

@@ -173,11 +173,7 @@ impl Record {
     }
 
     /// A tombstone for `id`.
-    pub fn tombstone(
-        id: impl Into<String>,
-        bot_id: impl Into<String>,
-        session_id: impl Into<String>,
-    ) -> Self {
+    pub fn tombstone(id: impl Into<String>, bot_id: impl Into<String>, session_id: impl Into<String>) -> Self {
         Record {
             id: id.into(),
             bot_id: bot_id.into(),

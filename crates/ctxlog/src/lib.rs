@@ -23,7 +23,10 @@ pub enum Location {
     Sqlite(PathBuf),
     /// A Lance dataset URI (local path, `file://`, `memory://`, or an object store) and the
     /// storage options from its query string.
-    Lance { uri: String, storage_options: Vec<(String, String)> },
+    Lance {
+        uri: String,
+        storage_options: Vec<(String, String)>,
+    },
 }
 
 impl Location {
@@ -118,8 +121,23 @@ pub async fn open(uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     open_location(Location::parse(uri)?, uri, options).await
 }
 
+/// Fail with [`Error::BackendNotCompiled`] when `location` needs a backend not in `compiled`.
+pub fn check_compiled(location: &Location, uri: &str, compiled: &[&str]) -> Result<()> {
+    let backend = location.backend();
+    if compiled.contains(&backend) {
+        Ok(())
+    } else {
+        Err(Error::BackendNotCompiled {
+            uri: uri.to_string(),
+            backend,
+            feature: backend,
+        })
+    }
+}
+
 /// Open a parsed [`Location`]; `uri` is only used in error messages.
 pub async fn open_location(location: Location, uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    check_compiled(&location, uri, &compiled_backends())?;
     match location {
         Location::Sqlite(path) => open_sqlite(path, uri, options).await,
         Location::Lance {
@@ -139,12 +157,8 @@ async fn open_sqlite(path: PathBuf, _uri: &str, options: StoreOptions) -> Result
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(_path: PathBuf, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
-    Err(Error::BackendNotCompiled {
-        uri: uri.to_string(),
-        backend: "sqlite",
-        feature: "sqlite",
-    })
+async fn open_sqlite(path: PathBuf, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
+    check_compiled(&Location::Sqlite(path), uri, &[]).map(|_| unreachable!("checked by open_location"))
 }
 
 #[cfg(feature = "lance")]
@@ -153,12 +167,8 @@ async fn open_lance(dataset: String, _uri: &str, options: StoreOptions) -> Resul
 }
 
 #[cfg(not(feature = "lance"))]
-async fn open_lance(_dataset: String, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
-    Err(Error::BackendNotCompiled {
-        uri: uri.to_string(),
-        backend: "lance",
-        feature: "lance",
-    })
+async fn open_lance(dataset: String, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
+    check_compiled(&lance_location(&dataset), uri, &[]).map(|_| unreachable!("checked by open_location"))
 }
 
 /// The backends compiled into this build.
@@ -179,9 +189,15 @@ mod tests {
 
     #[test]
     fn parses_every_documented_form() {
-        assert_eq!(Location::parse("sqlite:/tmp/a").unwrap(), Location::Sqlite("/tmp/a".into()));
+        assert_eq!(
+            Location::parse("sqlite:/tmp/a").unwrap(),
+            Location::Sqlite("/tmp/a".into())
+        );
         assert_eq!(Location::parse("x/y.db").unwrap(), Location::Sqlite("x/y.db".into()));
-        assert_eq!(Location::parse("y.sqlite").unwrap(), Location::Sqlite("y.sqlite".into()));
+        assert_eq!(
+            Location::parse("y.sqlite").unwrap(),
+            Location::Sqlite("y.sqlite".into())
+        );
         for uri in ["lance:/tmp/x", "/tmp/x.lance", "memory://t", "gs://b/p", "az://c/p"] {
             assert_eq!(Location::parse(uri).unwrap().backend(), "lance", "{uri}");
         }
@@ -207,14 +223,21 @@ mod tests {
             Location::parse("/nonexistent/no-extension"),
             Err(Error::InvalidInput { field: "uri", .. })
         ));
-        assert!(matches!(Location::parse(""), Err(Error::InvalidInput { field: "uri", .. })));
+        assert!(matches!(
+            Location::parse(""),
+            Err(Error::InvalidInput { field: "uri", .. })
+        ));
     }
 
-    #[cfg(not(feature = "lance"))]
-    #[tokio::test]
-    async fn a_backend_not_compiled_in_names_its_feature() {
-        let err = open("memory://x", StoreOptions::default()).await.err().expect("must fail");
-        assert!(matches!(err, Error::BackendNotCompiled { feature: "lance", .. }), "{err}");
-        assert!(err.is_definite());
+    #[test]
+    fn a_backend_not_compiled_in_names_its_feature() {
+        let loc = Location::parse("memory://x").unwrap();
+        let err = check_compiled(&loc, "memory://x", &["sqlite"]).unwrap_err();
+        assert!(
+            matches!(err, Error::BackendNotCompiled { feature: "lance", .. }),
+            "{err}"
+        );
+        assert!(err.is_definite() && err.is_invalid_input());
+        check_compiled(&loc, "memory://x", &["sqlite", "lance"]).unwrap();
     }
 }

@@ -1,0 +1,1 @@
+//! criterion micro-benchmarks live in `benches/`; this crate has no library code.

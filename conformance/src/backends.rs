@@ -1,0 +1,47 @@
+//! The backends under test, with their real differences spelled out as parameters.
+
+use std::time::Duration;
+
+#[allow(unused_imports)]
+use crate::{Backend, FaultGuard};
+
+/// SQLite: one file per store.
+#[cfg(feature = "sqlite")]
+pub const SQLITE: Backend = Backend {
+    name: "sqlite",
+    store_uri: |root| format!("sqlite:{}", root.join("store.db").display()),
+    op_timeout: Duration::from_secs(10),
+    case_timeout: Duration::from_secs(120),
+    proptest_cases: 32,
+    inject_raw_entry: |uri, entry| {
+        Box::pin(async move {
+            let path = sqlite_path(&uri)?;
+            tokio::task::spawn_blocking(move || ctxlog_sqlite::testing::inject_raw_entry(&path, &entry)).await??;
+            Ok(())
+        })
+    },
+    stall_writes: |uri| {
+        Box::pin(async move {
+            let path = sqlite_path(&uri)?;
+            let guard = tokio::task::spawn_blocking(move || ctxlog_sqlite::testing::stall_writes(&path)).await??;
+            Ok(Box::new(guard) as FaultGuard)
+        })
+    },
+};
+
+#[cfg(feature = "sqlite")]
+fn sqlite_path(uri: &str) -> anyhow::Result<std::path::PathBuf> {
+    match ctxlog::Location::parse(uri)? {
+        ctxlog::Location::Sqlite(p) => Ok(p),
+        other => anyhow::bail!("not a SQLite location: {other:?}"),
+    }
+}
+
+/// Every backend compiled into this build.
+pub fn all() -> Vec<Backend> {
+    [
+        #[cfg(feature = "sqlite")]
+        SQLITE,
+    ]
+    .to_vec()
+}

@@ -1,0 +1,168 @@
+//! The CLI's interface: command names, JSON field names and exit codes are what scripts
+//! rely on. Every process runs under a deadline.
+
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn ctxlog(store: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxlog"))
+        .args(["--store", store, "--timeout", "20"])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ctxlog");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("ctxlog {args:?} hung"))
+        .unwrap()
+}
+
+fn lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("`{l}`: {e}")))
+        .collect()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    k.sort();
+    k
+}
+
+#[tokio::test]
+async fn append_then_read_with_the_documented_fields_and_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let input = [
+        r#"{"id":"m1","bot_id":"b","session_id":"s","role":"user","text":"hello","metadata":{"k":1},"created_at":"2026-11-29T10:00:00Z"}"#,
+        r#"{"id":"m2","bot_id":"b","session_id":"s","role":"assistant","bytes_b64":"AAEC","content_type":"application/octet-stream"}"#,
+        r#"{"id":"m3","bot_id":"b","session_id":"s","role":"user","text":"bye"}"#,
+    ]
+    .join("\n");
+    let out = ctxlog(&store, &["append", "--writer", "w1", "--batch", "2"], &input).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let acks = lines(&out);
+    assert_eq!(acks.len(), 2, "one ack per batch");
+    assert_eq!(keys(&acks[0]), ["epoch", "first_seq", "ids", "last_seq", "shard"]);
+    assert_eq!(acks[0]["first_seq"], 1);
+    assert_eq!(acks[1]["last_seq"], 3);
+    assert_eq!(acks[1]["ids"], serde_json::json!(["m3"]));
+
+    let out = ctxlog(&store, &["get", "m1"], "").await;
+    assert!(out.status.success());
+    let rec = &lines(&out)[0];
+    assert_eq!(rec["text"], "hello");
+    assert_eq!(rec["metadata"]["k"], 1);
+    assert_eq!(rec["created_at"], "2026-11-29T10:00:00Z");
+    for k in [
+        "id",
+        "bot_id",
+        "session_id",
+        "role",
+        "content_type",
+        "kind",
+        "shard",
+        "seq",
+        "epoch",
+        "hlc",
+    ] {
+        assert!(rec.get(k).is_some(), "field {k} missing from {rec}");
+    }
+    assert_eq!(ctxlog(&store, &["get", "nope"], "").await.status.code(), Some(1));
+
+    let out = ctxlog(&store, &["session", "--bot", "b", "--session", "s"], "").await;
+    let view = lines(&out);
+    assert_eq!(
+        view.iter().map(|r| r["id"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["m1", "m2", "m3"]
+    );
+    assert_eq!(view[1]["bytes_b64"], "AAEC");
+
+    let out = ctxlog(&store, &["sessions", "--bot", "b"], "").await;
+    assert_eq!(lines(&out)[0]["records"], 3);
+    let out = ctxlog(&store, &["shards"], "").await;
+    let shards = lines(&out);
+    assert_eq!(keys(&shards[0]), ["entries", "epoch", "last_seq", "shard", "writer"]);
+    assert_eq!(shards[0]["writer"], "w1");
+    assert_eq!(shards[0]["entries"], 3);
+
+    // A divergent put and a tombstone, then the conflict report.
+    let more = [
+        r#"{"id":"m1","bot_id":"b","session_id":"s","role":"user","text":"changed"}"#,
+        r#"{"id":"m3","bot_id":"b","session_id":"s","kind":"tombstone"}"#,
+    ]
+    .join("\n");
+    assert!(
+        ctxlog(&store, &["append", "--writer", "w2"], &more)
+            .await
+            .status
+            .success()
+    );
+    let out = ctxlog(&store, &["conflicts"], "").await;
+    let conflicts = lines(&out);
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(conflicts[0]["kind"], "divergent_put");
+    assert_eq!(ctxlog(&store, &["get", "m3"], "").await.status.code(), Some(1));
+    let out = ctxlog(&store, &["stats"], "").await;
+    let stats = &lines(&out)[0];
+    assert_eq!(stats["live"], 2);
+    assert_eq!(stats["tombstoned"], 1);
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_names_the_field_and_writes_nothing_of_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let input = [
+        r#"{"id":"ok1","bot_id":"b","session_id":"s","text":"fine"}"#,
+        r#"{"id":"ok2","bot_id":"b","session_id":"s","text":"fine"}"#,
+        r#"{"id":"bad","bot_id":"b","session_id":"s","metadata":[1,2]}"#,
+    ]
+    .join("\n");
+    let out = ctxlog(&store, &["append", "--writer", "w1", "--batch", "1"], &input).await;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`metadata`") && stderr.contains("line 3"), "{stderr}");
+    assert!(stderr.contains("2 records before it were durably appended"), "{stderr}");
+    let out = ctxlog(&store, &["shards"], "").await;
+    assert_eq!(lines(&out)[0]["entries"], 2);
+
+    let out = ctxlog(
+        &store,
+        &["append", "--writer", "w1"],
+        "{\"id\": \"x\", \"bot_id\": \"b\"}\n",
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`session_id`"));
+    let out = ctxlog(&store, &["append", "--writer", ""], "").await;
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn store_uris_map_to_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ctxlog("ftp://host/x", &["shards"], "").await;
+    assert_eq!(out.status.code(), Some(2), "unknown scheme is usage");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ftp"));
+    let missing = format!("sqlite:{}", dir.path().join("missing.db").display());
+    assert_eq!(ctxlog(&missing, &["shards"], "").await.status.code(), Some(1));
+    assert!(!dir.path().join("missing.db").exists(), "reading never creates a store");
+    assert_eq!(
+        ctxlog(&missing, &["--timeout", "0", "shards"], "").await.status.code(),
+        Some(2)
+    );
+}
