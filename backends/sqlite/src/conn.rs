@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ctxlog_core::{Error, Result, ShardId, Written};
-use rusqlite::{Connection, ErrorCode, InterruptHandle, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, InterruptHandle, OpenFlags, OptionalExtension, TransactionBehavior};
 
 pub(crate) const BACKEND: &str = "sqlite";
 /// Bumped when the schema changes incompatibly.
@@ -99,7 +99,7 @@ impl Conn {
         }
         // FULL: an acknowledged commit survives power loss, not only a process crash.
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_err)?;
-        ensure_schema(&mut conn).map_err(open_err)?;
+        ensure_schema(&mut conn, create).map_err(open_err)?;
         let interrupt = Arc::new(conn.get_interrupt_handle());
         Ok(Conn {
             conn: Arc::new(Mutex::new(conn)),
@@ -142,15 +142,40 @@ impl Conn {
     }
 }
 
-fn ensure_schema(conn: &mut Connection) -> rusqlite::Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute_batch(SCHEMA)?;
-    tx.execute(
-        "INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1) ON CONFLICT (key) DO NOTHING",
-        [FORMAT],
+/// Check the store's format, creating the schema first if the store is new. An existing
+/// store is only read here, so readers never wait for (or take) the write lock.
+fn ensure_schema(conn: &mut Connection, create: bool) -> rusqlite::Result<()> {
+    let has_meta: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'ctxlog_meta'",
+        [],
+        |r| r.get(0),
     )?;
-    let format: String = tx.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))?;
-    tx.commit()?;
+    let existing: Option<String> = if has_meta {
+        conn.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
+            .optional()?
+    } else {
+        None
+    };
+    let format = match existing {
+        Some(f) => f,
+        None if !create => {
+            return Err(rusqlite::Error::InvalidParameterName(
+                "a SQLite database, but not a ctxlog store".into(),
+            ));
+        }
+        None => {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(SCHEMA)?;
+            tx.execute(
+                "INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1) ON CONFLICT (key) DO NOTHING",
+                [FORMAT],
+            )?;
+            let format: String =
+                tx.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))?;
+            tx.commit()?;
+            format
+        }
+    };
     if format != FORMAT {
         return Err(rusqlite::Error::InvalidParameterName(format!(
             "store format {format}, this build reads format {FORMAT}"

@@ -166,3 +166,25 @@ async fn store_uris_map_to_exit_codes() {
         Some(2)
     );
 }
+
+#[tokio::test]
+async fn demo_runs_the_quickstart_on_a_fresh_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("demo.db").display());
+    let out = ctxlog(&store, &["demo"], "").await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("divergent_put"), "{text}");
+    assert!(text.contains("1 retried duplicate(s) ignored"), "{text}");
+    assert!(text.contains("gone from every view"), "{text}");
+    // The demo's store is a real store: the CLI reads it back.
+    let out = ctxlog(&store, &["conflicts"], "").await;
+    assert_eq!(lines(&out).len(), 1);
+    let out = ctxlog(
+        &store,
+        &["session", "--bot", "helpdesk", "--session", "ticket-1043"],
+        "",
+    )
+    .await;
+    assert_eq!(lines(&out).len(), 4);
+}

@@ -11,6 +11,9 @@
 //!
 //! Query parameters of a Lance URI (`s3://bucket/log.lance?region=eu-west-1`) become
 //! storage options.
+//!
+//! The README, whose example is compiled as a doc test:
+#![doc = include_str!("../../../README.md")]
 
 use std::path::PathBuf;
 use std::sync::Arc;
