@@ -37,11 +37,38 @@ fn sqlite_path(uri: &str) -> anyhow::Result<std::path::PathBuf> {
     }
 }
 
+/// Lance: one dataset directory per store. Its operations are slower than SQLite's (every
+/// append is a WAL object, every close flushes a generation), hence the wider deadlines
+/// and fewer random histories.
+#[cfg(feature = "lance")]
+pub const LANCE: Backend = Backend {
+    name: "lance",
+    store_uri: |root| root.join("store.lance").display().to_string(),
+    op_timeout: Duration::from_secs(30),
+    case_timeout: Duration::from_secs(170),
+    proptest_cases: 6,
+    inject_raw_entry: |uri, entry| {
+        Box::pin(async move {
+            ctxlog_lance::testing::inject_raw_entry(&uri, &entry).await?;
+            Ok(())
+        })
+    },
+    stall_writes: |uri| {
+        Box::pin(async move {
+            let dir = ctxlog_lance::testing::local_dir(&uri)?;
+            let guard = ctxlog_lance::testing::stall_writes(&dir)?;
+            Ok(Box::new(guard) as FaultGuard)
+        })
+    },
+};
+
 /// Every backend compiled into this build.
 pub fn all() -> Vec<Backend> {
     [
         #[cfg(feature = "sqlite")]
         SQLITE,
+        #[cfg(feature = "lance")]
+        LANCE,
     ]
     .to_vec()
 }

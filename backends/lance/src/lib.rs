@@ -1,15 +1,314 @@
-//! ctxlog over a Lance dataset with MemWAL (work in progress).
+//! ctxlog over one Lance dataset with MemWAL: one shard per writer.
+//!
+//! - **Write.** `open_shard(w)` opens one long-lived MemWAL `ShardWriter` on `ShardId(w)`
+//!   (manual sharding, durable writes): the open claims a new epoch and fences the previous
+//!   holder. Each append is one record batch `put` that returns once its WAL entry is
+//!   stored. Memtables become flushed *generations* when they fill up and on close.
+//! - **Read.** Readers in any process merge the base table, every shard's generations not
+//!   yet compacted into it, and every shard's WAL tail (`WalTailer`), so an acknowledged
+//!   append is visible at once, without a flush (rule 1). Entries of every epoch are kept.
+//!   Entry keys `(shard, epoch, seq)` are unique, so overlapping tiers are de-duplicated
+//!   by key; record-level de-duplication is the projection's (rule 6).
+//! - **Compact.** Folds flushed generations into the base table with an insert-only
+//!   `merge_insert` that records, in the same commit, which generations it folded.
+//!
+//! Every call that can wait runs under the store's deadline.
 
-use ctxlog_core::{Error, Result, StoreOptions};
+mod compact;
+mod error;
+mod read;
+mod schema;
+mod shard;
+#[doc(hidden)]
+pub mod testing;
 
-pub struct LanceStore;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arrow_array::RecordBatchIterator;
+use async_trait::async_trait;
+use ctxlog_core::engine::{IndexedProjector, ScanConflictDiscovery};
+use ctxlog_core::{
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, Error, Projector, Result, Shard, ShardId, ShardInfo,
+    Store, StoreOptions, WriterId, Written, with_deadline,
+};
+use lance::Dataset;
+use lance::dataset::builder::DatasetBuilder;
+use lance::dataset::mem_wal::{DatasetMemWalExt, ShardWriter};
+use lance::dataset::{WriteMode, WriteParams};
+use lance::io::ObjectStoreParams;
+use lance::session::Session;
+use lance_io::object_store::{ObjectStore, StorageOptionsAccessor};
+use object_store::path::Path;
+
+use crate::error::{BACKEND, is_not_found, lance_err};
+
+pub use crate::shard::WriterTuning;
+
+/// A ctxlog store in one Lance dataset.
+pub struct LanceStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    /// The dataset URI as Lance sees it (`memory://` is mapped to `shared-memory://`).
+    pub uri: String,
+    pub options: StoreOptions,
+    pub storage_options: HashMap<String, String>,
+    pub session: Arc<Session>,
+    /// The latest dataset version this handle knows; refreshed before each use.
+    dataset: tokio::sync::Mutex<Dataset>,
+    pub tuning: WriterTuning,
+    /// Writers opened through this handle, so that `compact` can flush them first.
+    live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
+}
+
+impl Inner {
+    pub fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+
+    /// The dataset at its latest version.
+    pub async fn latest(&self) -> Result<Dataset> {
+        let mut ds = self.dataset.lock().await;
+        ds.checkout_latest()
+            .await
+            .map_err(|e| lance_err("read the dataset manifest", None, Written::Nothing, e))?;
+        Ok(ds.clone())
+    }
+
+    /// The object store and base path MemWAL's WAL and shard manifests live under.
+    pub async fn io(&self, ds: &Dataset) -> Result<(Arc<ObjectStore>, Path)> {
+        let store = ds
+            .object_store(None)
+            .await
+            .map_err(|e| lance_err("open the object store", None, Written::Nothing, e))?;
+        Ok((store, ds.branch_location().path))
+    }
+
+    /// Open another dataset (a flushed generation) with the store's settings.
+    pub async fn open_dataset(&self, uri: &str) -> std::result::Result<Dataset, lance::Error> {
+        DatasetBuilder::from_uri(uri)
+            .with_storage_options(self.storage_options.clone())
+            .with_session(self.session.clone())
+            .load()
+            .await
+    }
+
+    pub fn register_writer(&self, w: &Arc<ShardWriter>) {
+        let mut live = self.live.lock().expect("not poisoned");
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(w));
+    }
+
+    pub fn live_writers(&self) -> Vec<Arc<ShardWriter>> {
+        self.live
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}
+
+/// The URI Lance should use: `memory://x` becomes `shared-memory://x` so that every handle
+/// in the process sees one store (plain `memory://` gives each open a fresh, empty one);
+/// relative local paths become absolute.
+fn lance_uri(uri: &str) -> Result<String> {
+    if let Some(rest) = uri.strip_prefix("memory://") {
+        let rest = if rest.is_empty() { "ctxlog" } else { rest };
+        return Ok(format!("shared-memory://{rest}"));
+    }
+    if uri.contains("://") {
+        return Ok(uri.to_string());
+    }
+    let abs = std::path::absolute(uri).map_err(|e| Error::invalid("uri", None, format!("`{uri}`: {e}")))?;
+    Ok(abs.to_string_lossy().into_owned())
+}
 
 impl LanceStore {
-    pub async fn open(uri: &str, _options: StoreOptions) -> Result<std::sync::Arc<dyn ctxlog_core::Store>> {
-        Err(Error::BackendNotCompiled {
-            uri: uri.to_string(),
-            backend: "lance",
-            feature: "lance",
+    /// Open the store at `uri`, creating the dataset and initialising MemWAL when
+    /// `options.create_if_missing`. Safe when many processes do it at once (rule 12).
+    pub async fn open(uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(Self::open_store(uri, options).await?))
+    }
+
+    pub async fn open_store(uri: &str, options: StoreOptions) -> Result<Self> {
+        let uri = lance_uri(uri)?;
+        let storage_options: HashMap<String, String> = options.storage_options.iter().cloned().collect();
+        let session = Arc::new(Session::default());
+        let timeout = options.timeout;
+        let ds = with_deadline(
+            "open",
+            timeout,
+            None,
+            Written::Nothing,
+            open_or_create(&uri, &options, &storage_options, &session),
+        )
+        .await?;
+        Ok(LanceStore {
+            inner: Arc::new(Inner {
+                uri,
+                options,
+                storage_options,
+                session,
+                dataset: tokio::sync::Mutex::new(ds),
+                tuning: WriterTuning::default(),
+                live: std::sync::Mutex::new(Vec::new()),
+            }),
         })
+    }
+
+    /// Override how writers size their memtables (tests and benchmarks).
+    pub fn with_tuning(mut self, tuning: WriterTuning) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("tuning is set before the store is shared")
+            .tuning = tuning;
+        self
+    }
+
+    pub fn uri(&self) -> &str {
+        &self.inner.uri
+    }
+}
+
+async fn open_or_create(
+    uri: &str,
+    options: &StoreOptions,
+    storage_options: &HashMap<String, String>,
+    session: &Arc<Session>,
+) -> Result<Dataset> {
+    let load = || {
+        DatasetBuilder::from_uri(uri)
+            .with_storage_options(storage_options.clone())
+            .with_session(session.clone())
+            .load()
+    };
+    // Racing creators: a loser of the create sees "already exists" and loads; a loader
+    // that finds nothing yet creates. Bounded: every round either returns or saw the
+    // other side of the race.
+    let mut attempts = 0;
+    let mut ds = loop {
+        attempts += 1;
+        match load().await {
+            Ok(ds) => break ds,
+            Err(e) if is_not_found(&e) => {
+                if !options.create_if_missing {
+                    return Err(Error::NotFound {
+                        what: format!("no ctxlog store (Lance dataset) at {uri}"),
+                    });
+                }
+                let params = WriteParams {
+                    mode: WriteMode::Create,
+                    store_params: Some(ObjectStoreParams {
+                        storage_options_accessor: (!storage_options.is_empty())
+                            .then(|| Arc::new(StorageOptionsAccessor::with_static_options(storage_options.clone()))),
+                        ..Default::default()
+                    }),
+                    // The writer and readers share the store's session (caches).
+                    session: Some(session.clone()),
+                    ..Default::default()
+                };
+                let empty = RecordBatchIterator::new(Vec::new(), schema::schema());
+                match Dataset::write(empty, uri, Some(params)).await {
+                    Ok(ds) => break ds,
+                    Err(e) if attempts < 8 && matches!(e.find_root(), lance::Error::DatasetAlreadyExists { .. }) => {}
+                    Err(e) if attempts < 8 && is_not_found(&e) => {}
+                    Err(e) => return Err(lance_err("create", None, Written::Unknown, e)),
+                }
+            }
+            Err(e) => return Err(lance_err("open", None, Written::Nothing, e)),
+        }
+    };
+    check_schema(uri, &ds)?;
+    if ds
+        .mem_wal_index_details()
+        .await
+        .map_err(|e| lance_err("open", None, Written::Nothing, e))?
+        .is_none()
+        && let Err(e) = ds.initialize_mem_wal().execute().await
+    {
+        // Another process initialised it first (a commit conflict on CreateIndex, or
+        // "already initialised" from a fresher handle): re-read and check, never retry.
+        ds.checkout_latest()
+            .await
+            .map_err(|e| lance_err("open", None, Written::Nothing, e))?;
+        let ready = ds
+            .mem_wal_index_details()
+            .await
+            .map_err(|e| lance_err("open", None, Written::Nothing, e))?;
+        if ready.is_none() {
+            return Err(lance_err("initialise MemWAL", None, Written::Unknown, e));
+        }
+    }
+    Ok(ds)
+}
+
+/// A dataset that is not a ctxlog store is refused, with the columns that differ.
+fn check_schema(uri: &str, ds: &Dataset) -> Result<()> {
+    let have: Vec<String> = ds.schema().fields.iter().map(|f| f.name.clone()).collect();
+    let want: Vec<String> = schema::schema().fields().iter().map(|f| f.name().clone()).collect();
+    if have != want {
+        return Err(Error::Corrupt {
+            shard: None,
+            what: format!("{uri} is a Lance dataset but not a ctxlog store: columns {have:?}, expected {want:?}"),
+        });
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Store for LanceStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn options(&self) -> &StoreOptions {
+        &self.inner.options
+    }
+
+    async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>> {
+        Ok(Box::new(
+            shard::LanceShard::open(self.inner.clone(), writer.clone()).await?,
+        ))
+    }
+
+    async fn shards(&self) -> Result<Vec<ShardInfo>> {
+        with_deadline(
+            "list shards",
+            self.inner.timeout(),
+            None,
+            Written::Nothing,
+            read::shards(&self.inner),
+        )
+        .await
+    }
+
+    async fn read_shard(&self, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
+        with_deadline(
+            "read shard",
+            self.inner.timeout(),
+            Some(shard),
+            Written::Nothing,
+            read::read_shard(&self.inner, shard, after_seq, limit),
+        )
+        .await
+    }
+
+    fn projector(&self) -> Box<dyn Projector> {
+        Box::new(IndexedProjector::new(Arc::new(read::LanceIndex::new(
+            self.inner.clone(),
+        ))))
+    }
+
+    fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
+        Box::new(ScanConflictDiscovery::new(Arc::new(read::LanceHistory::new(
+            self.inner.clone(),
+        ))))
+    }
+
+    async fn compact(&self, options: &CompactOptions) -> Result<CompactReport> {
+        compact::compact(&self.inner, options, None).await
     }
 }

@@ -212,7 +212,7 @@ impl IndexSource for SqliteIndex {
         n.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
     }
 
-    async fn fetch(&self, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+    async fn fetch(&self, _cursor: &Cursor, keys: &[OrderKey]) -> Result<Vec<Entry>> {
         let conn = self.conn.get().await?;
         let keys = keys.to_vec();
         conn.run("read entries", None, Written::Nothing, move |c| fetch(c, &keys))

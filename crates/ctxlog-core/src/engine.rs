@@ -26,8 +26,9 @@ pub trait IndexSource: Send + Sync + 'static {
     /// their defaults).
     async fn catch_up(&self, cursor: &mut Self::Cursor, index: &mut ProjectionIndex) -> Result<CatchUp>;
 
-    /// Full entries for `keys`, in the same order.
-    async fn fetch(&self, keys: &[OrderKey]) -> Result<Vec<Entry>>;
+    /// Full entries for `keys`, in the same order. `cursor` is the state the keys were
+    /// indexed with (a backend may keep where each entry lives there).
+    async fn fetch(&self, cursor: &Self::Cursor, keys: &[OrderKey]) -> Result<Vec<Entry>>;
 
     /// The deadline of one operation.
     fn timeout(&self) -> Duration;
@@ -73,7 +74,7 @@ impl<S: IndexSource> IndexedProjector<S> {
             self.source.timeout(),
             None,
             Written::Nothing,
-            self.source.fetch(keys),
+            self.source.fetch(&self.cursor, keys),
         )
         .await
     }
@@ -93,10 +94,6 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
             source.catch_up(&mut self.cursor, &mut self.index),
         )
         .await;
-        if result.is_err() && self.index.entries() == 0 {
-            // The source reset both (or never started): the next refresh is a first scan.
-            self.scanned = false;
-        }
         let done = result?;
         self.scanned = true;
         Ok(RefreshReport {

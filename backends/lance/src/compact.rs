@@ -1,0 +1,165 @@
+//! Compaction: fold flushed generations into the base table.
+//!
+//! Without it, every reader's first scan opens every generation of every shard, so read
+//! cost grows with the number of generations. One pass:
+//!
+//! 1. asks the writers this handle opened to flush their memtables into generations;
+//! 2. picks, per shard and oldest first, the generations the base table does not hold yet,
+//!    up to `max_generations` and `max_bytes` in all;
+//! 3. folds their rows into the base table with one insert-only `merge_insert` keyed by
+//!    `(shard, epoch, seq)` that records, **in the same commit**, the newest generation
+//!    folded per shard (`mark_sstables_as_compacted`).
+//!
+//! A pass is one commit: interrupted anywhere before it, nothing changed (data files it
+//! wrote are unreferenced); after it, data and marker changed together. Rows already in
+//! the base are left alone (`DoNothing` on match), so no pass can duplicate. Shard
+//! manifests, epochs and WALs are never touched, so no live writer is fenced.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use ctxlog_core::{CompactOptions, CompactReport, Error, Result, Written, with_deadline};
+use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched};
+use lance_index::mem_wal::CompactedSsTable;
+
+use crate::Inner;
+use crate::error::lance_err;
+use crate::read::{Generation, tiers};
+use crate::schema::{PRIMARY_KEY, schema};
+
+/// Where a test may stop a pass, to prove an interrupted pass loses and duplicates nothing.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopPoint {
+    /// After reading the generations, before writing anything.
+    AfterRead,
+    /// After writing the new data files, before the commit that would reference them.
+    BeforeCommit,
+}
+
+fn compact_err(e: lance::Error) -> Error {
+    lance_err("compact", None, Written::Nothing, e)
+}
+
+pub(crate) async fn compact(
+    inner: &Arc<Inner>,
+    opts: &CompactOptions,
+    stop: Option<StopPoint>,
+) -> Result<CompactReport> {
+    let timeout = inner.timeout();
+    // 1. Flush this process's live writers, each under the deadline. A fenced or failing
+    //    writer is skipped: its rows are in its WAL, and its successor flushes them.
+    for w in inner.live_writers() {
+        let _ = tokio::time::timeout(timeout, async { w.force_freeze_active().await?.wait().await }).await;
+    }
+    with_deadline("compact", timeout, None, Written::Unknown, pass(inner, opts, stop)).await
+}
+
+async fn pass(inner: &Arc<Inner>, opts: &CompactOptions, stop: Option<StopPoint>) -> Result<CompactReport> {
+    let t = tiers(inner, None).await?;
+    // 2. Plan: oldest generations first, shard by shard, within both caps.
+    let pending: usize = t.shards.iter().map(|s| s.generations.len()).sum();
+    let mut chosen: Vec<Generation> = Vec::new();
+    let mut markers: HashMap<ctxlog_core::ShardId, u64> = HashMap::new();
+    let mut bytes = 0u64;
+    'plan: for shard in &t.shards {
+        for g in &shard.generations {
+            if chosen.len() >= opts.max_generations {
+                break 'plan;
+            }
+            let size = generation_bytes(inner, g).await?;
+            if !chosen.is_empty() && bytes + size > opts.max_bytes {
+                break 'plan;
+            }
+            bytes += size;
+            markers.insert(g.shard, g.generation);
+            chosen.push(g.clone());
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(CompactReport {
+            generations_remaining: pending as u64,
+            note: "nothing to fold".into(),
+            ..Default::default()
+        });
+    }
+    // Read the chosen generations, as rows of the base table's schema.
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    let mut entries = 0u64;
+    for g in &chosen {
+        let ds = inner.open_dataset(&g.uri).await.map_err(compact_err)?;
+        let names: Vec<String> = schema().fields().iter().map(|f| f.name().clone()).collect();
+        let mut scan = ds.scan();
+        scan.project(&names).map_err(compact_err)?;
+        // MemWAL delete markers: ctxlog never writes them, but never fold one as a row.
+        if ds.schema().field("_tombstone").is_some() {
+            scan.filter("NOT _tombstone").map_err(compact_err)?;
+        }
+        let found: Vec<RecordBatch> =
+            futures::TryStreamExt::try_collect(scan.try_into_stream().await.map_err(compact_err)?)
+                .await
+                .map_err(compact_err)?;
+        for b in found {
+            entries += b.num_rows() as u64;
+            // Generations relax payload columns to nullable; the base table's are not.
+            let b = RecordBatch::try_new(schema(), b.columns().to_vec()).map_err(crate::schema::arrow_err)?;
+            batches.push(b);
+        }
+    }
+    if stop == Some(StopPoint::AfterRead) {
+        return Err(interrupted(StopPoint::AfterRead));
+    }
+    // 3. One commit: the rows and the markers.
+    let mut markers: Vec<CompactedSsTable> = markers
+        .into_iter()
+        .map(|(shard, generation)| CompactedSsTable::new(shard.0, generation))
+        .collect();
+    markers.sort_by_key(|m| m.shard_id);
+    let mut builder = MergeInsertBuilder::try_new(
+        Arc::new(t.base.clone()),
+        PRIMARY_KEY.iter().map(|s| s.to_string()).collect(),
+    )
+    .map_err(compact_err)?;
+    builder
+        .when_matched(WhenMatched::DoNothing)
+        .when_not_matched(WhenNotMatched::InsertAll)
+        .mark_sstables_as_compacted(markers);
+    let job = builder.try_build().map_err(compact_err)?;
+    if stop == Some(StopPoint::BeforeCommit) {
+        // Write the data files, then drop the transaction instead of committing it.
+        let _uncommitted = job.execute_uncommitted_batches(batches).await.map_err(compact_err)?;
+        return Err(interrupted(StopPoint::BeforeCommit));
+    }
+    job.execute_batches(batches).await.map_err(compact_err)?;
+    Ok(CompactReport {
+        generations_merged: chosen.len() as u64,
+        entries_merged: entries,
+        generations_remaining: (pending - chosen.len()) as u64,
+        note: format!("folded {} generation(s), {bytes} bytes", chosen.len()),
+    })
+}
+
+fn interrupted(at: StopPoint) -> Error {
+    Error::Timeout {
+        op: match at {
+            StopPoint::AfterRead => "compact (stopped after read)",
+            StopPoint::BeforeCommit => "compact (stopped before commit)",
+        },
+        after: std::time::Duration::ZERO,
+        shard: None,
+        written: Written::Nothing,
+    }
+}
+
+/// The size of a generation's data files.
+async fn generation_bytes(inner: &Inner, g: &Generation) -> Result<u64> {
+    let ds = inner.open_dataset(&g.uri).await.map_err(compact_err)?;
+    let mut total = 0u64;
+    for f in ds.get_fragments() {
+        for file in &f.metadata().files {
+            total += file.file_size_bytes.get().map_or(0, |n| n.get());
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,357 @@
+//! One writer's shard: a long-lived MemWAL `ShardWriter`, fenced by epoch, under deadlines.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ctxlog_core::{
+    AppendAck, Epoch, Error, Hlc, HlcClock, Limits, Record, Result, Shard, ShardId, WriterId, Written, with_deadline,
+};
+use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore, ShardWriter, ShardWriterConfig, WalTailer};
+use lance_core::FenceReason;
+use lance_io::object_store::ObjectStore;
+use object_store::path::Path;
+
+use crate::Inner;
+use crate::error::lance_err;
+use crate::read;
+use crate::schema::{Stamped, to_batch};
+
+/// How a writer sizes its memtables. A memtable becomes a flushed generation when it
+/// reaches any limit, and on close. Smaller memtables mean shorter WAL tails for readers
+/// and more generations for `compact` to fold. Keep these fixed for a store: MemWAL
+/// refuses to replay a WAL written under larger limits.
+#[derive(Clone, Debug)]
+pub struct WriterTuning {
+    pub max_memtable_rows: usize,
+    pub max_memtable_batches: usize,
+    pub max_memtable_bytes: usize,
+    /// Backstop for the WAL flush ticker; every durable put also triggers its own flush.
+    pub wal_flush_interval: Duration,
+}
+
+impl Default for WriterTuning {
+    fn default() -> Self {
+        WriterTuning {
+            // Must admit the largest batch (Limits::max_batch_records).
+            max_memtable_rows: 25_000,
+            max_memtable_batches: 1_000,
+            max_memtable_bytes: 64 * 1024 * 1024,
+            wal_flush_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+pub(crate) struct LanceShard {
+    inner: Arc<Inner>,
+    writer_id: WriterId,
+    shard: ShardId,
+    epoch: Epoch,
+    writer: Option<Arc<ShardWriter>>,
+    store: Arc<ObjectStore>,
+    base_path: Path,
+    last_seq: u64,
+    clock: HlcClock,
+    limits: Limits,
+    poisoned: bool,
+    /// A successor claimed the shard; every append fails fast.
+    fenced_by: Option<Option<Epoch>>,
+}
+
+impl LanceShard {
+    pub(crate) async fn open(inner: Arc<Inner>, writer_id: WriterId) -> Result<Self> {
+        let shard = writer_id.shard_id();
+        let timeout = inner.timeout();
+        with_deadline("open shard", timeout, Some(shard), Written::Nothing, async {
+            let ds = inner.latest().await?;
+            let (store, base_path) = inner.io(&ds).await?;
+            read::remember_writer(&store, &base_path, shard, &writer_id).await?;
+            let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
+            let epoch_before = current_epoch(&manifests, shard).await?;
+            let t = &inner.tuning;
+            let config = ShardWriterConfig::new(shard.0)
+                .with_durable_write(true)
+                // A buffer of one byte: every put starts its own WAL flush instead of
+                // waiting for the ticker. Concurrent puts still share one entry.
+                .with_max_wal_buffer_size(1)
+                .with_max_wal_flush_interval(t.wal_flush_interval)
+                .with_max_memtable_rows(t.max_memtable_rows)
+                .with_max_memtable_batches(t.max_memtable_batches)
+                .with_max_memtable_size(t.max_memtable_bytes);
+            let writer = match ds.mem_wal_writer(shard.0, config).await {
+                Ok(w) => Arc::new(w),
+                Err(e) => {
+                    // A claim lost to a concurrent opener of the same writer id is an
+                    // I/O error in Lance; the stored epoch tells it apart.
+                    let now = current_epoch(&manifests, shard).await.unwrap_or(epoch_before);
+                    return Err(if e.fence_reason().is_some() || now > epoch_before {
+                        Error::Fenced {
+                            shard,
+                            writer: writer_id.to_string(),
+                            epoch: epoch_before + 1,
+                            current: Some(now),
+                            written: Written::Nothing,
+                        }
+                    } else {
+                        lance_err("open shard", Some(shard), Written::Nothing, e)
+                    });
+                }
+            };
+            inner.register_writer(&writer);
+            let epoch = writer.epoch();
+            // Seqs and HLCs are ctxlog's: recover them from what the shard already holds.
+            let recovered = read::shard_position(&inner, &store, &base_path, shard).await;
+            let (last_seq, max_hlc) = match recovered {
+                Ok(p) => p,
+                Err(e) => {
+                    abort_quietly(&writer, timeout).await;
+                    return Err(e);
+                }
+            };
+            Ok(LanceShard {
+                clock: HlcClock::new(inner.options.clock.clone(), Hlc(max_hlc)),
+                limits: inner.options.limits.clone(),
+                inner: inner.clone(),
+                writer_id,
+                shard,
+                epoch,
+                writer: Some(writer),
+                store,
+                base_path,
+                last_seq,
+                poisoned: false,
+                fenced_by: None,
+            })
+        })
+        .await
+    }
+
+    fn fenced(&self, current: Option<Epoch>, written: Written) -> Error {
+        Error::Fenced {
+            shard: self.shard,
+            writer: self.writer_id.to_string(),
+            epoch: self.epoch,
+            current,
+            written,
+        }
+    }
+
+    /// After a peer fence hit a put that was already in the memtable: did its WAL entry
+    /// land before the successor's claim? The successor's fence sentinel took the next WAL
+    /// position, so nothing of ours can land after it; the answer is final.
+    async fn landed(&self, first_seq: u64) -> Result<bool> {
+        let tailer = WalTailer::new(self.store.clone(), self.base_path.clone(), self.shard.0);
+        let tip = tailer
+            .next_position()
+            .await
+            .map_err(|e| lance_err("check a fenced append", Some(self.shard), Written::Unknown, e))?;
+        let mut pos = tip;
+        while pos > 1 {
+            pos -= 1;
+            let Some(entry) = tailer
+                .read_entry(pos)
+                .await
+                .map_err(|e| lance_err("check a fenced append", Some(self.shard), Written::Unknown, e))?
+            else {
+                continue;
+            };
+            if entry.writer_epoch > self.epoch {
+                continue; // the successor's sentinel and entries
+            }
+            if entry.writer_epoch < self.epoch {
+                return Ok(false); // before our claim: none of ours after it
+            }
+            let mut max_seq = 0;
+            for b in &entry.batches {
+                let cols = crate::schema::Columns::new(b)?;
+                for i in 0..cols.len() {
+                    max_seq = max_seq.max(cols.seq(i));
+                }
+            }
+            if entry.batches.is_empty() {
+                continue; // our own open's sentinel
+            }
+            return Ok(max_seq >= first_seq);
+        }
+        Ok(false)
+    }
+}
+
+async fn current_epoch(manifests: &ShardManifestStore, shard: ShardId) -> Result<Epoch> {
+    Ok(manifests
+        .latest()
+        .await
+        .map_err(|e| lance_err("read the shard manifest", Some(shard), Written::Nothing, e))?
+        .map_or(0, |m| m.writer_epoch))
+}
+
+/// Stop a writer's background tasks without flushing (everything acknowledged is in the
+/// WAL already), bounded by the deadline.
+async fn abort_quietly(writer: &ShardWriter, timeout: Duration) {
+    let _ = tokio::time::timeout(timeout, writer.abort()).await;
+}
+
+#[async_trait]
+impl Shard for LanceShard {
+    fn shard_id(&self) -> ShardId {
+        self.shard
+    }
+
+    fn writer(&self) -> &WriterId {
+        &self.writer_id
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn observe(&mut self, hlc: Hlc) {
+        self.clock.observe(hlc);
+    }
+
+    async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
+        if self.poisoned {
+            return Err(Error::Poisoned { shard: self.shard });
+        }
+        if let Some(current) = self.fenced_by {
+            return Err(self.fenced(current, Written::Nothing));
+        }
+        let Some(writer) = self.writer.clone() else {
+            return Err(Error::Closed { shard: self.shard });
+        };
+        self.limits.validate_batch(&records)?;
+        let mut clock = self.clock.clone();
+        let first_seq = self.last_seq + 1;
+        let stamped: Vec<Stamped<'_>> = records
+            .iter()
+            .enumerate()
+            .map(|(i, record)| Stamped {
+                shard: self.shard,
+                epoch: self.epoch,
+                seq: first_seq + i as u64,
+                hlc: clock.tick(),
+                hash: record.content_hash(),
+                record,
+            })
+            .collect();
+        let (first_hlc, last_hlc) = (stamped[0].hlc, stamped[stamped.len() - 1].hlc);
+        let batch = to_batch(self.writer_id.as_str(), &stamped)?;
+        let last_seq = first_seq + records.len() as u64 - 1;
+
+        // `inserted` says whether the batch reached the memtable (and so may reach the WAL).
+        let put = async {
+            let (_, watcher) = writer.put_no_wait(vec![batch]).await.map_err(|e| (e, false))?;
+            if let Some(mut watcher) = watcher {
+                watcher.wait().await.map_err(|e| (e, true))?;
+            }
+            Ok::<(), (lance::Error, bool)>(())
+        };
+        let timeout = self.inner.timeout();
+        let outcome = match tokio::time::timeout(timeout, put).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((e, inserted))) => match e.fence_reason() {
+                Some(FenceReason::PeerClaimedEpoch) => {
+                    self.fenced_by = Some(None);
+                    if !inserted {
+                        Err(self.fenced(None, Written::Nothing))
+                    } else {
+                        match tokio::time::timeout(timeout, self.landed(first_seq)).await {
+                            Ok(Ok(true)) => Ok(()), // durable before the successor's claim
+                            Ok(Ok(false)) => Err(self.fenced(None, Written::Nothing)),
+                            _ => Err(self.fenced(None, Written::Unknown)),
+                        }
+                    }
+                }
+                // Our own WAL write failed (or any other failure after the batch reached
+                // the memtable): it may have landed. Reopen replays the WAL.
+                _ if inserted => Err(lance_err("append", Some(self.shard), Written::Unknown, e)),
+                // Refused before the memtable: nothing written, but a writer poisoned by its
+                // own earlier failure never recovers; the handle must be reopened.
+                Some(FenceReason::PersistenceFailure) => {
+                    self.poisoned = true;
+                    Err(lance_err("append", Some(self.shard), Written::Nothing, e))
+                }
+                None => Err(lance_err("append", Some(self.shard), Written::Unknown, e)),
+            },
+            Err(_) => Err(Error::Timeout {
+                op: "append",
+                after: timeout,
+                shard: Some(self.shard),
+                written: Written::Unknown,
+            }),
+        };
+        match outcome {
+            Ok(()) => {
+                self.clock = clock;
+                self.last_seq = last_seq;
+                Ok(AppendAck {
+                    shard: self.shard,
+                    epoch: self.epoch,
+                    first_seq,
+                    last_seq,
+                    first_hlc,
+                    last_hlc,
+                    ids: records.into_iter().map(|r| r.id).collect(),
+                })
+            }
+            Err(e) => {
+                if !e.is_definite() {
+                    self.poisoned = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Flush the memtable into a generation (so readers need not read its WAL tail), then
+    /// stop the writer's tasks. Never `ShardWriter::close`, whose flush-drain wait is what
+    /// hangs a writer fenced mid-close: every step here has the deadline, and the tasks
+    /// are stopped whatever the flush did.
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        let Some(writer) = self.writer.take() else {
+            return Ok(());
+        };
+        let timeout = self.inner.timeout();
+        let flushed = if self.poisoned || self.fenced_by.is_some() {
+            Ok(())
+        } else {
+            match tokio::time::timeout(timeout, async { writer.force_freeze_active().await?.wait().await }).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) if e.fence_reason() == Some(FenceReason::PeerClaimedEpoch) => {
+                    Err(self.fenced(None, Written::Nothing))
+                }
+                Ok(Err(e)) => Err(lance_err("close", Some(self.shard), Written::Nothing, e)),
+                Err(_) => Err(Error::Timeout {
+                    op: "close (flush)",
+                    after: timeout,
+                    shard: Some(self.shard),
+                    written: Written::Nothing,
+                }),
+            }
+        };
+        let stopped = match tokio::time::timeout(timeout, writer.abort()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(lance_err("close (stop tasks)", Some(self.shard), Written::Nothing, e)),
+            Err(_) => Err(Error::Timeout {
+                op: "close (stop tasks)",
+                after: timeout,
+                shard: Some(self.shard),
+                written: Written::Nothing,
+            }),
+        };
+        flushed.and(stopped)
+    }
+}
+
+impl Drop for LanceShard {
+    /// A handle dropped without `close` (a poisoned one, a panic): stop its writer's
+    /// background tasks, which would otherwise run for the life of the process.
+    fn drop(&mut self) {
+        if let Some(writer) = self.writer.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let timeout = self.inner.timeout();
+            rt.spawn(async move { abort_quietly(&writer, timeout).await });
+        }
+    }
+}

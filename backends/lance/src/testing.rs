@@ -1,0 +1,100 @@
+//! Fault injection for the conformance suite and the Lance tests. Not for production use.
+
+use arrow_array::RecordBatchIterator;
+use ctxlog_core::{CompactOptions, CompactReport, Entry, Error, Result, StoreOptions, Written};
+use lance::Dataset;
+use lance::dataset::{WriteMode, WriteParams};
+
+pub use crate::compact::StopPoint;
+use crate::error::lance_err;
+use crate::schema::{Stamped, schema, to_batch};
+use crate::{LanceStore, lance_uri};
+
+/// Store an entry exactly as given (epoch, seq, hash and all), bypassing every check, by
+/// appending it to the base table: what a broken writer or a damaged store leaves behind.
+pub async fn inject_raw_entry(uri: &str, e: &Entry) -> Result<()> {
+    let uri = lance_uri(uri)?;
+    let stamped = [Stamped {
+        shard: e.shard,
+        epoch: e.epoch,
+        seq: e.seq,
+        hlc: e.hlc,
+        hash: e.content_hash,
+        record: &e.record,
+    }];
+    let batch = to_batch("injected", &stamped)?;
+    let reader = RecordBatchIterator::new(vec![Ok(batch)], schema());
+    let params = WriteParams {
+        mode: WriteMode::Append,
+        ..Default::default()
+    };
+    Dataset::write(reader, uri.as_str(), Some(params))
+        .await
+        .map_err(|e| lance_err("inject", None, Written::Unknown, e))?;
+    Ok(())
+}
+
+/// While alive, every WAL write of the store's shards fails (each shard's `wal` directory
+/// is replaced by a file), so appends end indeterminate. Local stores only.
+pub struct WriteStall {
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl Drop for WriteStall {
+    fn drop(&mut self) {
+        for wal in &self.dirs {
+            let _ = std::fs::remove_file(wal);
+            let _ = std::fs::rename(wal.with_extension("stalled"), wal);
+        }
+    }
+}
+
+pub fn stall_writes(dataset_dir: &std::path::Path) -> Result<WriteStall> {
+    let io = |e: std::io::Error| Error::backend("lance", "stall", None, Written::Nothing, e);
+    let mut dirs = Vec::new();
+    for shard in std::fs::read_dir(dataset_dir.join("_mem_wal")).map_err(io)? {
+        let wal = shard.map_err(io)?.path().join("wal");
+        if wal.is_dir() {
+            std::fs::rename(&wal, wal.with_extension("stalled")).map_err(io)?;
+            std::fs::write(&wal, b"stalled by ctxlog-lance testing").map_err(io)?;
+            dirs.push(wal);
+        }
+    }
+    Ok(WriteStall { dirs })
+}
+
+/// Run one compaction pass that stops at `stop`, as a crash there would.
+pub async fn compact_interrupted(
+    uri: &str,
+    options: StoreOptions,
+    opts: &CompactOptions,
+    stop: StopPoint,
+) -> Result<()> {
+    let store = LanceStore::open_store(uri, options).await?;
+    match crate::compact::compact(&store.inner, opts, Some(stop)).await {
+        Err(_) => Ok(()),
+        Ok(r) => Err(Error::backend(
+            "lance",
+            "compact_interrupted",
+            None,
+            Written::Unknown,
+            format!("the pass was not interrupted: {r:?}"),
+        )),
+    }
+}
+
+/// One compaction pass through a store handle of its own.
+pub async fn compact(uri: &str, options: StoreOptions, opts: &CompactOptions) -> Result<CompactReport> {
+    let store = LanceStore::open_store(uri, options).await?;
+    crate::compact::compact(&store.inner, opts, None).await
+}
+
+/// The dataset directory of a local store URI.
+pub fn local_dir(uri: &str) -> Result<std::path::PathBuf> {
+    let uri = lance_uri(uri)?;
+    let path = uri.strip_prefix("file://").unwrap_or(&uri);
+    if path.contains("://") {
+        return Err(Error::invalid("uri", None, format!("`{uri}` is not a local store")));
+    }
+    Ok(std::path::PathBuf::from(path))
+}
