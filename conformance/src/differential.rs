@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, ensure};
 use ctxlog::model;
-use ctxlog::{AppendAck, Record, Shard, Store};
+use ctxlog::{AppendAck, Projector, Record, Shard, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -43,32 +43,40 @@ pub fn histories() -> impl Strategy<Value = Vec<Step>> {
 }
 
 /// The record for `(id, variant)`: the session is a function of the id, so equal variants
-/// are duplicates and different variants are divergent puts.
-fn record(id: u8, variant: Option<u8>) -> Record {
+/// are duplicates and different variants are divergent puts. `created_at` (not hashed)
+/// varies with the step, so retries differ in it.
+fn record(id: u8, variant: Option<u8>, step: usize) -> Record {
     let session = format!("s{}", id % 3);
     match variant {
         Some(v) => {
             let mut r = Record::text(format!("id{id}"), "bot", session, "assistant", format!("variant {v}"));
             r.metadata = Some(serde_json::json!({"variant": v}));
-            r.created_at = Some(chrono::Utc::now());
+            r.created_at = chrono::DateTime::from_timestamp(1_780_000_000 + step as i64, 0);
             r
         }
         None => Record::tombstone(format!("id{id}"), "bot", session),
     }
 }
 
-/// Write `history` to a fresh store and check it against the model.
-pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Result<()> {
+/// What a history wrote: each acknowledged batch with its records.
+pub type Written = Vec<(AppendAck, Vec<Record>)>;
+
+/// Write `history` through the public API: writers `w0..`, one shard handle each.
+/// `observer` is the projector writers read before they `Observe`.
+pub async fn write_history(
+    store: &dyn Store,
+    history: &[Step],
+    observer: &mut dyn Projector,
+) -> anyhow::Result<Written> {
     let mut shards: Vec<Box<dyn Shard>> = Vec::new();
     for i in 0..WRITERS {
         shards.push(store.open_shard(&w(&format!("w{i}"))).await?);
     }
-    let mut incremental = store.projector();
-    let mut acked: Vec<(AppendAck, Vec<Record>)> = Vec::new();
-    for step in history {
+    let mut acked: Written = Vec::new();
+    for (n, step) in history.iter().enumerate() {
         match step {
             Step::Append { writer, records } => {
-                let batch: Vec<Record> = records.iter().map(|&(id, v)| record(id, v)).collect();
+                let batch: Vec<Record> = records.iter().map(|&(id, v)| record(id, v, n)).collect();
                 let ack = shards[*writer as usize].append(batch.clone()).await?;
                 acked.push((ack, batch));
             }
@@ -79,11 +87,23 @@ pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Resul
                 old.close().await.ok();
             }
             Step::Observe { writer } => {
-                incremental.refresh().await?;
-                shards[*writer as usize].observe(incremental.max_hlc());
+                observer.refresh().await?;
+                shards[*writer as usize].observe(observer.max_hlc());
             }
         }
     }
+    for s in shards {
+        s.close().await.ok();
+    }
+    Ok(acked)
+}
+
+/// Write `history` to a fresh store and check it against the model. The observers'
+/// projector refreshes along the way, so incremental refresh is checked too.
+pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Result<()> {
+    let mut incremental = store.projector();
+    incremental.refresh().await?;
+    let acked = write_history(store, history, incremental.as_mut()).await?;
     incremental.refresh().await?;
 
     let entries = crate::all_entries(store).await?;
@@ -130,9 +150,6 @@ pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Resul
         conflicts == model::conflicts(&entries),
         "conflicts differ from the model"
     );
-    for s in shards {
-        s.close().await.ok();
-    }
     Ok(())
 }
 

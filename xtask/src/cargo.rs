@@ -10,6 +10,19 @@ use anyhow::{Context, Result, bail};
 pub fn cargo(args: &[&str]) -> Result<Command> {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.args(args);
+    // `cargo xtask` runs us with xtask's own package variables set. Build scripts that
+    // rerun on them (ring's, via `cc`) would rebuild the whole dependency tree whenever the
+    // same build is also run outside xtask: do not pass them on.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || key.starts_with("CARGO_BIN_")
+            || matches!(&*key, "CARGO_PRIMARY_PACKAGE" | "CARGO_CRATE_NAME" | "OUT_DIR")
+        {
+            cmd.env_remove(&*key);
+        }
+    }
     if std::env::var_os("PROTOC").is_none() {
         let protoc = protoc_bin_vendored::protoc_bin_path().context("no vendored protoc for this platform")?;
         cmd.env("PROTOC", protoc);

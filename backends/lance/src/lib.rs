@@ -40,6 +40,7 @@ use lance::dataset::{WriteMode, WriteParams};
 use lance::io::ObjectStoreParams;
 use lance::session::Session;
 use lance_io::object_store::{ObjectStore, StorageOptionsAccessor};
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 
 use crate::error::{BACKEND, is_not_found, lance_err};
@@ -173,6 +174,14 @@ impl LanceStore {
     }
 }
 
+fn store_params(storage_options: &HashMap<String, String>) -> ObjectStoreParams {
+    ObjectStoreParams {
+        storage_options_accessor: (!storage_options.is_empty())
+            .then(|| Arc::new(StorageOptionsAccessor::with_static_options(storage_options.clone()))),
+        ..Default::default()
+    }
+}
+
 async fn open_or_create(
     uri: &str,
     options: &StoreOptions,
@@ -185,12 +194,9 @@ async fn open_or_create(
             .with_session(session.clone())
             .load()
     };
-    // Racing creators: a loser of the create sees "already exists" and loads; a loader
-    // that finds nothing yet creates. Bounded: every round either returns or saw the
-    // other side of the race.
-    let mut attempts = 0;
+    let mut claimed = false;
+    let mut backoff = Duration::from_millis(2);
     let mut ds = loop {
-        attempts += 1;
         match load().await {
             Ok(ds) => break ds,
             Err(e) if is_not_found(&e) => {
@@ -199,50 +205,105 @@ async fn open_or_create(
                         what: format!("no ctxlog store (Lance dataset) at {uri}"),
                     });
                 }
-                let params = WriteParams {
-                    mode: WriteMode::Create,
-                    store_params: Some(ObjectStoreParams {
-                        storage_options_accessor: (!storage_options.is_empty())
-                            .then(|| Arc::new(StorageOptionsAccessor::with_static_options(storage_options.clone()))),
-                        ..Default::default()
-                    }),
-                    // The writer and readers share the store's session (caches).
-                    session: Some(session.clone()),
-                    ..Default::default()
-                };
-                let empty = RecordBatchIterator::new(Vec::new(), schema::schema());
-                match Dataset::write(empty, uri, Some(params)).await {
-                    Ok(ds) => break ds,
-                    Err(e) if attempts < 8 && matches!(e.find_root(), lance::Error::DatasetAlreadyExists { .. }) => {}
-                    Err(e) if attempts < 8 && is_not_found(&e) => {}
-                    Err(e) => return Err(lance_err("create", None, Written::Unknown, e)),
+                if !claimed {
+                    claimed = true;
+                    create_exclusively(uri, storage_options, session, options.timeout).await?;
+                } else {
+                    // Another process is creating it: wait for it, within the deadline
+                    // that bounds this whole open.
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(100));
                 }
             }
             Err(e) => return Err(lance_err("open", None, Written::Nothing, e)),
         }
     };
     check_schema(uri, &ds)?;
-    if ds
-        .mem_wal_index_details()
+    ensure_mem_wal(&mut ds).await?;
+    Ok(ds)
+}
+
+/// Create the (empty) dataset, once, however many processes try at the same moment.
+///
+/// Lance 14's `WriteMode::Create` is not safe against a concurrent creator: a creator
+/// that finds no dataset when it starts but one when it commits commits an *Overwrite*
+/// over it, which drops the MemWAL index another process may just have created. So only
+/// the process that wins a put-if-absent of `_ctxlog/creator` creates; the others wait for
+/// the dataset to appear. A creator that died leaves its marker behind: once the marker is
+/// older than the deadline and there is still no dataset, anyone may create.
+async fn create_exclusively(
+    uri: &str,
+    storage_options: &HashMap<String, String>,
+    session: &Arc<Session>,
+    timeout: Duration,
+) -> Result<()> {
+    let params = store_params(storage_options);
+    let (store, base) = ObjectStore::from_uri_and_params(session.store_registry(), uri, &params)
         .await
-        .map_err(|e| lance_err("open", None, Written::Nothing, e))?
-        .is_none()
-        && let Err(e) = ds.initialize_mem_wal().execute().await
-    {
-        // Another process initialised it first (a commit conflict on CreateIndex, or
-        // "already initialised" from a fresher handle): re-read and check, never retry.
-        ds.checkout_latest()
-            .await
-            .map_err(|e| lance_err("open", None, Written::Nothing, e))?;
-        let ready = ds
+        .map_err(|e| lance_err("create", None, Written::Nothing, e))?;
+    let marker = Path::from(format!("{base}/_ctxlog/creator"));
+    let claim = format!("pid {} at {}", std::process::id(), chrono::Utc::now().to_rfc3339());
+    let won = match store.put_if_absent(&marker, claim.into_bytes().into()).await {
+        Ok(()) => true,
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            // Abandoned by a creator that died before creating?
+            match store.inner.head(&marker).await {
+                Ok(meta) => {
+                    let age = chrono::Utc::now().signed_duration_since(meta.last_modified);
+                    age.to_std().is_ok_and(|a| a > timeout)
+                }
+                Err(_) => false,
+            }
+        }
+        Err(e) => return Err(Error::backend(BACKEND, "create", None, Written::Nothing, e)),
+    };
+    if !won {
+        return Ok(());
+    }
+    let params = WriteParams {
+        mode: WriteMode::Create,
+        store_params: Some(params),
+        session: Some(session.clone()),
+        ..Default::default()
+    };
+    let empty = RecordBatchIterator::new(Vec::new(), schema::schema());
+    match Dataset::write(empty, uri, Some(params)).await {
+        Ok(mut ds) => ensure_mem_wal(&mut ds).await,
+        Err(e) if matches!(e.find_root(), lance::Error::DatasetAlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(lance_err("create", None, Written::Unknown, e)),
+    }
+}
+
+/// Initialise MemWAL (manual sharding) unless it is. Racing initialisers: the loser's
+/// CreateIndex fails with a commit conflict, and a racing *creator* can even commit its
+/// (empty) dataset over a freshly created one, dropping the index. So: re-read and check
+/// after every failure, never assume, and give up after a few rounds.
+pub(crate) async fn ensure_mem_wal(ds: &mut Dataset) -> Result<()> {
+    let mut last = None;
+    for _ in 0..8 {
+        let details = ds
             .mem_wal_index_details()
             .await
             .map_err(|e| lance_err("open", None, Written::Nothing, e))?;
-        if ready.is_none() {
-            return Err(lance_err("initialise MemWAL", None, Written::Unknown, e));
+        if details.is_some() {
+            return Ok(());
+        }
+        match ds.initialize_mem_wal().execute().await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                last = Some(e);
+                ds.checkout_latest()
+                    .await
+                    .map_err(|e| lance_err("open", None, Written::Nothing, e))?;
+            }
         }
     }
-    Ok(ds)
+    Err(lance_err(
+        "initialise MemWAL",
+        None,
+        Written::Unknown,
+        last.expect("a failed round records its error"),
+    ))
 }
 
 /// A dataset that is not a ctxlog store is refused, with the columns that differ.

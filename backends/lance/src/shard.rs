@@ -63,7 +63,8 @@ impl LanceShard {
         let shard = writer_id.shard_id();
         let timeout = inner.timeout();
         with_deadline("open shard", timeout, Some(shard), Written::Nothing, async {
-            let ds = inner.latest().await?;
+            let mut ds = inner.latest().await?;
+            crate::ensure_mem_wal(&mut ds).await?;
             let (store, base_path) = inner.io(&ds).await?;
             read::remember_writer(&store, &base_path, shard, &writer_id).await?;
             let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);

@@ -98,3 +98,36 @@ pub fn local_dir(uri: &str) -> Result<std::path::PathBuf> {
     }
     Ok(std::path::PathBuf::from(path))
 }
+
+/// Every `(shard, epoch, seq)` row of the base table, repeats included: what compaction
+/// folded, to prove it folded nothing twice.
+pub async fn base_keys(uri: &str) -> Result<Vec<(String, u64, u64)>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::UInt64Type;
+    use futures::TryStreamExt;
+    let ds = Dataset::open(&lance_uri(uri)?)
+        .await
+        .map_err(|e| lance_err("read", None, Written::Nothing, e))?;
+    let mut scan = ds.scan();
+    scan.project(&crate::schema::PRIMARY_KEY)
+        .map_err(|e| lance_err("read", None, Written::Nothing, e))?;
+    let batches: Vec<arrow_array::RecordBatch> = scan
+        .try_into_stream()
+        .await
+        .map_err(|e| lance_err("read", None, Written::Nothing, e))?
+        .try_collect()
+        .await
+        .map_err(|e| lance_err("read", None, Written::Nothing, e))?;
+    let mut out = Vec::new();
+    for b in batches {
+        let (s, e, q) = (
+            b.column(0).as_string::<i32>(),
+            b.column(1).as_primitive::<UInt64Type>(),
+            b.column(2).as_primitive::<UInt64Type>(),
+        );
+        for i in 0..b.num_rows() {
+            out.push((s.value(i).to_string(), e.value(i), q.value(i)));
+        }
+    }
+    Ok(out)
+}

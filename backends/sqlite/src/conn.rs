@@ -79,27 +79,48 @@ impl Conn {
         if create {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
-        let open_err = |e: rusqlite::Error| open_error(path, e);
-        let mut conn = Connection::open_with_flags(path, flags).map_err(open_err)?;
-        // The busy handler waits for other processes' locks. It outlasts the deadline on
-        // purpose: a lock wait that outlives the deadline is cut by the deadline (and the
-        // statement interrupted), so a BUSY error always means "gave up before writing".
-        conn.busy_timeout(timeout + Duration::from_secs(1)).map_err(open_err)?;
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(open_err)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::backend(
-                BACKEND,
-                "open",
-                None,
-                Written::Nothing,
-                format!("{} cannot use WAL journal mode (got {mode})", path.display()),
-            ));
-        }
-        // FULL: an acknowledged commit survives power loss, not only a process crash.
-        conn.pragma_update(None, "synchronous", "FULL").map_err(open_err)?;
-        ensure_schema(&mut conn, create).map_err(open_err)?;
+        // Racing creators: switching a new file to WAL mode, or creating the schema, can
+        // return BUSY at once (SQLite skips the busy handler where waiting could deadlock).
+        // Such an open wrote nothing; retry it, with a short backoff, until the deadline.
+        let started = std::time::Instant::now();
+        let mut backoff = Duration::from_millis(1);
+        let conn = loop {
+            match open_once(path, flags, timeout) {
+                Err(e)
+                    if matches!(
+                        e.sqlite_error_code(),
+                        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
+                    ) && started.elapsed() + backoff < timeout =>
+                {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(50));
+                }
+                Err(e) => return Err(open_error(path, e)),
+                Ok((conn, mode)) if !mode.eq_ignore_ascii_case("wal") => {
+                    drop(conn);
+                    return Err(Error::backend(
+                        BACKEND,
+                        "open",
+                        None,
+                        Written::Nothing,
+                        format!("{} cannot use WAL journal mode (got {mode})", path.display()),
+                    ));
+                }
+                Ok((mut conn, _)) => match ensure_schema(&mut conn, create) {
+                    Ok(()) => break conn,
+                    Err(e)
+                        if matches!(
+                            e.sqlite_error_code(),
+                            Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
+                        ) && started.elapsed() + backoff < timeout =>
+                    {
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(Duration::from_millis(50));
+                    }
+                    Err(e) => return Err(open_error(path, e)),
+                },
+            }
+        };
         let interrupt = Arc::new(conn.get_interrupt_handle());
         Ok(Conn {
             conn: Arc::new(Mutex::new(conn)),
@@ -144,6 +165,22 @@ impl Conn {
 
 /// Check the store's format, creating the schema first if the store is new. An existing
 /// store is only read here, so readers never wait for (or take) the write lock.
+/// One attempt to open the file in WAL mode; returns the journal mode it ended in.
+fn open_once(path: &Path, flags: OpenFlags, timeout: Duration) -> rusqlite::Result<(Connection, String)> {
+    let conn = Connection::open_with_flags(path, flags)?;
+    // The busy handler waits for other processes' locks. It outlasts the deadline on
+    // purpose: a lock wait that outlives the deadline is cut by the deadline (and the
+    // statement interrupted), so a BUSY error always means "gave up before writing".
+    conn.busy_timeout(timeout + Duration::from_secs(1))?;
+    let mut mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        mode = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    }
+    // FULL: an acknowledged commit survives power loss, not only a process crash.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok((conn, mode))
+}
+
 fn ensure_schema(conn: &mut Connection, create: bool) -> rusqlite::Result<()> {
     let has_meta: bool = conn.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'ctxlog_meta'",

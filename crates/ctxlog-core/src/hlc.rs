@@ -80,6 +80,31 @@ impl PhysicalClock for SkewedClock {
     }
 }
 
+/// A physical clock that stands still until moved: deterministic HLCs for tests that
+/// compare two stores byte for byte.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    millis: std::sync::atomic::AtomicU64,
+}
+
+impl ManualClock {
+    pub fn new(millis: u64) -> Arc<Self> {
+        Arc::new(ManualClock {
+            millis: std::sync::atomic::AtomicU64::new(millis),
+        })
+    }
+
+    pub fn set(&self, millis: u64) {
+        self.millis.store(millis, Ordering::Relaxed);
+    }
+}
+
+impl PhysicalClock for ManualClock {
+    fn now_millis(&self) -> u64 {
+        self.millis.load(Ordering::Relaxed)
+    }
+}
+
 /// The clock of one writer.
 #[derive(Debug, Clone)]
 pub struct HlcClock {

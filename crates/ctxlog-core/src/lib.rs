@@ -15,7 +15,7 @@ pub mod validate;
 
 pub use error::{Error, Result, Written, with_deadline};
 pub use hash::ContentHash;
-pub use hlc::{Hlc, HlcClock, PhysicalClock, SkewedClock, SystemClock};
+pub use hlc::{Hlc, HlcClock, ManualClock, PhysicalClock, SkewedClock, SystemClock};
 pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats};
 pub use traits::{
     CompactOptions, CompactReport, ConflictDiscovery, Projector, RefreshReport, Shard, Store, StoreOptions,

@@ -1,0 +1,314 @@
+//! What only the Lance backend has: compaction of flushed generations, MemWAL fencing inside
+//! `close`, WAL replay after a crash. Each case has a fresh root and a deadline.
+#![cfg(feature = "lance")]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use ctxlog::{CompactOptions, Error, Store, StoreOptions};
+use ctxlog_conformance::backends::LANCE;
+use ctxlog_conformance::cases::w;
+use ctxlog_conformance::process::WriterProcess;
+use ctxlog_conformance::{CaseFn, Ctx, recs, run_case};
+use ctxlog_lance::testing::{StopPoint, base_keys, compact_interrupted};
+use ctxlog_lance::{LanceStore, WriterTuning};
+
+fn run(name: &str, case: CaseFn) {
+    if let Err(e) = run_case(LANCE, name, case) {
+        panic!("{e}");
+    }
+}
+
+/// Small memtables: a generation every few appends.
+fn small() -> WriterTuning {
+    WriterTuning {
+        max_memtable_rows: 60,
+        max_memtable_batches: 6,
+        ..WriterTuning::default()
+    }
+}
+
+async fn store(ctx: &Ctx, tuning: WriterTuning) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(Arc::new(
+        LanceStore::open_store(&ctx.uri, ctx.options())
+            .await?
+            .with_tuning(tuning),
+    ))
+}
+
+/// Fold everything: passes until no generation is left.
+async fn compact_all(store: &dyn Store) -> anyhow::Result<u64> {
+    let mut merged = 0;
+    for _ in 0..64 {
+        let r = store.compact(&CompactOptions::default()).await?;
+        merged += r.generations_merged;
+        if r.generations_remaining == 0 {
+            return Ok(merged);
+        }
+    }
+    anyhow::bail!("compaction did not converge in 64 passes")
+}
+
+async fn canonical(ctx: &Ctx) -> anyhow::Result<(String, String)> {
+    let store = ctx.store().await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    let conflicts = store.conflict_discovery().conflicts(None).await?;
+    Ok((
+        p.projection().canonical_json(),
+        ctxlog::projection::conflicts_json(&conflicts),
+    ))
+}
+
+#[test]
+fn compaction_while_four_writers_append() {
+    run("compaction_while_four_writers_append", |ctx| {
+        Box::pin(async move {
+            const WRITERS: usize = 4;
+            const BATCHES: usize = 24;
+            const SIZE: usize = 10;
+            let (compacted_tx, compacted_rx) = tokio::sync::watch::channel(false);
+            let mut writers = Vec::new();
+            for i in 0..WRITERS {
+                let store = store(&ctx, small()).await?;
+                let mut rx = compacted_rx.clone();
+                writers.push(tokio::spawn(async move {
+                    let mut shard = store.open_shard(&w(&format!("replica-{i}"))).await?;
+                    let epoch = shard.epoch();
+                    let mut acked = Vec::new();
+                    for b in 0..BATCHES {
+                        if b == BATCHES / 2 {
+                            // Go on only once a compaction pass has folded something, so
+                            // that appends and compaction provably overlap.
+                            tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|done| *done))
+                                .await
+                                .context("no compaction pass folded anything")??;
+                        }
+                        let ack = shard.append(recs(&format!("r{i}b{b}"), "shared", SIZE)).await?;
+                        ensure!(ack.epoch == epoch, "the writer was re-claimed");
+                        acked.extend(ack.ids);
+                    }
+                    shard.close().await?;
+                    anyhow::Ok(acked)
+                }));
+            }
+            let compactor = ctx.store().await?;
+            let mut folded_while_live = 0;
+            while !writers.iter().all(|t| t.is_finished()) {
+                let r = compactor
+                    .compact(&CompactOptions {
+                        max_generations: 3,
+                        ..CompactOptions::default()
+                    })
+                    .await?;
+                folded_while_live += r.generations_merged;
+                if folded_while_live > 0 {
+                    compacted_tx.send_replace(true);
+                }
+                tokio::task::yield_now().await;
+            }
+            let mut acked = Vec::new();
+            for t in writers {
+                acked.extend(t.await?.context("a writer failed while compaction ran")?);
+            }
+            ensure!(folded_while_live > 0);
+            compact_all(compactor.as_ref()).await?;
+
+            let total = WRITERS * BATCHES * SIZE;
+            ensure!(acked.len() == total);
+            let store = ctx.store().await?;
+            let view = store.projector().session("bot", "shared").await?;
+            let seen: BTreeSet<&str> = view.iter().map(|e| e.record.id.as_str()).collect();
+            ensure!(
+                view.len() == total && seen.len() == total,
+                "{} of {total} visible",
+                view.len()
+            );
+            ensure!(
+                acked.iter().all(|id| seen.contains(id.as_str())),
+                "an acked record is missing"
+            );
+            ensure!(store.conflict_discovery().conflicts(None).await?.is_empty());
+            for s in store.shards().await? {
+                ensure!(s.epoch == 1, "compaction fenced {}: epoch {}", s.writer, s.epoch);
+            }
+            let keys = base_keys(&ctx.uri).await?;
+            let distinct: BTreeSet<_> = keys.iter().collect();
+            ensure!(keys.len() == distinct.len(), "compaction folded a row twice");
+            ensure!(keys.len() == total, "{} rows folded of {total}", keys.len());
+            Ok(())
+        })
+    });
+}
+
+#[test]
+fn interrupted_compaction_converges() {
+    run("interrupted_compaction_converges", |ctx| {
+        Box::pin(async move {
+            let s = store(&ctx, small()).await?;
+            for name in ["a", "b"] {
+                let mut shard = s.open_shard(&w(name)).await?;
+                for b in 0..12 {
+                    shard.append(recs(&format!("{name}{b}"), "s", 10)).await?;
+                }
+                shard.close().await?;
+            }
+            let before = canonical(&ctx).await?;
+            let opts = CompactOptions::default();
+            for stop in [StopPoint::AfterRead, StopPoint::BeforeCommit] {
+                compact_interrupted(&ctx.uri, ctx.options(), &opts, stop).await?;
+                ensure!(
+                    canonical(&ctx).await? == before,
+                    "a pass stopped at {stop:?} changed the view"
+                );
+                ensure!(
+                    base_keys(&ctx.uri).await?.is_empty(),
+                    "a pass stopped at {stop:?} folded rows"
+                );
+            }
+            let merged = compact_all(s.as_ref()).await?;
+            ensure!(merged >= 4, "expected several generations, folded {merged}");
+            ensure!(canonical(&ctx).await? == before, "compaction changed the view");
+            let keys = base_keys(&ctx.uri).await?;
+            ensure!(keys.len() == 240 && keys.iter().collect::<BTreeSet<_>>().len() == 240);
+            let again = s.compact(&opts).await?;
+            ensure!(
+                again.generations_merged == 0 && again.generations_remaining == 0,
+                "{again:?}"
+            );
+            // Readers no longer need the folded generations: hide them, and a fresh reader
+            // still sees exactly the same log (from the base table and the WAL tail).
+            let dir = ctxlog_lance::testing::local_dir(&ctx.uri)?;
+            let mut hidden = 0;
+            for shard in std::fs::read_dir(dir.join("_mem_wal"))? {
+                for g in std::fs::read_dir(shard?.path())? {
+                    let g = g?.path();
+                    if g.file_name().is_some_and(|n| n.to_string_lossy().contains("_gen_")) {
+                        std::fs::rename(&g, g.with_extension("folded"))?;
+                        hidden += 1;
+                    }
+                }
+            }
+            ensure!(hidden >= 4, "{hidden} generations on disk");
+            ensure!(
+                canonical(&ctx).await? == before,
+                "readers still depend on folded generations"
+            );
+            Ok(())
+        })
+    });
+}
+
+#[test]
+fn fenced_during_close_returns_within_deadline() {
+    run("fenced_during_close_returns_within_deadline", |ctx| {
+        Box::pin(async move {
+            let deadline = Duration::from_secs(10);
+            let options = StoreOptions {
+                timeout: deadline,
+                ..ctx.options()
+            };
+            let baseline = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            for round in 0..4u64 {
+                let a_store = ctxlog::open(&ctx.uri, options.clone()).await?;
+                let b_store = ctxlog::open(&ctx.uri, options.clone()).await?;
+                let mut a = a_store.open_shard(&w("same")).await?;
+                // Rows in the memtable, so that close has a generation to flush.
+                a.append(recs(&format!("a{round}"), "s", 40 * (round as usize + 1)))
+                    .await?;
+                let closing = tokio::spawn(async move {
+                    let started = Instant::now();
+                    let r = a.close().await;
+                    (r, started.elapsed())
+                });
+                // The successor claims the shard while A is inside close.
+                let mut b = b_store.open_shard(&w("same")).await?;
+                let (closed, took) = tokio::time::timeout(deadline * 2, closing)
+                    .await
+                    .context("close of a fenced writer hung")??;
+                ensure!(took < deadline + Duration::from_secs(1), "close took {took:?}");
+                if let Err(e) = closed {
+                    ensure!(
+                        matches!(e, Error::Fenced { .. } | Error::Timeout { .. } | Error::Backend { .. }),
+                        "{e}"
+                    );
+                }
+                b.append(recs(&format!("b{round}"), "s", 5)).await?;
+                b.close().await?;
+            }
+            // Fenced before close, too: close returns a typed Fenced error, fast.
+            let store = ctx.store().await?;
+            let mut a = store.open_shard(&w("other")).await?;
+            a.append(recs("x", "t", 30)).await?;
+            let b = ctx.store().await?.open_shard(&w("other")).await?;
+            let started = Instant::now();
+            let r = tokio::time::timeout(deadline * 2, a.close())
+                .await
+                .context("close hung")?;
+            ensure!(matches!(r, Err(Error::Fenced { .. })), "expected Fenced, got {r:?}");
+            ensure!(started.elapsed() < deadline);
+            b.close().await?;
+            drop(store);
+            // Nothing left spinning: every writer's background tasks are gone.
+            let alive = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            ensure!(
+                alive <= baseline,
+                "{alive} tasks alive after every writer closed, {baseline} before"
+            );
+            // Everything acknowledged is there.
+            let view = ctx.store().await?.projector().session("bot", "s").await?;
+            ensure!(
+                view.len() == (1..=4).map(|r| 40 * r + 5).sum::<usize>(),
+                "{} records",
+                view.len()
+            );
+            Ok(())
+        })
+    });
+}
+
+#[test]
+fn sigkill_writer_is_replayed_on_reopen() {
+    run("sigkill_writer_is_replayed_on_reopen", |ctx| {
+        Box::pin(async move {
+            ctx.store().await?;
+            let mut p = WriterProcess::spawn(&ctx, "crashy", 10)?;
+            let mut acks = Vec::new();
+            for r in 0..4 {
+                p.send("k", "s", r * 10..r * 10 + 10).await?;
+                acks.push(p.ack().await?.context("ack")?);
+            }
+            p.send("k", "s", 40..75).await?;
+            acks.extend(p.kill().await?);
+            let acked: Vec<String> = acks
+                .iter()
+                .flat_map(|a| a["ids"].as_array().cloned().unwrap_or_default())
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect();
+            ensure!(acked.len() >= 40);
+            // Visible at once, from the WAL tail alone: the killed writer never flushed.
+            let ids = |v: Vec<ctxlog::Entry>| v.into_iter().map(|e| e.record.id).collect::<BTreeSet<_>>();
+            let seen = ids(ctx.store().await?.projector().session("bot", "s").await?);
+            ensure!(
+                acked.iter().all(|id| seen.contains(id)),
+                "an acked entry is not visible"
+            );
+            // The successor replays the WAL, continues the seqs and flushes on close.
+            let store = ctx.store().await?;
+            let mut next = store.open_shard(&w("crashy")).await?;
+            let ack = next.append(recs("after", "s", 1)).await?;
+            ensure!(
+                ack.first_seq as usize == seen.len() + 1,
+                "{ack:?} after {} entries",
+                seen.len()
+            );
+            next.close().await?;
+            let after = ids(ctx.store().await?.projector().session("bot", "s").await?);
+            ensure!(after.len() == seen.len() + 1 && seen.is_subset(&after));
+            ensure!(store.conflict_discovery().conflicts(None).await?.is_empty());
+            Ok(())
+        })
+    });
+}
