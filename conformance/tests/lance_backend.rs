@@ -312,3 +312,33 @@ fn sigkill_writer_is_replayed_on_reopen() {
         })
     });
 }
+
+#[test]
+fn memory_uri_is_one_store_per_process() {
+    run("memory_uri_is_one_store_per_process", |ctx| {
+        Box::pin(async move {
+            // Unique per case: the in-memory stores live as long as the process.
+            let name = ctx
+                .root
+                .file_name()
+                .context("root name")?
+                .to_string_lossy()
+                .into_owned();
+            let uri = format!("memory://{name}");
+            let writer_side = ctxlog::open(&uri, ctx.options()).await?;
+            let mut shard = writer_side.open_shard(&w("mem")).await?;
+            shard.append(recs("m", "s", 5)).await?;
+            // Another handle on the same URI is the same store, before and after close.
+            let reader_side = ctxlog::open(&uri, ctx.options()).await?;
+            ensure!(reader_side.projector().session("bot", "s").await?.len() == 5);
+            shard.close().await?;
+            ensure!(reader_side.projector().session("bot", "s").await?.len() == 5);
+            let other = ctxlog::open(&format!("{uri}-other"), ctx.options()).await?;
+            ensure!(
+                other.projector().session("bot", "s").await?.is_empty(),
+                "another name is another store"
+            );
+            Ok(())
+        })
+    });
+}
