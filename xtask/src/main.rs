@@ -10,7 +10,10 @@
 //! a machine with only the Rust toolchain. All test builds use `--workspace --all-features`:
 //! one feature set means one set of artifacts, so nothing is built twice.
 
+mod bench;
 mod cargo;
+mod plot;
+mod restore;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,6 +33,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Benchmarks: `first-scan` (generated logs or `--restore SRC`) and `append`.
+    Bench(bench::BenchArgs),
     /// Run the conformance suite and print a table per backend.
     Conformance {
         /// Only this backend (`sqlite`, `lance`).
@@ -49,6 +54,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.task {
         Task::Test { args } => test(&args),
         Task::Conformance { backend, filter, json } => conformance(backend, filter, json),
+        Task::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -80,7 +86,8 @@ fn test(extra: &[String]) -> Result<()> {
         let mut args = vec!["nextest", "run", "--workspace", "--all-features", "--profile", "ci"];
         args.extend(extra.iter().map(String::as_str));
         cargo::run("tests (nextest)", &args)?;
-        cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])
+        cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])?;
+        bench_smoke()
     } else {
         eprintln!("xtask: cargo-nextest not found, falling back to `cargo test` (no per-test timeouts)");
         let mut args = vec!["test", "--workspace", "--all-features"];
@@ -88,8 +95,101 @@ fn test(extra: &[String]) -> Result<()> {
             args.push("--");
             args.extend(extra.iter().map(String::as_str));
         }
-        cargo::run("tests", &args)
+        cargo::run("tests", &args)?;
+        bench_smoke()
     }
+}
+
+/// The benchmark harness end to end on a tiny log (1k entries, 1 run, debug build), so that
+/// it cannot rot: generated logs, `--restore` of a file, a directory and a .tar.gz, a
+/// restore that must fail with a clear error, and the append benchmark.
+fn bench_smoke() -> Result<()> {
+    use anyhow::{Context, ensure};
+    let started = std::time::Instant::now();
+    let out = tempfile::tempdir()?;
+    let dir = out.path().to_path_buf();
+    let common = |json: bool| bench::Common {
+        backends: vec!["sqlite".into(), "lance".into()],
+        json,
+        debug: true,
+        out: Some(dir.clone()),
+    };
+    let first = |restore: Option<String>| bench::FirstScanArgs {
+        common: common(false),
+        sizes: vec!["1k".into()],
+        runs: 1,
+        writers: 2,
+        seed: 42,
+        restore,
+        storage_options: Vec::new(),
+    };
+    bench::run(bench::BenchArgs {
+        what: bench::BenchKind::FirstScan(first(None)),
+    })?;
+    let latest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("first-scan-latest.json"))?)?;
+    let rows = latest["rows"].as_array().context("rows")?;
+    ensure!(rows.len() == 2, "one row per backend: {rows:?}");
+    for r in rows {
+        ensure!(r["entries"] == 1000, "{r}");
+        for k in [
+            "first_scan_warm",
+            "first_scan_cold",
+            "floor_warm",
+            "refresh_warm",
+            "conflicts_warm",
+        ] {
+            ensure!(r[k]["median"].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
+        }
+        ensure!(r["ratios"]["first_scan_over_floor_warm"].is_number(), "{r}");
+    }
+    ensure!(dir.join("first-scan.svg").exists(), "no plot");
+
+    // Restore: each kind of source, and SRC must stay byte-identical (checked inside).
+    let stores = dir.join("stores");
+    let sqlite = stores.join("sqlite-1k-w2-s42.db");
+    let lance = stores.join("lance-1k-w2-s42.lance");
+    let tarball = dir.join("lance-store.tar.gz");
+    {
+        let gz = flate2::write::GzEncoder::new(std::fs::File::create(&tarball)?, flate2::Compression::fast());
+        let mut tar = tar::Builder::new(gz);
+        tar.append_dir_all("lance-1k.lance", &lance)?;
+        tar.into_inner()?.finish()?;
+    }
+    for src in [&sqlite, &lance, &tarball] {
+        let before = restore::fingerprint(src)?;
+        bench::run(bench::BenchArgs {
+            what: bench::BenchKind::FirstScan(first(Some(src.display().to_string()))),
+        })?;
+        ensure!(restore::fingerprint(src)? == before, "{} changed", src.display());
+        let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("first-scan-latest.json"))?)?;
+        ensure!(doc["restore"]["history_checks"].is_object(), "{doc}");
+        ensure!(doc["rows"][0]["entries"] == 1000, "{doc}");
+    }
+    let junk = dir.join("not-a-store.db");
+    std::fs::write(&junk, b"this is not a database, just bytes")?;
+    let err = bench::run(bench::BenchArgs {
+        what: bench::BenchKind::FirstScan(first(Some(junk.display().to_string()))),
+    })
+    .err()
+    .context("restoring junk must fail")?;
+    let msg = format!("{err:#}");
+    ensure!(msg.contains("not-a-store.db"), "the error names the file: {msg}");
+
+    bench::run(bench::BenchArgs {
+        what: bench::BenchKind::Append(bench::AppendArgs {
+            common: common(true),
+            batches: vec![10],
+            writers: vec![1, 2],
+            appends: Some(5),
+        }),
+    })?;
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("append-latest.json"))?)?;
+    ensure!(doc["rows"].as_array().is_some_and(|r| r.len() == 4), "{doc}");
+    eprintln!(
+        "xtask: bench smoke: harness end to end in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn conformance(backend: Option<String>, filter: Option<String>, json: Option<std::path::PathBuf>) -> Result<()> {

@@ -14,6 +14,8 @@
 //!
 //! Every call that can wait runs under the store's deadline.
 
+#[doc(hidden)]
+pub mod bench;
 mod compact;
 mod error;
 mod read;

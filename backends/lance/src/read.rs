@@ -216,6 +216,33 @@ async fn read_wal(
     }
 }
 
+/// Rows of `columns` in `ds`, read with a plain scan (the benchmark floor).
+pub(crate) async fn count_rows(ds: &Dataset, columns: &[&str]) -> Result<u64> {
+    let mut n = 0u64;
+    scan_table(ds, Some(columns), false, None, |b| {
+        n += b.num_rows() as u64;
+        Ok(())
+    })
+    .await?;
+    Ok(n)
+}
+
+/// Rows in a shard's WAL from `from` (the benchmark floor).
+pub(crate) async fn count_wal_rows(
+    store: &Arc<ObjectStore>,
+    base_path: &Path,
+    shard: ShardId,
+    from: u64,
+) -> Result<u64> {
+    let mut n = 0u64;
+    read_wal(store, base_path, shard, from, |e| {
+        n += e.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+        Ok(())
+    })
+    .await?;
+    Ok(n)
+}
+
 /// Rows of a WAL entry that are ctxlog entries (not MemWAL's delete markers).
 fn wal_rows(entry: &WalReadEntry, mut f: impl FnMut(&Columns<'_>, usize, usize) -> Result<()>) -> Result<()> {
     for (b, batch) in entry.batches.iter().enumerate() {

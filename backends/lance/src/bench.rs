@@ -1,0 +1,97 @@
+//! What `cargo xtask bench` measures directly: the raw-scan floor, object reads, layout.
+
+use ctxlog_core::{Result, StoreOptions, Written};
+
+use crate::LanceStore;
+use crate::error::lance_err;
+use crate::read::{self, tiers};
+use crate::schema::INDEX_COLUMNS;
+
+/// The raw-scan floor: the projection's columns from every tier (base table, unfolded
+/// generations, WAL tails), with plain Lance scans and no processing. Returns rows read.
+pub async fn raw_scan(uri: &str, options: StoreOptions) -> Result<u64> {
+    let store = LanceStore::open_store(uri, options).await?;
+    let t = tiers(&store.inner, None).await?;
+    let mut rows = 0u64;
+    rows += read::count_rows(&t.base, &INDEX_COLUMNS).await?;
+    for shard in &t.shards {
+        for g in &shard.generations {
+            let ds = store
+                .inner
+                .open_dataset(&g.uri)
+                .await
+                .map_err(|e| lance_err("floor", None, Written::Nothing, e))?;
+            rows += read::count_rows(&ds, &INDEX_COLUMNS).await?;
+        }
+        rows += read::count_wal_rows(&t.store, &t.base_path, shard.shard, shard.wal_from).await?;
+    }
+    Ok(rows)
+}
+
+/// `(shards, generations not yet folded, generations)`.
+pub async fn layout(uri: &str, options: StoreOptions) -> Result<(usize, usize, usize)> {
+    let store = LanceStore::open_store(uri, options).await?;
+    let t = tiers(&store.inner, None).await?;
+    Ok((
+        t.shards.len(),
+        t.shards.iter().map(|s| s.generations.len()).sum(),
+        t.shards.iter().map(|s| s.all_generations.len()).sum(),
+    ))
+}
+
+impl LanceStore {
+    /// Object-store read requests this handle has made so far (all its datasets, WAL and
+    /// manifests share the store's session).
+    pub async fn read_requests(&self) -> Result<u64> {
+        let ds = self.inner.latest().await?;
+        let (store, _) = self.inner.io(&ds).await?;
+        Ok(store.io_stats_snapshot().read_iops)
+    }
+}
+
+/// Copy every object of the dataset at `uri` into the local directory `to` (for
+/// benchmarking a copy of a store on object storage). Returns (objects, bytes).
+pub async fn copy_to_local(
+    uri: &str,
+    storage_options: Vec<(String, String)>,
+    to: &std::path::Path,
+) -> Result<(u64, u64)> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt as _;
+    let io = |e: std::io::Error| ctxlog_core::Error::backend("lance", "copy", None, Written::Nothing, e);
+    let os = |e: object_store::Error| ctxlog_core::Error::backend("lance", "copy", None, Written::Nothing, e);
+    let options = StoreOptions {
+        create_if_missing: false,
+        storage_options,
+        ..StoreOptions::default()
+    };
+    let store = LanceStore::open_store(uri, options).await?;
+    let ds = store.inner.latest().await?;
+    let (objects, base) = store.inner.io(&ds).await?;
+    let listed: Vec<object_store::ObjectMeta> = objects.inner.list(Some(&base)).try_collect().await.map_err(os)?;
+    let (mut n, mut bytes) = (0u64, 0u64);
+    let prefix = base.as_ref().trim_end_matches('/');
+    for meta in listed {
+        let rel = meta
+            .location
+            .as_ref()
+            .strip_prefix(prefix)
+            .unwrap_or(meta.location.as_ref());
+        let dst = to.join(rel.trim_start_matches('/'));
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let data = objects
+            .inner
+            .get(&meta.location)
+            .await
+            .map_err(os)?
+            .bytes()
+            .await
+            .map_err(os)?;
+        std::fs::write(&dst, &data).map_err(io)?;
+        n += 1;
+        bytes += data.len() as u64;
+    }
+    Ok((n, bytes))
+}

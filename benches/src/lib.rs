@@ -1,1 +1,0 @@
-//! criterion micro-benchmarks live in `benches/`; this crate has no library code.

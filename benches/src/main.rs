@@ -1,0 +1,460 @@
+//! `ctxlog-bench`: one measurement per process, one JSON object on stdout.
+//!
+//! `cargo xtask bench` runs this binary (release build) in fresh processes and aggregates.
+//! Each subcommand opens the store through the public API, as a cold replica would.
+
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use ctxlog::{CompactOptions, Location, Store, StoreOptions, WriterId};
+use serde_json::{Value, json};
+
+use crate::workload::Workload;
+
+#[derive(Parser)]
+struct Cli {
+    /// Store URI.
+    #[arg(long)]
+    store: String,
+    /// Drop the store's files from the page cache first (posix_fadvise DONTNEED).
+    #[arg(long)]
+    cold: bool,
+    /// Storage options for object stores (KEY=VALUE, repeatable).
+    #[arg(long = "storage-option")]
+    storage_options: Vec<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build a store through the public API (appends through shards). Not timed.
+    Generate {
+        #[arg(long)]
+        entries: usize,
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        #[arg(long, default_value_t = 10)]
+        bots: usize,
+        #[arg(long, default_value_t = 100)]
+        sessions: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Fold every flushed generation into the base table afterwards (Lance).
+        #[arg(long)]
+        compact: bool,
+    },
+    /// Open the store and build the full projection.
+    FirstScan,
+    /// First scan, then another writer appends `extra` entries, then a timed refresh.
+    Refresh {
+        #[arg(long)]
+        extra: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Conflict discovery over the whole log.
+    Conflicts,
+    /// Read the projection's columns with the plainest code for the backend.
+    Floor,
+    /// Copy every object of a (Lance) store into a local directory.
+    Copy {
+        #[arg(long)]
+        to: PathBuf,
+    },
+    /// Durable append throughput and latency of one writer.
+    Append {
+        #[arg(long)]
+        writer: String,
+        #[arg(long)]
+        batch: usize,
+        #[arg(long)]
+        records: usize,
+        #[arg(long, default_value_t = 9)]
+        seed: u64,
+    },
+}
+
+/// Reads never create a store: a path that is not one fails with an error naming it.
+fn options() -> StoreOptions {
+    StoreOptions {
+        create_if_missing: false,
+        // Benchmarks scan large logs: the deadline bounds hangs, not work.
+        timeout: Duration::from_secs(3600),
+        ..StoreOptions::default()
+    }
+}
+
+fn creating() -> StoreOptions {
+    StoreOptions {
+        create_if_missing: true,
+        ..options()
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match rt.block_on(run(cli)) {
+        Ok(v) => {
+            println!("{v}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ctxlog-bench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Value> {
+    let location = Location::parse(&cli.store)?;
+    if let Cmd::Copy { to } = &cli.cmd {
+        return copy(&location, &cli.storage_options, to).await;
+    }
+    if cli.cold {
+        drop_from_page_cache(&location)?;
+    }
+    let mut out = match cli.cmd {
+        Cmd::Generate {
+            entries,
+            writers,
+            bots,
+            sessions,
+            seed,
+            compact,
+        } => {
+            let w = Workload {
+                entries,
+                writers,
+                bots,
+                sessions_per_bot: sessions,
+                seed,
+            };
+            generate(&cli.store, &w, compact).await?
+        }
+        Cmd::FirstScan => first_scan(&cli.store, &location).await?,
+        Cmd::Refresh { extra, seed } => refresh(&cli.store, extra, seed).await?,
+        Cmd::Conflicts => conflicts(&cli.store).await?,
+        Cmd::Floor => floor(&cli.store, &location).await?,
+        Cmd::Append {
+            writer,
+            batch,
+            records,
+            seed,
+        } => append(&cli.store, &writer, batch, records, seed).await?,
+        Cmd::Copy { .. } => unreachable!("handled above"),
+    };
+    out["peak_rss_kb"] = json!(peak_rss_kb());
+    out["store_bytes"] = json!(store_bytes(&location));
+    out["cache"] = json!(if cli.cold { "cold" } else { "warm" });
+    Ok(out)
+}
+
+async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {
+    let store = ctxlog::open(uri, creating()).await?;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..w.writers {
+        let (store, w) = (store.clone(), w.clone());
+        tasks.push(tokio::spawn(async move {
+            let name = format!("writer-{i}");
+            let records = w.records(i, &name);
+            let mut shard = store.open_shard(&WriterId::new(&name)?).await?;
+            for chunk in records.chunks(100) {
+                shard.append(chunk.to_vec()).await?;
+            }
+            shard.close().await?;
+            anyhow::Ok(records.len())
+        }));
+    }
+    let mut written = 0;
+    for t in tasks {
+        written += t.await??;
+    }
+    let mut folded = 0;
+    if compact && store.backend() == "lance" {
+        for _ in 0..10_000 {
+            let r = store.compact(&CompactOptions::default()).await?;
+            folded += r.generations_merged;
+            if r.generations_remaining == 0 {
+                break;
+            }
+        }
+    }
+    Ok(json!({
+        "entries": written,
+        "seconds": started.elapsed().as_secs_f64(),
+        "generations_folded": folded,
+    }))
+}
+
+async fn first_scan(uri: &str, location: &Location) -> Result<Value> {
+    let started = Instant::now();
+    let (store, reads) = open_counting(uri, location).await?;
+    let mut p = store.projector();
+    let report = p.refresh().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let reads = match reads {
+        Some(counter) => json!(read_requests(&counter).await?),
+        None => Value::Null,
+    };
+    let stats = p.stats();
+    Ok(json!({
+        "seconds": seconds,
+        "entries": stats.entries,
+        "entries_read": report.entries_read,
+        "live": stats.live,
+        "object_reads": reads,
+        "layout": layout(location).await,
+    }))
+}
+
+async fn refresh(uri: &str, extra: usize, seed: u64) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let mut p = store.projector();
+    let first = Instant::now();
+    p.refresh().await?;
+    let first_seconds = first.elapsed().as_secs_f64();
+    // Another writer (another replica, its own store handle) appends.
+    let other = ctxlog::open(uri, options()).await?;
+    let name = format!("late-writer-{seed}");
+    let w = Workload {
+        entries: extra,
+        writers: 1,
+        bots: 10,
+        sessions_per_bot: 100,
+        seed,
+    };
+    let mut shard = other.open_shard(&WriterId::new(&name)?).await?;
+    for chunk in w.records(0, &name).chunks(100) {
+        shard.append(chunk.to_vec()).await?;
+    }
+    let started = Instant::now();
+    let report = p.refresh().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    shard.close().await?;
+    Ok(json!({
+        "seconds": seconds,
+        "first_scan_seconds": first_seconds,
+        "new_entries": report.new_entries,
+        "entries_read": report.entries_read,
+    }))
+}
+
+async fn conflicts(uri: &str) -> Result<Value> {
+    let started = Instant::now();
+    let store = ctxlog::open(uri, options()).await?;
+    let found = store.conflict_discovery().conflicts(None).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut by_kind = serde_json::Map::new();
+    for c in &found {
+        let n = by_kind.entry(c.kind().as_str()).or_insert(json!(0));
+        *n = json!(n.as_u64().unwrap_or(0) + 1);
+    }
+    Ok(json!({"seconds": seconds, "conflicts": by_kind}))
+}
+
+async fn floor(uri: &str, location: &Location) -> Result<Value> {
+    let started = Instant::now();
+    let rows = match location {
+        #[cfg(feature = "sqlite")]
+        Location::Sqlite(path) => sqlite_floor(path)?,
+        #[cfg(feature = "lance")]
+        Location::Lance {
+            uri: dataset,
+            storage_options,
+        } => {
+            let opts = StoreOptions {
+                storage_options: storage_options.clone(),
+                ..options()
+            };
+            ctxlog_lance::bench::raw_scan(dataset, opts).await?
+        }
+        #[allow(unreachable_patterns)]
+        _ => bail!("{uri}: backend not compiled into ctxlog-bench"),
+    };
+    Ok(json!({"seconds": started.elapsed().as_secs_f64(), "rows": rows}))
+}
+
+/// The same columns the projector reads, by the plainest SQL, touching every value.
+#[cfg(feature = "sqlite")]
+fn sqlite_floor(path: &Path) -> Result<u64> {
+    let conn = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let mut stmt = conn.prepare("SELECT shard_no, seq, epoch, hlc, kind, session_no, content_hash, id FROM entries")?;
+    let mut rows = stmt.query([])?;
+    let (mut n, mut touched) = (0u64, 0u64);
+    while let Some(r) = rows.next()? {
+        touched = touched
+            .wrapping_add(r.get::<_, i64>(1)? as u64)
+            .wrapping_add(r.get_ref(6)?.as_blob()?.len() as u64)
+            .wrapping_add(r.get_ref(7)?.as_str()?.len() as u64)
+            .wrapping_add(r.get::<_, i64>(3)? as u64);
+        n += 1;
+    }
+    std::hint::black_box(touched);
+    Ok(n)
+}
+
+async fn append(uri: &str, writer: &str, batch: usize, records: usize, seed: u64) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let w = Workload {
+        entries: records,
+        writers: 1,
+        bots: 10,
+        sessions_per_bot: 100,
+        seed,
+    };
+    let recs = w.records(0, writer);
+    let mut shard = store.open_shard(&WriterId::new(writer)?).await?;
+    let mut latencies_us = Vec::with_capacity(records / batch + 1);
+    let started = Instant::now();
+    for chunk in recs.chunks(batch) {
+        let t = Instant::now();
+        shard.append(chunk.to_vec()).await?;
+        latencies_us.push(t.elapsed().as_micros() as u64);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    shard.close().await?;
+    Ok(json!({
+        "records": records,
+        "batch": batch,
+        "seconds": seconds,
+        "latencies_us": latencies_us,
+    }))
+}
+
+async fn copy(location: &Location, storage_options: &[String], to: &Path) -> Result<Value> {
+    match location {
+        #[cfg(feature = "lance")]
+        Location::Lance {
+            uri,
+            storage_options: from_uri,
+        } => {
+            let mut opts = from_uri.clone();
+            for o in storage_options {
+                let (k, v) = o.split_once('=').with_context(|| format!("`{o}` is not KEY=VALUE"))?;
+                opts.push((k.to_string(), v.to_string()));
+            }
+            let (objects, bytes) = ctxlog_lance::bench::copy_to_local(uri, opts, to).await?;
+            Ok(json!({"objects": objects, "bytes": bytes}))
+        }
+        _ => {
+            let _ = (storage_options, to);
+            bail!("copy: only Lance stores on object storage are copied this way")
+        }
+    }
+}
+
+/// Something that counts a store's object reads (Lance).
+#[cfg(feature = "lance")]
+type ReadCounter = Arc<ctxlog_lance::LanceStore>;
+#[cfg(not(feature = "lance"))]
+type ReadCounter = std::convert::Infallible;
+
+#[cfg(feature = "lance")]
+async fn read_requests(counter: &ReadCounter) -> Result<u64> {
+    Ok(counter.read_requests().await?)
+}
+#[cfg(not(feature = "lance"))]
+async fn read_requests(counter: &ReadCounter) -> Result<u64> {
+    match *counter {}
+}
+
+/// Open a store; for Lance, also a handle that counts its object reads (open included).
+async fn open_counting(uri: &str, location: &Location) -> Result<(Arc<dyn Store>, Option<ReadCounter>)> {
+    match location {
+        #[cfg(feature = "lance")]
+        Location::Lance {
+            uri: dataset,
+            storage_options,
+        } => {
+            let opts = StoreOptions {
+                storage_options: storage_options.clone(),
+                ..options()
+            };
+            let store = Arc::new(ctxlog_lance::LanceStore::open_store(dataset, opts).await?);
+            Ok((store.clone(), Some(store)))
+        }
+        _ => Ok((ctxlog::open(uri, options()).await?, None)),
+    }
+}
+
+/// Shards and generations (Lance); `null` elsewhere.
+async fn layout(location: &Location) -> Value {
+    match location {
+        #[cfg(feature = "lance")]
+        Location::Lance { uri, .. } => ctxlog_lance::bench::layout(uri, options())
+            .await
+            .map(|(shards, pending, total)| json!({"shards": shards, "generations_unfolded": pending, "generations": total}))
+            .unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
+fn files_of(location: &Location) -> Vec<PathBuf> {
+    let root = match location {
+        Location::Sqlite(p) => {
+            let mut out = vec![p.clone()];
+            for ext in ["-wal", "-shm"] {
+                out.push(PathBuf::from(format!("{}{ext}", p.display())));
+            }
+            return out.into_iter().filter(|p| p.exists()).collect();
+        }
+        Location::Lance { uri, .. } => PathBuf::from(uri.strip_prefix("file://").unwrap_or(uri)),
+    };
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn store_bytes(location: &Location) -> u64 {
+    files_of(location)
+        .iter()
+        .filter_map(|p| p.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Cold cache: write back, then ask the kernel to drop every page of the store's files.
+fn drop_from_page_cache(location: &Location) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    for f in files_of(location) {
+        let file = std::fs::File::open(&f).with_context(|| format!("open {}", f.display()))?;
+        // SAFETY: a valid open descriptor; offset 0 and length 0 mean the whole file.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            bail!("posix_fadvise({}) failed: {rc}", f.display());
+        }
+    }
+    Ok(())
+}
+
+fn peak_rss_kb() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
+        usage.ru_maxrss as u64
+    } else {
+        0
+    }
+}

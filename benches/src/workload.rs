@@ -1,0 +1,138 @@
+//! The deterministic workload: what W writers of an agent platform append.
+//!
+//! Bodies are log-normal around 600 bytes, 1 % are over 16 KiB and 5 % are binary; every
+//! record has a metadata object. 1 % of appends retry an earlier record (same content, a
+//! later `created_at`), 0.1 % rewrite an earlier id with other content (a divergent put),
+//! 1 % delete an earlier id (a tombstone). The same seed gives the same records.
+
+use ctxlog_core::{Body, Record};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, LogNormal};
+
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub entries: usize,
+    pub writers: usize,
+    pub bots: usize,
+    pub sessions_per_bot: usize,
+    pub seed: u64,
+}
+
+const WORDS: &[&str] = &[
+    "the", "order", "refund", "please", "tool", "result", "customer", "ticket", "agent", "calendar", "invoice",
+    "shipping", "address", "thanks", "error", "retry", "summary", "context", "model", "answer", "question", "account",
+    "password", "reset", "status", "pending", "approved", "declined", "meeting", "schedule",
+];
+
+impl Workload {
+    /// How many entries writer `w` appends (the remainder goes to writer 0).
+    pub fn entries_of(&self, w: usize) -> usize {
+        let each = self.entries / self.writers;
+        if w == 0 {
+            each + self.entries % self.writers
+        } else {
+            each
+        }
+    }
+
+    /// The records writer `w` appends, in order: `name` is its writer id.
+    pub fn records(&self, w: usize, name: &str) -> Vec<Record> {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w as u64 + 1)));
+        let sizes = LogNormal::new((600f64).ln(), 0.6).expect("valid log-normal");
+        let n = self.entries_of(w);
+        let mut out: Vec<Record> = Vec::with_capacity(n);
+        let mut fresh = 0usize;
+        for i in 0..n {
+            let p: f64 = rng.random();
+            let earlier = (!out.is_empty()).then(|| rng.random_range(0..out.len()));
+            let mut r = match earlier {
+                // A retry: the same record again.
+                Some(j) if p < 0.01 => out[j].clone(),
+                // A divergent put: an earlier id, other content.
+                Some(j) if p < 0.011 => {
+                    let mut r = out[j].clone();
+                    r.body = Body::Text(format!("rewritten answer {i}"));
+                    r.kind = ctxlog_core::Kind::Put;
+                    r
+                }
+                // A tombstone for an earlier id.
+                Some(j) if p < 0.021 => {
+                    let prev = &out[j];
+                    Record::tombstone(prev.id.clone(), prev.bot_id.clone(), prev.session_id.clone())
+                }
+                _ => {
+                    fresh += 1;
+                    self.fresh(&mut rng, &sizes, name, fresh)
+                }
+            };
+            r.created_at = chrono::DateTime::from_timestamp(1_780_000_000 + i as i64, 0);
+            out.push(r);
+        }
+        out
+    }
+
+    fn fresh(&self, rng: &mut StdRng, sizes: &LogNormal<f64>, name: &str, n: usize) -> Record {
+        let bot = rng.random_range(0..self.bots);
+        let session = rng.random_range(0..self.sessions_per_bot);
+        let size = if rng.random_bool(0.01) {
+            rng.random_range(16 * 1024 + 1..64 * 1024)
+        } else {
+            (sizes.sample(rng) as usize).clamp(16, 16 * 1024)
+        };
+        let role = ["user", "assistant", "tool"][rng.random_range(0..3)];
+        let body = if rng.random_bool(0.05) {
+            Body::Bytes((0..size).map(|_| rng.random::<u8>()).collect())
+        } else {
+            let mut text = String::with_capacity(size + 16);
+            while text.len() < size {
+                text.push_str(WORDS[rng.random_range(0..WORDS.len())]);
+                text.push(' ');
+            }
+            text.truncate(size);
+            Body::Text(text)
+        };
+        let mut r = Record::text(
+            format!("{name}-{n:08}"),
+            format!("bot-{bot}"),
+            format!("s-{session:04}"),
+            role,
+            "",
+        );
+        if let Body::Bytes(_) = body {
+            r.content_type = "application/octet-stream".into();
+        }
+        r.body = body;
+        r.metadata = Some(serde_json::json!({
+            "turn": n,
+            "model": format!("m-{}", rng.random_range(0..3)),
+            "tokens": rng.random_range(1..2000),
+        }));
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_records_and_the_documented_mix() {
+        let w = Workload {
+            entries: 20_000,
+            writers: 2,
+            bots: 3,
+            sessions_per_bot: 10,
+            seed: 7,
+        };
+        let a = w.records(1, "w1");
+        assert_eq!(a, w.records(1, "w1"));
+        assert_ne!(a, w.records(0, "w0"));
+        let tombstones = a.iter().filter(|r| r.kind == ctxlog_core::Kind::Tombstone).count();
+        assert!((50..200).contains(&tombstones), "{tombstones}");
+        let big = a.iter().filter(|r| r.body.len() > 16 * 1024).count();
+        assert!((40..200).contains(&big), "{big}");
+        let mean = a.iter().map(|r| r.body.len()).sum::<usize>() / a.len();
+        assert!((500..1500).contains(&mean), "{mean}");
+    }
+}
