@@ -57,14 +57,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut idx = ProjectionIndex::new();
             for e in &es {
-                idx.apply(IndexRow {
-                    key: e.key(),
-                    id: &e.record.id,
-                    kind: e.record.kind,
-                    hash: e.content_hash,
-                    bot_id: &e.record.bot_id,
-                    session_id: &e.record.session_id,
-                });
+                idx.apply(IndexRow::of(e));
             }
             idx
         })

@@ -90,6 +90,18 @@ fn options() -> StoreOptions {
     }
 }
 
+/// [`options`] with the storage options a Lance URI carries in its query string.
+#[cfg_attr(not(feature = "lance"), allow(dead_code))]
+fn options_for(location: &Location) -> StoreOptions {
+    match location {
+        Location::Lance { storage_options, .. } => StoreOptions {
+            storage_options: storage_options.clone(),
+            ..options()
+        },
+        Location::Sqlite(_) => options(),
+    }
+}
+
 fn creating() -> StoreOptions {
     StoreOptions {
         create_if_missing: true,
@@ -269,16 +281,7 @@ async fn floor(uri: &str, location: &Location) -> Result<Value> {
         #[cfg(feature = "sqlite")]
         Location::Sqlite(path) => sqlite_floor(path)?,
         #[cfg(feature = "lance")]
-        Location::Lance {
-            uri: dataset,
-            storage_options,
-        } => {
-            let opts = StoreOptions {
-                storage_options: storage_options.clone(),
-                ..options()
-            };
-            ctxlog_lance::bench::raw_scan(dataset, opts).await?
-        }
+        Location::Lance { uri: dataset, .. } => ctxlog_lance::bench::raw_scan(dataset, options_for(location)).await?,
         #[allow(unreachable_patterns)]
         _ => bail!("{uri}: backend not compiled into ctxlog-bench"),
     };
@@ -373,15 +376,8 @@ async fn read_requests(counter: &ReadCounter) -> Result<u64> {
 async fn open_counting(uri: &str, location: &Location) -> Result<(Arc<dyn Store>, Option<ReadCounter>)> {
     match location {
         #[cfg(feature = "lance")]
-        Location::Lance {
-            uri: dataset,
-            storage_options,
-        } => {
-            let opts = StoreOptions {
-                storage_options: storage_options.clone(),
-                ..options()
-            };
-            let store = Arc::new(ctxlog_lance::LanceStore::open_store(dataset, opts).await?);
+        Location::Lance { uri: dataset, .. } => {
+            let store = Arc::new(ctxlog_lance::LanceStore::open_store(dataset, options_for(location)).await?);
             Ok((store.clone(), Some(store)))
         }
         _ => Ok((ctxlog::open(uri, options()).await?, None)),
@@ -392,7 +388,7 @@ async fn open_counting(uri: &str, location: &Location) -> Result<(Arc<dyn Store>
 async fn layout(location: &Location) -> Value {
     match location {
         #[cfg(feature = "lance")]
-        Location::Lance { uri, .. } => ctxlog_lance::bench::layout(uri, options())
+        Location::Lance { uri, .. } => ctxlog_lance::bench::layout(uri, options_for(location))
             .await
             .map(|(shards, pending, total)| json!({"shards": shards, "generations_unfolded": pending, "generations": total}))
             .unwrap_or(Value::Null),

@@ -243,9 +243,11 @@ pub async fn fencing_stale_handle_fails_definitely(ctx: Ctx) -> anyhow::Result<(
             "stale writes {leaked:?} landed but the history checker did not report them"
         );
     }
-    bounded("close of a fenced handle", ctx.backend.op_timeout, old.close())
-        .await?
-        .ok();
+    let closed = bounded("close of a fenced handle", ctx.backend.op_timeout, old.close()).await?;
+    ensure!(
+        matches!(closed, Err(Error::Fenced { .. })),
+        "close of a fenced handle: {closed:?}"
+    );
     new.close().await?;
     Ok(())
 }
@@ -272,9 +274,11 @@ pub async fn fencing_close_of_fenced_handle_returns(ctx: Ctx) -> anyhow::Result<
     let mut again = ctx.store().await?.open_shard(&w("w2")).await?;
     again.append(recs("b", "s", 5)).await?;
     let successor = ctx.store().await?.open_shard(&w("w2")).await?;
-    bounded("close of a fenced handle", ctx.backend.op_timeout, again.close())
-        .await?
-        .ok();
+    let closed = bounded("close of a fenced handle", ctx.backend.op_timeout, again.close()).await?;
+    ensure!(
+        matches!(closed, Err(Error::Fenced { .. })),
+        "close says the handle was fenced: {closed:?}"
+    );
 
     let mut p = ctx.store().await?.projector();
     let visible: BTreeSet<String> = ids(&p.session("bot", "s").await?).into_iter().collect();
@@ -334,6 +338,44 @@ pub async fn indeterminate_error_poisons_until_reopen(ctx: Ctx) -> anyhow::Resul
         "a retry creates no conflict and no gap: {conflicts:?}"
     );
     reopened.close().await?;
+    Ok(())
+}
+
+/// An append the caller abandons (drops its future) must not let a later append reuse its
+/// seqs: every acknowledged record reads back as itself, and the log stays gap- and
+/// conflict-free once the caller reopens and retries.
+pub async fn cancelled_append_never_reuses_seqs(ctx: Ctx) -> anyhow::Result<()> {
+    let store = ctx.store().await?;
+    let mut shard = store.open_shard(&w("w1")).await?;
+    let mut acked: Vec<Record> = Vec::new();
+    for round in 0..24u64 {
+        let batch = recs(&format!("c{round}"), "s", 5);
+        // Cancel after a growing head start, to land at different points of the append.
+        let head_start = Duration::from_micros(200 * round);
+        match tokio::time::timeout(head_start, shard.append(batch.clone())).await {
+            Ok(Ok(_)) => acked.extend(batch),
+            // Abandoned: it may or may not land. The same handle goes on.
+            Err(_) => {}
+            // The handle refuses after an abandoned or indeterminate append: reopen, retry.
+            Ok(Err(e)) if matches!(e, Error::Poisoned { .. }) || !e.is_definite() => {
+                shard = store.open_shard(&w("w1")).await?;
+                shard.append(batch.clone()).await?;
+                acked.extend(batch);
+            }
+            Ok(Err(e)) => bail!("round {round}: {e}"),
+        }
+    }
+    let mut p = store.projector();
+    for r in &acked {
+        let got = p
+            .get(&r.id)
+            .await?
+            .with_context(|| format!("acked {} is not live", r.id))?;
+        ensure!(got.record == *r, "{} reads back as {:?}", r.id, got.record.id);
+    }
+    let conflicts = store.conflict_discovery().conflicts(None).await?;
+    ensure!(conflicts.is_empty(), "{conflicts:?}");
+    shard.close().await?;
     Ok(())
 }
 
@@ -703,6 +745,9 @@ pub async fn bad_input_rejected_before_write(ctx: Ctx) -> anyhow::Result<()> {
         ("metadata", |r| r.metadata = Some(serde_json::json!("text"))),
         ("body", |r| r.body = Body::Text("x".repeat(1025))),
         ("body", |r| r.body = Body::Bytes(vec![7; 1025])),
+        ("created_at", |r| {
+            r.created_at = chrono::DateTime::from_timestamp(-20_000_000_000, 0)
+        }),
     ];
     for (field, spoil) in cases {
         let mut batch = recs("bad", "s", 3);

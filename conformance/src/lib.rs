@@ -141,6 +141,7 @@ macro_rules! for_each_case {
             fencing_stale_handle_fails_definitely,
             fencing_close_of_fenced_handle_returns,
             indeterminate_error_poisons_until_reopen,
+            cancelled_append_never_reuses_seqs,
             idempotent_retry_counts_once,
             first_writer_wins_divergent_put,
             tombstone_is_final,

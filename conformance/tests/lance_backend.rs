@@ -31,10 +31,11 @@ fn small() -> WriterTuning {
 }
 
 async fn store(ctx: &Ctx, tuning: WriterTuning) -> anyhow::Result<Arc<dyn Store>> {
+    let mut options = ctx.options();
+    // A batch must fit one memtable.
+    options.limits.max_batch_records = tuning.max_memtable_rows;
     Ok(Arc::new(
-        LanceStore::open_store(&ctx.uri, ctx.options())
-            .await?
-            .with_tuning(tuning),
+        LanceStore::open_store(&ctx.uri, options).await?.with_tuning(tuning),
     ))
 }
 

@@ -162,6 +162,42 @@ fn out_dir(common: &Common) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The longest any one probe may take (generating 10M entries is the slowest).
+const PROBE_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// Run a child to completion within `deadline`, or kill it and fail naming it.
+pub fn output_within(cmd: &mut Command, deadline: Duration) -> Result<std::process::Output> {
+    use std::io::Read;
+    use wait_timeout::ChildExt;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {cmd:?}"))?;
+    // Drain the pipes on threads, so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take().context("stdout")?;
+    let mut err = child.stderr.take().context("stderr")?;
+    let out_t = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        out.read_to_end(&mut b).map(|_| b)
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        err.read_to_end(&mut b).map(|_| b)
+    });
+    let status = match child.wait_timeout(deadline)? {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd:?} did not finish within {deadline:?}");
+        }
+    };
+    let stdout = out_t.join().map_err(|_| anyhow::anyhow!("stdout reader panicked"))??;
+    let stderr = err_t.join().map_err(|_| anyhow::anyhow!("stderr reader panicked"))??;
+    Ok(std::process::Output { status, stdout, stderr })
+}
+
 /// One fresh-process probe.
 fn probe(bin: &Path, store: &str, cold: bool, args: &[&str]) -> Result<Value> {
     let mut cmd = Command::new(bin);
@@ -170,7 +206,7 @@ fn probe(bin: &Path, store: &str, cold: bool, args: &[&str]) -> Result<Value> {
         cmd.arg("--cold");
     }
     cmd.args(args);
-    let out = cmd.output().with_context(|| format!("run {}", bin.display()))?;
+    let out = output_within(&mut cmd, PROBE_DEADLINE)?;
     if !out.status.success() {
         bail!(
             "ctxlog-bench {} on {store} failed ({}): {}",
@@ -752,20 +788,17 @@ fn append(a: &AppendArgs) -> Result<()> {
                 // Separate processes, started together.
                 let children: Vec<_> = (0..writers)
                     .map(|w| {
-                        Command::new(&bin)
-                            .args(["--store", &uri, "append", "--writer", &format!("bench-{w}")])
+                        let mut cmd = Command::new(&bin);
+                        cmd.args(["--store", &uri, "append", "--writer", &format!("bench-{w}")])
                             .args(["--batch", &batch.to_string(), "--records", &records.to_string()])
-                            .args(["--seed", &(w + 11).to_string()])
-                            .stdout(std::process::Stdio::piped())
-                            .stderr(std::process::Stdio::piped())
-                            .spawn()
-                            .context("spawn ctxlog-bench append")
+                            .args(["--seed", &(w + 11).to_string()]);
+                        std::thread::spawn(move || output_within(&mut cmd, PROBE_DEADLINE))
                     })
-                    .collect::<Result<_>>()?;
+                    .collect();
                 let mut lat = Vec::new();
                 let mut slowest: f64 = 0.0;
                 for c in children {
-                    let o = c.wait_with_output()?;
+                    let o = c.join().map_err(|_| anyhow::anyhow!("append runner panicked"))??;
                     ensure!(
                         o.status.success(),
                         "append writer failed: {}",

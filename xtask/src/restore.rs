@@ -5,6 +5,7 @@
 //! object-store URI), and its fingerprint is checked again afterwards.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
@@ -34,8 +35,14 @@ pub fn fingerprint(path: &Path) -> Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
+/// Sources read through an object store (copied object by object by `ctxlog-bench copy`):
+/// every URI with a scheme, except a `file://` URI that names a single file.
 fn is_remote(src: &str) -> bool {
-    src.split_once("://").is_some_and(|(scheme, _)| scheme != "file")
+    match src.split_once("://") {
+        Some(("file", path)) => Path::new(path).is_dir(),
+        Some(_) => true,
+        None => false,
+    }
 }
 
 /// Copy SRC into `into`; returns the path of the copied store (file or directory).
@@ -49,11 +56,12 @@ fn copy_source(bin: &Path, src: &str, storage_options: &[String], into: &Path) -
             format!("{name}.lance")
         });
         let mut cmd = std::process::Command::new(bin);
-        cmd.args(["--store", src, "copy", "--to"]).arg(&dst);
+        cmd.args(["--store", src]);
         for o in storage_options {
             cmd.args(["--storage-option", o]);
         }
-        let out = cmd.output()?;
+        cmd.args(["copy", "--to"]).arg(&dst);
+        let out = crate::bench::output_within(&mut cmd, Duration::from_secs(3600))?;
         ensure!(
             out.status.success(),
             "cannot copy {src}: {}",
@@ -144,7 +152,9 @@ pub fn measure_copy(
     _args: &FirstScanArgs,
     measure: impl FnOnce(&str, &str, &str) -> Result<Row>,
 ) -> Result<(Row, Value)> {
-    let local = (!is_remote(src)).then(|| PathBuf::from(src.strip_prefix("file://").unwrap_or(src)));
+    // What can be fingerprinted: anything on the local disk, however it is named.
+    let on_disk = PathBuf::from(src.strip_prefix("file://").unwrap_or(src));
+    let local = on_disk.exists().then_some(on_disk);
     let before = match &local {
         Some(p) => Some(fingerprint(p)?),
         None => None,
@@ -157,9 +167,10 @@ pub fn measure_copy(
         _ => format!("lance:{}", copy.display()),
     };
     // The history checks first: they also prove the copy opens.
-    let out = std::process::Command::new(bin)
-        .args(["--store", &uri, "conflicts"])
-        .output()?;
+    let out = crate::bench::output_within(
+        std::process::Command::new(bin).args(["--store", &uri, "conflicts"]),
+        Duration::from_secs(3600),
+    )?;
     ensure!(
         out.status.success(),
         "the store copied from {src} ({}) does not open: {}",

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use ctxlog_core::{CompactOptions, CompactReport, Error, Result, Written, with_deadline};
+use ctxlog_core::{CompactOptions, CompactReport, Error, Result, Written};
 use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched};
 use lance_index::mem_wal::CompactedSsTable;
 
@@ -48,33 +48,56 @@ pub(crate) async fn compact(
     stop: Option<StopPoint>,
 ) -> Result<CompactReport> {
     let timeout = inner.timeout();
-    // 1. Flush this process's live writers, each under the deadline. A fenced or failing
-    //    writer is skipped: its rows are in its WAL, and its successor flushes them.
+    let deadline = tokio::time::Instant::now() + timeout;
+    // 1. Flush this process's live writers, within the first half of the deadline. A fenced
+    //    or failing writer is skipped: its rows are in its WAL, its successor flushes them.
+    let flush_by = deadline - timeout / 2;
     for w in inner.live_writers() {
-        let _ = tokio::time::timeout(timeout, async { w.force_freeze_active().await?.wait().await }).await;
+        let _ = tokio::time::timeout_at(flush_by, async { w.force_freeze_active().await?.wait().await }).await;
     }
-    with_deadline("compact", timeout, None, Written::Unknown, pass(inner, opts, stop)).await
+    match tokio::time::timeout_at(deadline, pass(inner, opts, stop)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            op: "compact",
+            after: timeout,
+            shard: None,
+            written: Written::Unknown,
+        }),
+    }
 }
 
 async fn pass(inner: &Arc<Inner>, opts: &CompactOptions, stop: Option<StopPoint>) -> Result<CompactReport> {
     let t = tiers(inner, None).await?;
-    // 2. Plan: oldest generations first, shard by shard, within both caps.
+    // 2. Plan: round-robin over shards, each shard's oldest generations first (the marker
+    //    says "folded up to g", so a shard's chosen generations are a prefix), within both
+    //    caps. Round-robin, so that a busy shard cannot starve the others.
     let pending: usize = t.shards.iter().map(|s| s.generations.len()).sum();
     let mut chosen: Vec<Generation> = Vec::new();
     let mut markers: HashMap<ctxlog_core::ShardId, u64> = HashMap::new();
     let mut bytes = 0u64;
-    'plan: for shard in &t.shards {
-        for g in &shard.generations {
+    let mut open: Vec<bool> = vec![true; t.shards.len()];
+    'plan: for round in 0.. {
+        let mut any = false;
+        for (s, shard) in t.shards.iter().enumerate() {
+            let Some(g) = shard.generations.get(round).filter(|_| open[s]) else {
+                continue;
+            };
+            any = true;
             if chosen.len() >= opts.max_generations {
                 break 'plan;
             }
             let size = generation_bytes(inner, g).await?;
             if !chosen.is_empty() && bytes + size > opts.max_bytes {
-                break 'plan;
+                // This shard's prefix ends here; others may still fit.
+                open[s] = false;
+                continue;
             }
             bytes += size;
             markers.insert(g.shard, g.generation);
             chosen.push(g.clone());
+        }
+        if !any {
+            break;
         }
     }
     if chosen.is_empty() {

@@ -428,28 +428,47 @@ impl LanceIndex {
     }
 }
 
-fn apply_table(
-    batch: &RecordBatch,
-    source: u32,
-    cursor_locations: &mut HashMap<(ShardId, u64, u64), Location>,
+/// Apply one row to the index and remember where it lives (the first place seen).
+fn index_row(
+    c: &Columns<'_>,
+    i: usize,
+    at: Location,
+    locations: &mut HashMap<(ShardId, u64, u64), Location>,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<()> {
-    let ids = row_ids(batch)?;
-    table_rows(batch, |c, i| {
-        let row = c.index_row(i)?;
-        done.read += 1;
-        if index.apply(row) {
-            done.applied += 1;
-        }
-        cursor_locations
-            .entry((row.key.shard, row.key.seq, row.key.epoch))
-            .or_insert(Location::Table {
+    let row = c.index_row(i)?;
+    done.read += 1;
+    if index.apply(row) {
+        done.applied += 1;
+    }
+    locations
+        .entry((row.key.shard, row.key.seq, row.key.epoch))
+        .or_insert(at);
+    Ok(())
+}
+
+/// Scan a dataset (base table or generation) into the index, pinning it as a source.
+async fn apply_dataset(
+    ds: Dataset,
+    cursor: &mut Cursor,
+    index: &mut ProjectionIndex,
+    done: &mut CatchUp,
+) -> Result<()> {
+    let source = cursor.sources.len() as u32;
+    cursor.sources.push(ds.clone());
+    let locations = &mut cursor.locations;
+    scan_table(&ds, Some(&INDEX_COLUMNS), true, None, |b| {
+        let ids = row_ids(b)?;
+        table_rows(b, |c, i| {
+            let at = Location::Table {
                 source,
                 row_id: ids.value(i),
-            });
-        Ok(())
+            };
+            index_row(c, i, at, locations, index, done)
+        })
     })
+    .await
 }
 
 /// Apply a shard's WAL from `from`; returns the next position.
@@ -464,19 +483,12 @@ async fn apply_wal(
 ) -> Result<u64> {
     read_wal(tiers_store, base_path, shard, from, |e| {
         wal_rows(e, |c, b, i| {
-            let row = c.index_row(i)?;
-            done.read += 1;
-            if index.apply(row) {
-                done.applied += 1;
-            }
-            locations
-                .entry((row.key.shard, row.key.seq, row.key.epoch))
-                .or_insert(Location::Wal {
-                    position: e.entry_position,
-                    batch: b as u32,
-                    row: i as u32,
-                });
-            Ok(())
+            let at = Location::Wal {
+                position: e.entry_position,
+                batch: b as u32,
+                row: i as u32,
+            };
+            index_row(c, i, at, locations, index, done)
         })
     })
     .await
@@ -493,21 +505,11 @@ impl IndexSource for LanceIndex {
             // First scan: the index columns of every tier. The cursor only advances after
             // its rows are applied, so a cancelled scan leaves the two consistent.
             let t = tiers(inner, None).await?;
-            let base_source = cursor.sources.len() as u32;
-            cursor.sources.push(t.base.clone());
-            scan_table(&t.base, Some(&INDEX_COLUMNS), true, None, |b| {
-                apply_table(b, base_source, &mut cursor.locations, index, &mut done)
-            })
-            .await?;
+            apply_dataset(t.base.clone(), cursor, index, &mut done).await?;
             for shard in &t.shards {
                 for g in &shard.generations {
                     let ds = inner.open_dataset(&g.uri).await.map_err(read_err)?;
-                    let source = cursor.sources.len() as u32;
-                    cursor.sources.push(ds.clone());
-                    scan_table(&ds, Some(&INDEX_COLUMNS), true, None, |b| {
-                        apply_table(b, source, &mut cursor.locations, index, &mut done)
-                    })
-                    .await?;
+                    apply_dataset(ds, cursor, index, &mut done).await?;
                 }
                 let next = apply_wal(
                     &t.store,
@@ -539,12 +541,7 @@ impl IndexSource for LanceIndex {
                     };
                     for g in &tier.all_generations {
                         let ds = inner.open_dataset(&g.uri).await.map_err(read_err)?;
-                        let source = cursor.sources.len() as u32;
-                        cursor.sources.push(ds.clone());
-                        scan_table(&ds, Some(&INDEX_COLUMNS), true, None, |b| {
-                            apply_table(b, source, &mut cursor.locations, index, &mut done)
-                        })
-                        .await?;
+                        apply_dataset(ds, cursor, index, &mut done).await?;
                     }
                     tier.wal_from
                 }

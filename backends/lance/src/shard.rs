@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
 use ctxlog_core::{
     AppendAck, Epoch, Error, Hlc, HlcClock, Limits, Record, Result, Shard, ShardId, WriterId, Written, with_deadline,
@@ -61,8 +63,8 @@ pub(crate) struct LanceShard {
 impl LanceShard {
     pub(crate) async fn open(inner: Arc<Inner>, writer_id: WriterId) -> Result<Self> {
         let shard = writer_id.shard_id();
-        let timeout = inner.timeout();
-        with_deadline("open shard", timeout, Some(shard), Written::Nothing, async {
+        // A claim that misses its deadline may still land (and fence the incumbent).
+        with_deadline("open shard", inner.timeout(), Some(shard), Written::Unknown, async {
             let mut ds = inner.latest().await?;
             crate::ensure_mem_wal(&mut ds).await?;
             let (store, base_path) = inner.io(&ds).await?;
@@ -70,6 +72,16 @@ impl LanceShard {
             let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
             let epoch_before = current_epoch(&manifests, shard).await?;
             let t = &inner.tuning;
+            if inner.options.limits.max_batch_records > t.max_memtable_rows {
+                return Err(Error::invalid(
+                    "limits.max_batch_records",
+                    None,
+                    format!(
+                        "{} exceeds the Lance writer's max_memtable_rows ({}): a batch must fit one memtable",
+                        inner.options.limits.max_batch_records, t.max_memtable_rows
+                    ),
+                ));
+            }
             let config = ShardWriterConfig::new(shard.0)
                 .with_durable_write(true)
                 // A buffer of one byte: every put starts its own WAL flush instead of
@@ -82,10 +94,11 @@ impl LanceShard {
             let writer = match ds.mem_wal_writer(shard.0, config).await {
                 Ok(w) => Arc::new(w),
                 Err(e) => {
-                    // A claim lost to a concurrent opener of the same writer id is an
-                    // I/O error in Lance; the stored epoch tells it apart.
+                    // A claim lost to a concurrent opener of the same writer id is an I/O
+                    // error in Lance; the stored epoch tells it apart. Our own claim moves
+                    // the epoch by exactly one: only more than that is someone else's.
                     let now = current_epoch(&manifests, shard).await.unwrap_or(epoch_before);
-                    return Err(if e.fence_reason().is_some() || now > epoch_before {
+                    return Err(if e.fence_reason().is_some() || now > epoch_before + 1 {
                         Error::Fenced {
                             shard,
                             writer: writer_id.to_string(),
@@ -93,36 +106,37 @@ impl LanceShard {
                             current: Some(now),
                             written: Written::Nothing,
                         }
+                    } else if now == epoch_before + 1 {
+                        // We claimed, then failed (sentinel write, replay): the incumbent
+                        // may be fenced, the shard is ours to retry.
+                        lance_err("open shard", Some(shard), Written::Unknown, e)
                     } else {
                         lance_err("open shard", Some(shard), Written::Nothing, e)
                     });
                 }
             };
             inner.register_writer(&writer);
-            let epoch = writer.epoch();
-            // Seqs and HLCs are ctxlog's: recover them from what the shard already holds.
-            let recovered = read::shard_position(&inner, &store, &base_path, shard).await;
-            let (last_seq, max_hlc) = match recovered {
-                Ok(p) => p,
-                Err(e) => {
-                    abort_quietly(&writer, timeout).await;
-                    return Err(e);
-                }
-            };
-            Ok(LanceShard {
-                clock: HlcClock::new(inner.options.clock.clone(), Hlc(max_hlc)),
+            // The handle owns the writer from here: if anything below fails, or the
+            // deadline drops this future, its `Drop` stops the writer's tasks.
+            let mut handle = LanceShard {
+                clock: HlcClock::new(inner.options.clock.clone(), Hlc::ZERO),
                 limits: inner.options.limits.clone(),
                 inner: inner.clone(),
                 writer_id,
                 shard,
-                epoch,
+                epoch: writer.epoch(),
                 writer: Some(writer),
                 store,
                 base_path,
-                last_seq,
+                last_seq: 0,
                 poisoned: false,
                 fenced_by: None,
-            })
+            };
+            // Seqs and HLCs are ctxlog's: recover them from what the shard already holds.
+            let (last_seq, max_hlc) = read::shard_position(&inner, &handle.store, &handle.base_path, shard).await?;
+            handle.last_seq = last_seq;
+            handle.clock = HlcClock::new(inner.options.clock.clone(), Hlc(max_hlc));
+            Ok(handle)
         })
         .await
     }
@@ -138,43 +152,39 @@ impl LanceShard {
     }
 
     /// After a peer fence hit a put that was already in the memtable: did its WAL entry
-    /// land before the successor's claim? The successor's fence sentinel took the next WAL
-    /// position, so nothing of ours can land after it; the answer is final.
-    async fn landed(&self, first_seq: u64) -> Result<bool> {
+    /// land? `Some(false)` only with proof: the successor's fence sentinel sits after our
+    /// last entry, so no entry of ours can land any more. `None` when it cannot tell.
+    async fn landed(&self, first_seq: u64) -> Result<Option<bool>> {
+        let err = |e| lance_err("check a fenced append", Some(self.shard), Written::Unknown, e);
         let tailer = WalTailer::new(self.store.clone(), self.base_path.clone(), self.shard.0);
-        let tip = tailer
-            .next_position()
-            .await
-            .map_err(|e| lance_err("check a fenced append", Some(self.shard), Written::Unknown, e))?;
-        let mut pos = tip;
+        let mut pos = tailer.next_position().await.map_err(err)?;
+        let mut successor_sentinel = false;
         while pos > 1 {
             pos -= 1;
-            let Some(entry) = tailer
-                .read_entry(pos)
-                .await
-                .map_err(|e| lance_err("check a fenced append", Some(self.shard), Written::Unknown, e))?
-            else {
+            let Some(entry) = tailer.read_entry(pos).await.map_err(err)? else {
                 continue;
             };
             if entry.writer_epoch > self.epoch {
-                continue; // the successor's sentinel and entries
+                successor_sentinel |= entry.batches.is_empty();
+                continue;
             }
-            if entry.writer_epoch < self.epoch {
-                return Ok(false); // before our claim: none of ours after it
-            }
-            let mut max_seq = 0;
-            for b in &entry.batches {
-                let cols = crate::schema::Columns::new(b)?;
-                for i in 0..cols.len() {
-                    max_seq = max_seq.max(cols.seq(i));
+            if entry.writer_epoch == self.epoch && !entry.batches.is_empty() {
+                // Our newest entry: our appends are sequential, so ours is this one or none.
+                let mut max_seq = 0;
+                for b in &entry.batches {
+                    let cols = crate::schema::Columns::new(b)?;
+                    for i in 0..cols.len() {
+                        max_seq = max_seq.max(cols.seq(i));
+                    }
+                }
+                if max_seq >= first_seq {
+                    return Ok(Some(true));
                 }
             }
-            if entry.batches.is_empty() {
-                continue; // our own open's sentinel
-            }
-            return Ok(max_seq >= first_seq);
+            // Our newest entry does not hold the batch (or we wrote none since our claim).
+            return Ok(successor_sentinel.then_some(false));
         }
-        Ok(false)
+        Ok(successor_sentinel.then_some(false))
     }
 }
 
@@ -239,6 +249,11 @@ impl Shard for LanceShard {
         let batch = to_batch(self.writer_id.as_str(), &stamped)?;
         let last_seq = first_seq + records.len() as u64 - 1;
 
+        // From here until an outcome is known, the handle counts as poisoned: if the caller
+        // drops this future after the batch reached the memtable, the batch still becomes
+        // durable, and the next append must not reuse its seqs.
+        self.poisoned = true;
+        let deadline = Instant::now() + self.inner.timeout();
         // `inserted` says whether the batch reached the memtable (and so may reach the WAL).
         let put = async {
             let (_, watcher) = writer.put_no_wait(vec![batch]).await.map_err(|e| (e, false))?;
@@ -247,8 +262,7 @@ impl Shard for LanceShard {
             }
             Ok::<(), (lance::Error, bool)>(())
         };
-        let timeout = self.inner.timeout();
-        let outcome = match tokio::time::timeout(timeout, put).await {
+        let outcome = match tokio::time::timeout_at(deadline, put).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err((e, inserted))) => match e.fence_reason() {
                 Some(FenceReason::PeerClaimedEpoch) => {
@@ -256,9 +270,9 @@ impl Shard for LanceShard {
                     if !inserted {
                         Err(self.fenced(None, Written::Nothing))
                     } else {
-                        match tokio::time::timeout(timeout, self.landed(first_seq)).await {
-                            Ok(Ok(true)) => Ok(()), // durable before the successor's claim
-                            Ok(Ok(false)) => Err(self.fenced(None, Written::Nothing)),
+                        match tokio::time::timeout_at(deadline, self.landed(first_seq)).await {
+                            Ok(Ok(Some(true))) => Ok(()), // durable before the successor's claim
+                            Ok(Ok(Some(false))) => Err(self.fenced(None, Written::Nothing)),
                             _ => Err(self.fenced(None, Written::Unknown)),
                         }
                     }
@@ -266,23 +280,27 @@ impl Shard for LanceShard {
                 // Our own WAL write failed (or any other failure after the batch reached
                 // the memtable): it may have landed. Reopen replays the WAL.
                 _ if inserted => Err(lance_err("append", Some(self.shard), Written::Unknown, e)),
-                // Refused before the memtable: nothing written, but a writer poisoned by its
-                // own earlier failure never recovers; the handle must be reopened.
+                // Refused before the memtable: nothing written. A writer poisoned by its own
+                // earlier failure never recovers, though: the handle stays poisoned.
                 Some(FenceReason::PersistenceFailure) => {
-                    self.poisoned = true;
+                    return Err(lance_err("append", Some(self.shard), Written::Nothing, e));
+                }
+                None if matches!(e.find_root(), lance::Error::InvalidInput { .. }) || e.is_backpressure() => {
                     Err(lance_err("append", Some(self.shard), Written::Nothing, e))
                 }
+                // `put_no_wait` can also fail after the insert (starting the index apply).
                 None => Err(lance_err("append", Some(self.shard), Written::Unknown, e)),
             },
             Err(_) => Err(Error::Timeout {
                 op: "append",
-                after: timeout,
+                after: self.inner.timeout(),
                 shard: Some(self.shard),
                 written: Written::Unknown,
             }),
         };
         match outcome {
             Ok(()) => {
+                self.poisoned = false;
                 self.clock = clock;
                 self.last_seq = last_seq;
                 Ok(AppendAck {
@@ -296,9 +314,8 @@ impl Shard for LanceShard {
                 })
             }
             Err(e) => {
-                if !e.is_definite() {
-                    self.poisoned = true;
-                }
+                // Definite: nothing landed, the seqs are free again.
+                self.poisoned = !e.is_definite();
                 Err(e)
             }
         }
@@ -306,40 +323,44 @@ impl Shard for LanceShard {
 
     /// Flush the memtable into a generation (so readers need not read its WAL tail), then
     /// stop the writer's tasks. Never `ShardWriter::close`, whose flush-drain wait is what
-    /// hangs a writer fenced mid-close: every step here has the deadline, and the tasks
-    /// are stopped whatever the flush did.
+    /// hangs a writer fenced mid-close: both steps share one deadline, and the tasks are
+    /// stopped whatever the flush did. The writer stays in the handle until they are, so a
+    /// cancelled close still stops them (on drop). A fenced handle's close says so.
     async fn close(mut self: Box<Self>) -> Result<()> {
-        let Some(writer) = self.writer.take() else {
+        let Some(writer) = self.writer.clone() else {
             return Ok(());
         };
+        // One deadline for the whole close; the flush leaves a reserve for stopping tasks.
         let timeout = self.inner.timeout();
-        let flushed = if self.poisoned || self.fenced_by.is_some() {
+        let deadline = Instant::now() + timeout;
+        let flush_by = deadline - (timeout / 4).min(Duration::from_secs(2));
+        let timed_out = |op| Error::Timeout {
+            op,
+            after: self.inner.timeout(),
+            shard: Some(self.shard),
+            written: Written::Nothing,
+        };
+        let flushed = if let Some(current) = self.fenced_by {
+            Err(self.fenced(current, Written::Nothing))
+        } else if self.poisoned {
             Ok(())
         } else {
-            match tokio::time::timeout(timeout, async { writer.force_freeze_active().await?.wait().await }).await {
+            match tokio::time::timeout_at(flush_by, async { writer.force_freeze_active().await?.wait().await }).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) if e.fence_reason() == Some(FenceReason::PeerClaimedEpoch) => {
                     Err(self.fenced(None, Written::Nothing))
                 }
                 Ok(Err(e)) => Err(lance_err("close", Some(self.shard), Written::Nothing, e)),
-                Err(_) => Err(Error::Timeout {
-                    op: "close (flush)",
-                    after: timeout,
-                    shard: Some(self.shard),
-                    written: Written::Nothing,
-                }),
+                Err(_) => Err(timed_out("close (flush)")),
             }
         };
-        let stopped = match tokio::time::timeout(timeout, writer.abort()).await {
+        // Whatever the flush did, the tasks stop.
+        let stopped = match tokio::time::timeout_at(deadline, writer.abort()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(lance_err("close (stop tasks)", Some(self.shard), Written::Nothing, e)),
-            Err(_) => Err(Error::Timeout {
-                op: "close (stop tasks)",
-                after: timeout,
-                shard: Some(self.shard),
-                written: Written::Nothing,
-            }),
+            Err(_) => Err(timed_out("close (stop tasks)")),
         };
+        self.writer = None; // stopped (or given up on): nothing left for Drop to do
         flushed.and(stopped)
     }
 }

@@ -5,8 +5,11 @@
 //! thread keeps working on a request nobody waits for.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ctxlog_core::{Error, Result, ShardId, Written};
 use rusqlite::{Connection, ErrorCode, InterruptHandle, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -85,40 +88,13 @@ impl Conn {
         let started = std::time::Instant::now();
         let mut backoff = Duration::from_millis(1);
         let conn = loop {
-            match open_once(path, flags, timeout) {
-                Err(e)
-                    if matches!(
-                        e.sqlite_error_code(),
-                        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
-                    ) && started.elapsed() + backoff < timeout =>
-                {
+            match open_once(path, flags, create, timeout) {
+                Ok(conn) => break conn,
+                Err(e) if is_busy(&e) && started.elapsed() + backoff < timeout => {
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(50));
                 }
                 Err(e) => return Err(open_error(path, e)),
-                Ok((conn, mode)) if !mode.eq_ignore_ascii_case("wal") => {
-                    drop(conn);
-                    return Err(Error::backend(
-                        BACKEND,
-                        "open",
-                        None,
-                        Written::Nothing,
-                        format!("{} cannot use WAL journal mode (got {mode})", path.display()),
-                    ));
-                }
-                Ok((mut conn, _)) => match ensure_schema(&mut conn, create) {
-                    Ok(()) => break conn,
-                    Err(e)
-                        if matches!(
-                            e.sqlite_error_code(),
-                            Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
-                        ) && started.elapsed() + backoff < timeout =>
-                    {
-                        std::thread::sleep(backoff);
-                        backoff = (backoff * 2).min(Duration::from_millis(50));
-                    }
-                    Err(e) => return Err(open_error(path, e)),
-                },
             }
         };
         let interrupt = Arc::new(conn.get_interrupt_handle());
@@ -129,7 +105,7 @@ impl Conn {
         })
     }
 
-    /// Run `f` on the blocking pool under the deadline. On a miss the statement is
+    /// Run `f` on the blocking pool under the store's deadline. On a miss the statement is
     /// interrupted and the error says `written_on_timeout`.
     pub(crate) async fn run<T, F>(
         &self,
@@ -142,32 +118,94 @@ impl Conn {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
+        self.run_by(Instant::now() + self.timeout, op, shard, written_on_timeout, f)
+            .await
+    }
+
+    /// [`Conn::run`] with a deadline shared with earlier steps of the same operation.
+    ///
+    /// The connection may be shared: a call that misses its deadline while it still waits
+    /// for the connection must neither interrupt another call's statement nor run later,
+    /// when nobody waits for it. `state` says which it is: 0 waiting, 1 running, 2 abandoned.
+    pub(crate) async fn run_by<T, F>(
+        &self,
+        deadline: Instant,
+        op: &'static str,
+        shard: Option<ShardId>,
+        written_on_timeout: Written,
+        f: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
         let conn = self.conn.clone();
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let task_state = state.clone();
+        let abandoned = || Error::Timeout {
+            op,
+            after: self.timeout,
+            shard,
+            written: Written::Nothing,
+        };
         let task = tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut guard)
+            if task_state
+                .compare_exchange(WAITING, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return None; // abandoned before it started: do nothing
+            }
+            let r = f(&mut guard);
+            task_state.store(DONE, Ordering::Release);
+            Some(r)
         });
-        match tokio::time::timeout(self.timeout, task).await {
-            Ok(Ok(result)) => result,
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(Some(result))) => result,
+            Ok(Ok(None)) => Err(abandoned()),
             Ok(Err(join)) => Err(Error::backend(BACKEND, op, shard, written_on_timeout, join)),
-            Err(_) => {
-                self.interrupt.interrupt();
-                Err(Error::Timeout {
+            Err(_) => match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
+                // Never started: it never will, and nothing was written.
+                Ok(_) => Err(abandoned()),
+                // Running: stop its statement. Only ours runs on this connection now.
+                Err(RUNNING) => {
+                    self.interrupt.interrupt();
+                    Err(Error::Timeout {
+                        op,
+                        after: self.timeout,
+                        shard,
+                        written: written_on_timeout,
+                    })
+                }
+                // Finished just now; its result is lost to us, so say what it may have done.
+                Err(_) => Err(Error::Timeout {
                     op,
                     after: self.timeout,
                     shard,
                     written: written_on_timeout,
-                })
-            }
+                }),
+            },
         }
     }
 }
 
+const WAITING: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+const ABANDONED: u8 = 3;
+
 /// Check the store's format, creating the schema first if the store is new. An existing
 /// store is only read here, so readers never wait for (or take) the write lock.
-/// One attempt to open the file in WAL mode; returns the journal mode it ended in.
-fn open_once(path: &Path, flags: OpenFlags, timeout: Duration) -> rusqlite::Result<(Connection, String)> {
-    let conn = Connection::open_with_flags(path, flags)?;
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
+    )
+}
+
+/// One attempt to open the file in WAL mode with the schema in place.
+fn open_once(path: &Path, flags: OpenFlags, create: bool, timeout: Duration) -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open_with_flags(path, flags)?;
     // The busy handler waits for other processes' locks. It outlasts the deadline on
     // purpose: a lock wait that outlives the deadline is cut by the deadline (and the
     // statement interrupted), so a BUSY error always means "gave up before writing".
@@ -176,9 +214,15 @@ fn open_once(path: &Path, flags: OpenFlags, timeout: Duration) -> rusqlite::Resu
     if !mode.eq_ignore_ascii_case("wal") {
         mode = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
     }
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "cannot use WAL journal mode (got {mode})"
+        )));
+    }
     // FULL: an acknowledged commit survives power loss, not only a process crash.
     conn.pragma_update(None, "synchronous", "FULL")?;
-    Ok((conn, mode))
+    ensure_schema(&mut conn, create)?;
+    Ok(conn)
 }
 
 fn ensure_schema(conn: &mut Connection, create: bool) -> rusqlite::Result<()> {

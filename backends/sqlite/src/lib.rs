@@ -37,7 +37,7 @@ impl SqliteStore {
     /// Open the store at `path`, creating it when `options.create_if_missing`.
     pub async fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let conn = open_conn(&path, &options).await?;
+        let conn = open_conn(&path, &options, tokio::time::Instant::now() + options.timeout).await?;
         Ok(SqliteStore { path, options, conn })
     }
 
@@ -46,11 +46,11 @@ impl SqliteStore {
     }
 }
 
-/// Open a connection on the blocking pool, under the store's deadline.
-async fn open_conn(path: &Path, options: &StoreOptions) -> Result<Conn> {
+/// Open a connection on the blocking pool, by `deadline`.
+async fn open_conn(path: &Path, options: &StoreOptions, deadline: tokio::time::Instant) -> Result<Conn> {
     let (p, create, timeout) = (path.to_path_buf(), options.create_if_missing, options.timeout);
     let task = tokio::task::spawn_blocking(move || Conn::open(&p, create, timeout));
-    match tokio::time::timeout(options.timeout, task).await {
+    match tokio::time::timeout_at(deadline, task).await {
         Ok(Ok(r)) => r,
         Ok(Err(join)) => Err(ctxlog_core::Error::backend(
             BACKEND,
@@ -80,9 +80,10 @@ impl Store for SqliteStore {
 
     async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>> {
         // Each shard handle owns its connection: appends of different writers in one
-        // process do not queue behind one mutex.
-        let conn = open_conn(&self.path, &self.options).await?;
-        let shard = shard::SqliteShard::claim(conn, writer.clone(), &self.options).await?;
+        // process do not queue behind one mutex. One deadline for opening and claiming.
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let conn = open_conn(&self.path, &self.options, deadline).await?;
+        let shard = shard::SqliteShard::claim(conn, writer.clone(), &self.options, deadline).await?;
         Ok(Box::new(shard))
     }
 

@@ -28,11 +28,17 @@ pub(crate) struct SqliteShard {
 
 impl SqliteShard {
     /// Claim the shard with a new epoch and recover its last seq and HLC.
-    pub(crate) async fn claim(conn: Conn, writer: WriterId, options: &StoreOptions) -> Result<Self> {
+    pub(crate) async fn claim(
+        conn: Conn,
+        writer: WriterId,
+        options: &StoreOptions,
+        deadline: tokio::time::Instant,
+    ) -> Result<Self> {
         let shard = writer.shard_id();
         let w = writer.clone();
+        // A claim that misses its deadline may still commit (and fence the incumbent).
         let (shard_no, epoch, max_hlc) = conn
-            .run("open shard", Some(shard), Written::Nothing, move |c| {
+            .run_by(deadline, "open shard", Some(shard), Written::Unknown, move |c| {
                 claim(c, shard, &w).map_err(|e| sql_error("open shard", Some(shard), Written::Unknown, e))
             })
             .await?;
@@ -136,9 +142,29 @@ impl Shard for SqliteShard {
         }
     }
 
+    /// Every acknowledged append is already committed: nothing to flush. Close says
+    /// whether the handle had been fenced meanwhile, as on every backend.
     async fn close(self: Box<Self>) -> Result<()> {
-        // Every acknowledged append is already committed; nothing to flush. The connection
-        // closes when its last handle drops.
+        if self.poisoned {
+            return Ok(());
+        }
+        let (shard, shard_no, epoch, writer) = (self.shard, self.shard_no, self.epoch, self.writer.to_string());
+        let current: i64 = self
+            .conn
+            .run("close", Some(shard), Written::Nothing, move |c| {
+                c.query_row("SELECT epoch FROM shards WHERE shard_no = ?1", [shard_no], |r| r.get(0))
+                    .map_err(|e| sql_error("close", Some(shard), Written::Nothing, e))
+            })
+            .await?;
+        if current as u64 != epoch {
+            return Err(Error::Fenced {
+                shard,
+                writer,
+                epoch,
+                current: Some(current as u64),
+                written: Written::Nothing,
+            });
+        }
         Ok(())
     }
 }

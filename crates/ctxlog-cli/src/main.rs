@@ -120,7 +120,12 @@ async fn run(cli: Cli) -> ExitCode {
                 op: "ctxlog command",
                 after: timeout,
                 shard: None,
-                written: ctxlog::Written::Nothing,
+                // Only `compact` writes; its commit may be in flight.
+                written: if matches!(cmd, Command::Compact { .. }) {
+                    ctxlog::Written::Unknown
+                } else {
+                    ctxlog::Written::Nothing
+                },
             })),
         },
     };

@@ -84,6 +84,10 @@ impl<S: IndexSource> IndexedProjector<S> {
 impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn refresh(&mut self) -> Result<RefreshReport> {
         let first_scan = !self.scanned;
+        // Until this refresh completes, the projector counts as not scanned: a source may
+        // reset the index when a catch-up fails or is cancelled (rather than leave it torn),
+        // and the next read must then scan again instead of answering from an empty index.
+        self.scanned = false;
         let timeout = self.source.timeout();
         let source = self.source.clone();
         let result = with_deadline(
@@ -154,15 +158,7 @@ impl HistoryChecker {
 
     /// Visit one stored entry (any order, repeats allowed).
     pub fn visit(&mut self, e: &Entry) {
-        let row = IndexRow {
-            key: e.key(),
-            id: &e.record.id,
-            kind: e.record.kind,
-            hash: e.content_hash,
-            bot_id: &e.record.bot_id,
-            session_id: &e.record.session_id,
-        };
-        if !self.index.apply(row) {
+        if !self.index.apply(IndexRow::of(e)) {
             return;
         }
         self.positions.entry(e.shard).or_default().push((e.seq, e.epoch));
@@ -307,14 +303,7 @@ mod tests {
     fn index_of(entries: &[Entry]) -> ProjectionIndex {
         let mut idx = ProjectionIndex::new();
         for e in entries {
-            idx.apply(IndexRow {
-                key: e.key(),
-                id: &e.record.id,
-                kind: e.record.kind,
-                hash: e.content_hash,
-                bot_id: &e.record.bot_id,
-                session_id: &e.record.session_id,
-            });
+            idx.apply(IndexRow::of(e));
         }
         idx
     }
@@ -354,7 +343,7 @@ mod tests {
             let mut idx = index_of(&entries[..split]);
             let _ = idx.projection();
             for e in &entries[split..] {
-                idx.apply(IndexRow { key: e.key(), id: &e.record.id, kind: e.record.kind, hash: e.content_hash, bot_id: &e.record.bot_id, session_id: &e.record.session_id });
+                idx.apply(IndexRow::of(e));
             }
             prop_assert_eq!(idx.projection().canonical_json(), index_of(&entries).projection().canonical_json());
         }

@@ -9,11 +9,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use indexmap::IndexMap;
+use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
+
+/// A fast keyed hasher, randomly seeded per map (ids are caller-chosen, so not a fixed seed).
+type Hasher = foldhash::fast::RandomState;
 
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
 use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats};
-use crate::types::{Checkpoint, Kind, OrderKey, SessionSummary, ShardId};
+use crate::types::{Checkpoint, Kind, OrderKey, SessionSummary};
 
 /// One entry as the projection sees it. Borrowed, so that backends can feed rows straight
 /// from their column buffers.
@@ -25,6 +29,20 @@ pub struct IndexRow<'a> {
     pub hash: ContentHash,
     pub bot_id: &'a str,
     pub session_id: &'a str,
+}
+
+impl<'a> IndexRow<'a> {
+    /// The projection's view of a full entry.
+    pub fn of(e: &'a crate::types::Entry) -> Self {
+        IndexRow {
+            key: e.key(),
+            id: &e.record.id,
+            kind: e.record.kind,
+            hash: e.content_hash,
+            bot_id: &e.record.bot_id,
+            session_id: &e.record.session_id,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,9 +96,8 @@ struct SessionState {
 /// The projection of every row applied so far.
 #[derive(Clone, Debug, Default)]
 pub struct ProjectionIndex {
-    ids: IndexMap<Box<str>, IdState>,
-    sessions: IndexMap<(Box<str>, Box<str>), SessionState>,
-    shards: BTreeSet<ShardId>,
+    ids: IndexMap<Box<str>, IdState, Hasher>,
+    sessions: IndexMap<(Box<str>, Box<str>), SessionState, Hasher>,
     entries: u64,
     checkpoint: Checkpoint,
     last_session: Option<u32>,
@@ -104,11 +121,12 @@ impl ProjectionIndex {
     /// Apply one entry. Returns false when the index already held it.
     pub fn apply(&mut self, row: IndexRow<'_>) -> bool {
         let session = self.session_no(row.bot_id, row.session_id);
-        let (id_no, state) = match self.ids.get_full_mut(row.id) {
-            Some((i, _, s)) => (i as u32, s),
-            None => {
-                let (i, _) = self.ids.insert_full(row.id.into(), IdState::default());
-                (i as u32, &mut self.ids[i])
+        // One hash per row: most ids are new, and a lookup-then-insert would hash twice.
+        let (id_no, state) = match self.ids.raw_entry_mut_v1().from_key(row.id) {
+            RawEntryMut::Occupied(e) => (e.index() as u32, e.into_mut()),
+            RawEntryMut::Vacant(e) => {
+                let i = e.index() as u32;
+                (i, e.insert(row.id.into(), IdState::default()).1)
             }
         };
         if state.has(&row.key) {
@@ -137,7 +155,6 @@ impl ProjectionIndex {
             }
         }
         self.entries += 1;
-        self.shards.insert(row.key.shard);
         self.checkpoint.advance(row.key.shard, row.key.seq);
         true
     }
@@ -238,7 +255,7 @@ impl ProjectionIndex {
     pub fn stats(&self) -> ProjectionStats {
         let mut stats = ProjectionStats {
             entries: self.entries,
-            shards: self.shards.len() as u64,
+            shards: self.checkpoint.0.len() as u64,
             ids: self.ids.len() as u64,
             ..Default::default()
         };

@@ -78,6 +78,16 @@ impl Limits {
         if r.body.len() > self.max_body_bytes {
             return Err(too_long("body", r.body.len(), self.max_body_bytes));
         }
+        // Stored as nanoseconds since the epoch (both backends): years 1677 to 2262.
+        if let Some(t) = r.created_at
+            && t.timestamp_nanos_opt().is_none()
+        {
+            return Err(Error::invalid(
+                "created_at",
+                None,
+                format!("{t} is outside the storable range (years 1677 to 2262)"),
+            ));
+        }
         Ok(())
     }
 
@@ -149,6 +159,9 @@ mod tests {
         r.body = Body::Bytes(vec![0; 4]);
         small.validate(&r).unwrap();
         assert_eq!(field_of(l.validate_batch(&[]).unwrap_err()).0, "records");
+        let mut r = ok.clone();
+        r.created_at = chrono::DateTime::from_timestamp(-20_000_000_000, 0);
+        assert_eq!(field_of(l.validate(&r).unwrap_err()).0, "created_at");
         l.validate(&ok).unwrap();
     }
 }
