@@ -713,6 +713,31 @@ pub async fn refresh_reads_only_new_entries(ctx: Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A refresh that fails or is abandoned mid-way never leaves the projector answering from
+/// a partial (or emptied) index: the next read scans again and sees everything.
+pub async fn abandoned_refresh_leaves_reads_complete(ctx: Ctx) -> anyhow::Result<()> {
+    let store = ctx.store().await?;
+    let mut shard = store.open_shard(&w("w1")).await?;
+    shard.append(recs("a", "s", 40)).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    for round in 0..20u64 {
+        shard.append(recs(&format!("r{round}"), "s", 5)).await?;
+        // Abandon refreshes at different points.
+        let _ = tokio::time::timeout(Duration::from_micros(100 * round), p.refresh()).await;
+        let view = p.session("bot", "s").await?;
+        let expected = 40 + 5 * (round as usize + 1);
+        ensure!(
+            view.len() == expected,
+            "round {round}: {} of {expected} visible",
+            view.len()
+        );
+        ensure!(p.stats().entries == expected as u64, "round {round}: {:?}", p.stats());
+    }
+    shard.close().await?;
+    Ok(())
+}
+
 // ---- Rule 11: bad input --------------------------------------------------------------
 
 /// Every kind of bad input is rejected, names its field and record, and writes nothing.

@@ -151,6 +151,7 @@ macro_rules! for_each_case {
             history_checks_find_stale_gap_corrupt,
             conflicts_after_checkpoint,
             refresh_reads_only_new_entries,
+            abandoned_refresh_leaves_reads_complete,
             bad_input_rejected_before_write,
             bad_uri_rejected,
             concurrent_create_in_process,
