@@ -415,8 +415,11 @@ pub(crate) struct Cursor {
     wal_next: HashMap<ShardId, u64>,
     /// Datasets rows were scanned from, pinned at the version scanned.
     sources: Vec<Dataset>,
-    locations: HashMap<(ShardId, u64, u64), Location>,
+    locations: Locations,
 }
+
+/// Where each entry `(shard, seq, epoch)` lives. On the first scan's hot path: a fast hasher.
+type Locations = HashMap<(ShardId, u64, u64), Location, foldhash::fast::RandomState>;
 
 pub(crate) struct LanceIndex {
     inner: Arc<Inner>,
@@ -430,14 +433,14 @@ impl LanceIndex {
 
 /// Apply one row to the index and remember where it lives (the first place seen).
 fn index_row(
-    c: &Columns<'_>,
+    view: &crate::schema::IndexView<'_, '_>,
     i: usize,
     at: Location,
-    locations: &mut HashMap<(ShardId, u64, u64), Location>,
+    locations: &mut Locations,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<()> {
-    let row = c.index_row(i)?;
+    let row = view.row(i)?;
     done.read += 1;
     if index.apply(row) {
         done.applied += 1;
@@ -460,13 +463,19 @@ async fn apply_dataset(
     let locations = &mut cursor.locations;
     scan_table(&ds, Some(&INDEX_COLUMNS), true, None, |b| {
         let ids = row_ids(b)?;
-        table_rows(b, |c, i| {
+        let cols = Columns::new(b)?;
+        let view = cols.index_view()?;
+        for i in 0..cols.len() {
+            if cols.is_lance_tombstone(i) {
+                continue;
+            }
             let at = Location::Table {
                 source,
                 row_id: ids.value(i),
             };
-            index_row(c, i, at, locations, index, done)
-        })
+            index_row(&view, i, at, locations, index, done)?;
+        }
+        Ok(())
     })
     .await
 }
@@ -477,7 +486,7 @@ async fn apply_wal(
     base_path: &Path,
     shard: ShardId,
     from: u64,
-    locations: &mut HashMap<(ShardId, u64, u64), Location>,
+    locations: &mut Locations,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<u64> {
@@ -488,7 +497,7 @@ async fn apply_wal(
                 batch: b as u32,
                 row: i as u32,
             };
-            index_row(c, i, at, locations, index, done)
+            index_row(&c.index_view()?, i, at, locations, index, done)
         })
     })
     .await
@@ -505,10 +514,26 @@ impl IndexSource for LanceIndex {
             // First scan: the index columns of every tier. The cursor only advances after
             // its rows are applied, so a cancelled scan leaves the two consistent.
             let t = tiers(inner, None).await?;
-            apply_dataset(t.base.clone(), cursor, index, &mut done).await?;
+            // Make room for every entry at once: the base table and the generations know
+            // their row counts; the WAL tails are small.
+            let mut datasets = vec![t.base.clone()];
             for shard in &t.shards {
                 for g in &shard.generations {
-                    let ds = inner.open_dataset(&g.uri).await.map_err(read_err)?;
+                    datasets.push(inner.open_dataset(&g.uri).await.map_err(read_err)?);
+                }
+            }
+            let mut rows = 0;
+            for ds in &datasets {
+                rows += ds.count_rows(None).await.map_err(read_err)?;
+            }
+            index.reserve(rows);
+            cursor.locations.reserve(rows);
+            let mut datasets = datasets.into_iter();
+            let base = datasets.next().expect("the base table");
+            apply_dataset(base, cursor, index, &mut done).await?;
+            for shard in &t.shards {
+                for _ in &shard.generations {
+                    let ds = datasets.next().expect("opened above, in this order");
                     apply_dataset(ds, cursor, index, &mut done).await?;
                 }
                 let next = apply_wal(

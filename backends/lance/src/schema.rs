@@ -290,15 +290,6 @@ impl<'a> Columns<'a> {
         Ok(Hlc(Self::need(self.hlc, HLC)?.value(i)))
     }
 
-    pub fn key(&self, i: usize) -> Result<OrderKey> {
-        Ok(OrderKey {
-            hlc: self.hlc(i)?,
-            shard: self.shard(i),
-            seq: self.seq(i),
-            epoch: self.epoch(i),
-        })
-    }
-
     fn kind(&self, i: usize) -> Result<Kind> {
         let v = Self::need(self.kind, KIND)?.value(i);
         Kind::from_u8(v).ok_or_else(|| corrupt(format!("unknown kind {v}")))
@@ -309,15 +300,16 @@ impl<'a> Columns<'a> {
         ContentHash::from_slice(h.value(i)).ok_or_else(|| corrupt("content hash is not 32 bytes".into()))
     }
 
-    /// The projection's view of row `i`, borrowing the batch's strings.
-    pub fn index_row(&self, i: usize) -> Result<IndexRow<'a>> {
-        Ok(IndexRow {
-            key: self.key(i)?,
-            id: Self::need(self.id, ID)?.value(i),
-            kind: self.kind(i)?,
-            hash: self.hash(i)?,
-            bot_id: Self::need(self.bot, BOT_ID)?.value(i),
-            session_id: Self::need(self.session, SESSION_ID)?.value(i),
+    /// The columns the projection reads, checked once per batch rather than per row.
+    pub fn index_view(&self) -> Result<IndexView<'_, 'a>> {
+        Ok(IndexView {
+            cols: self,
+            hlc: Self::need(self.hlc, HLC)?,
+            kind: Self::need(self.kind, KIND)?,
+            id: Self::need(self.id, ID)?,
+            bot: Self::need(self.bot, BOT_ID)?,
+            session: Self::need(self.session, SESSION_ID)?,
+            hash: Self::need(self.hash, CONTENT_HASH)?,
         })
     }
 
@@ -360,6 +352,40 @@ impl<'a> Columns<'a> {
                 created_at,
                 kind: self.kind(i)?,
             },
+        })
+    }
+}
+
+/// The projection's columns of one batch.
+pub struct IndexView<'c, 'a> {
+    cols: &'c Columns<'a>,
+    hlc: &'a arrow_array::PrimitiveArray<UInt64Type>,
+    kind: &'a arrow_array::PrimitiveArray<UInt8Type>,
+    id: &'a arrow_array::StringArray,
+    bot: &'a arrow_array::StringArray,
+    session: &'a arrow_array::StringArray,
+    hash: &'a arrow_array::FixedSizeBinaryArray,
+}
+
+impl<'a> IndexView<'_, 'a> {
+    /// The projection's view of row `i`, borrowing the batch's strings.
+    pub fn row(&self, i: usize) -> Result<IndexRow<'a>> {
+        let c = self.cols;
+        let kind =
+            Kind::from_u8(self.kind.value(i)).ok_or_else(|| corrupt(format!("unknown kind at seq {}", c.seq(i))))?;
+        Ok(IndexRow {
+            key: OrderKey {
+                hlc: Hlc(self.hlc.value(i)),
+                shard: c.shard(i),
+                seq: c.seq(i),
+                epoch: c.epoch(i),
+            },
+            id: self.id.value(i),
+            kind,
+            hash: ContentHash::from_slice(self.hash.value(i))
+                .ok_or_else(|| corrupt("content hash is not 32 bytes".into()))?,
+            bot_id: self.bot.value(i),
+            session_id: self.session.value(i),
         })
     }
 }

@@ -174,8 +174,8 @@ impl ReadConn {
 pub(crate) struct Cursor {
     /// shard_no -> shard id.
     shards: HashMap<i64, ShardId>,
-    /// session_no -> (bot, session), for the sessions seen so far.
-    sessions: HashMap<i64, (String, String)>,
+    /// (bot, session) by session_no (dense from 1), for the sessions seen so far.
+    sessions: Vec<Option<(String, String)>>,
     max_session_no: i64,
 }
 
@@ -239,9 +239,19 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
         let mut rows = stmt.query([cursor.max_session_no])?;
         while let Some(r) = rows.next()? {
             let no: i64 = r.get(0)?;
-            cursor.sessions.insert(no, (r.get(1)?, r.get(2)?));
+            let slot = usize::try_from(no).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, no))?;
+            if cursor.sessions.len() <= slot {
+                cursor.sessions.resize(slot + 1, None);
+            }
+            cursor.sessions[slot] = Some((r.get(1)?, r.get(2)?));
             cursor.max_session_no = cursor.max_session_no.max(no);
         }
+    }
+    if index.entries() == 0 {
+        // A first scan: make room for every id at once instead of growing (and moving)
+        // the index as it fills.
+        let entries: i64 = tx.query_row("SELECT coalesce(sum(last_seq), 0) FROM shards", [], |r| r.get(0))?;
+        index.reserve(entries.max(0) as usize);
     }
     let mut done = CatchUp::default();
     let mut stmt = tx.prepare_cached(
@@ -249,17 +259,21 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
          WHERE shard_no = ?1 AND seq > ?2 ORDER BY seq, epoch",
     )?;
     for (&shard_no, &shard) in &cursor.shards {
-        let after = index.checkpoint().get(shard);
+        let after = index.position(shard);
         let mut rows = stmt.query(params![shard_no, after as i64])?;
         while let Some(r) = rows.next()? {
             let session_no: i64 = r.get(4)?;
-            let (bot_id, session_id) = cursor.sessions.get(&session_no).ok_or_else(|| {
-                rusqlite::Error::InvalidColumnType(
-                    4,
-                    format!("session_no {session_no}"),
-                    rusqlite::types::Type::Integer,
-                )
-            })?;
+            let (bot_id, session_id) = usize::try_from(session_no)
+                .ok()
+                .and_then(|i| cursor.sessions.get(i))
+                .and_then(Option::as_ref)
+                .ok_or_else(|| {
+                    rusqlite::Error::InvalidColumnType(
+                        4,
+                        format!("session_no {session_no}"),
+                        rusqlite::types::Type::Integer,
+                    )
+                })?;
             let hash = r.get_ref(5)?.as_blob()?;
             let kind = Kind::from_u8(r.get(3)?)
                 .ok_or_else(|| rusqlite::Error::InvalidColumnType(3, "kind".into(), rusqlite::types::Type::Integer))?;

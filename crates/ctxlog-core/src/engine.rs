@@ -131,7 +131,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     }
 
     fn checkpoint(&self) -> Checkpoint {
-        self.index.checkpoint().clone()
+        self.index.checkpoint()
     }
 
     fn projection(&self) -> Projection {

@@ -52,23 +52,42 @@ struct Put {
     session: u32,
 }
 
+/// One record id. Small on purpose (a first scan holds one per id): what only a few ids
+/// have lives behind `extra`.
 #[derive(Clone, Debug, Default)]
 struct IdState {
     /// The earliest `Put`.
     winner: Option<Put>,
-    /// Every other `Put` (rare: retries and divergent writes).
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Extra {
+    /// Every other `Put` (retries and divergent writes).
     others: Vec<Put>,
     /// Every `Tombstone`.
     tombstones: Vec<OrderKey>,
 }
 
 impl IdState {
+    fn others(&self) -> &[Put] {
+        self.extra.as_ref().map_or(&[], |e| &e.others)
+    }
+
+    fn tombstones(&self) -> &[OrderKey] {
+        self.extra.as_ref().map_or(&[], |e| &e.tombstones)
+    }
+
+    fn extra(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Default::default)
+    }
+
     fn first_tombstone(&self) -> Option<OrderKey> {
-        self.tombstones.iter().min().copied()
+        self.tombstones().iter().min().copied()
     }
 
     fn live(&self) -> Option<&Put> {
-        if self.tombstones.is_empty() {
+        if self.tombstones().is_empty() {
             self.winner.as_ref()
         } else {
             None
@@ -77,12 +96,12 @@ impl IdState {
 
     fn has(&self, key: &OrderKey) -> bool {
         self.winner.as_ref().is_some_and(|w| w.key == *key)
-            || self.others.iter().any(|p| p.key == *key)
-            || self.tombstones.contains(key)
+            || self.others().iter().any(|p| p.key == *key)
+            || self.tombstones().contains(key)
     }
 
     fn sessions(&self) -> impl Iterator<Item = u32> + '_ {
-        self.winner.iter().chain(self.others.iter()).map(|p| p.session)
+        self.winner.iter().chain(self.others().iter()).map(|p| p.session)
     }
 }
 
@@ -99,7 +118,8 @@ pub struct ProjectionIndex {
     ids: IndexMap<Box<str>, IdState, Hasher>,
     sessions: IndexMap<(Box<str>, Box<str>), SessionState, Hasher>,
     entries: u64,
-    checkpoint: Checkpoint,
+    /// Highest seq applied per shard (a `Checkpoint` on demand: this is on the hot path).
+    positions: std::collections::HashMap<crate::types::ShardId, crate::types::Seq, Hasher>,
     last_session: Option<u32>,
 }
 
@@ -133,7 +153,7 @@ impl ProjectionIndex {
             return false;
         }
         match row.kind {
-            Kind::Tombstone => state.tombstones.push(row.key),
+            Kind::Tombstone => state.extra().tombstones.push(row.key),
             Kind::Put => {
                 let known_here = state.sessions().any(|s| s == session);
                 let put = Put {
@@ -144,10 +164,10 @@ impl ProjectionIndex {
                 match state.winner {
                     None => state.winner = Some(put),
                     Some(w) if put.key < w.key => {
-                        state.others.push(w);
+                        state.extra().others.push(w);
                         state.winner = Some(put);
                     }
-                    Some(_) => state.others.push(put),
+                    Some(_) => state.extra().others.push(put),
                 }
                 if !known_here {
                     self.sessions[session as usize].ids.push(id_no);
@@ -155,7 +175,8 @@ impl ProjectionIndex {
             }
         }
         self.entries += 1;
-        self.checkpoint.advance(row.key.shard, row.key.seq);
+        let pos = self.positions.entry(row.key.shard).or_insert(0);
+        *pos = (*pos).max(row.key.seq);
         true
     }
 
@@ -180,8 +201,18 @@ impl ProjectionIndex {
     }
 
     /// The highest seq applied per shard.
-    pub fn checkpoint(&self) -> &Checkpoint {
-        &self.checkpoint
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint(self.positions.iter().map(|(s, q)| (*s, *q)).collect())
+    }
+
+    /// The highest seq applied for `shard` (0 when none).
+    pub fn position(&self, shard: crate::types::ShardId) -> crate::types::Seq {
+        self.positions.get(&shard).copied().unwrap_or(0)
+    }
+
+    /// Make room for `ids` more record ids (a first scan knows roughly how many).
+    pub fn reserve(&mut self, ids: usize) {
+        self.ids.reserve(ids);
     }
 
     pub fn entries(&self) -> u64 {
@@ -244,9 +275,9 @@ impl ProjectionIndex {
             .flat_map(|s| {
                 s.winner
                     .iter()
-                    .chain(s.others.iter())
+                    .chain(s.others().iter())
                     .map(|p| p.key.hlc)
-                    .chain(s.tombstones.iter().map(|k| k.hlc))
+                    .chain(s.tombstones().iter().map(|k| k.hlc))
             })
             .max()
             .unwrap_or(Hlc::ZERO)
@@ -255,7 +286,7 @@ impl ProjectionIndex {
     pub fn stats(&self) -> ProjectionStats {
         let mut stats = ProjectionStats {
             entries: self.entries,
-            shards: self.checkpoint.0.len() as u64,
+            shards: self.positions.len() as u64,
             ids: self.ids.len() as u64,
             ..Default::default()
         };
@@ -270,7 +301,7 @@ impl ProjectionIndex {
                 live_sessions.insert(p.session);
             }
             let Some(w) = state.winner else { continue };
-            for p in std::iter::once(&w).chain(state.others.iter()) {
+            for p in std::iter::once(&w).chain(state.others().iter()) {
                 if tomb.is_some_and(|t| p.key > t) {
                     stats.writes_after_delete += 1;
                 } else if p.key != w.key {
@@ -290,12 +321,12 @@ impl ProjectionIndex {
     pub fn id_conflicts(&self) -> Vec<Conflict> {
         let mut out = Vec::new();
         for (id, state) in &self.ids {
-            if state.others.is_empty() && state.tombstones.is_empty() {
+            if state.extra.is_none() {
                 continue;
             }
             let tomb = state.first_tombstone();
             let Some(w) = state.winner else { continue };
-            for p in std::iter::once(&w).chain(state.others.iter()) {
+            for p in std::iter::once(&w).chain(state.others().iter()) {
                 match tomb {
                     Some(t) if p.key > t => out.push(Conflict::WriteAfterDelete {
                         id: id.to_string(),
@@ -321,7 +352,7 @@ impl ProjectionIndex {
         let mut records = Vec::new();
         let mut tombstoned = Vec::new();
         for (id, state) in &self.ids {
-            if !state.tombstones.is_empty() {
+            if !state.tombstones().is_empty() {
                 tombstoned.push(id.to_string());
             }
             if let Some(p) = state.live() {
