@@ -18,7 +18,7 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use ctxlog_core::engine::{CatchUp, HistoryChecker, HistorySource, IndexSource};
-use ctxlog_core::index::ProjectionIndex;
+use ctxlog_core::index::{Loc, ProjectionIndex};
 use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId, ShardInfo, WriterId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
@@ -398,13 +398,41 @@ pub(crate) async fn shard_position(
 
 // ---- the projector's source -------------------------------------------------------------
 
-/// Where an entry can be fetched from by key.
+/// Where an entry can be fetched from: kept by the index with each put, as a [`Loc`].
 #[derive(Clone, Copy, Debug)]
 enum Location {
     /// A row of a scanned dataset (the base table or a generation).
     Table { source: u32, row_id: u64 },
-    /// Row `row` of batch `batch` of a shard's WAL entry.
+    /// Row `row` of batch `batch` of the entry's shard's WAL entry at `position`.
     Wal { position: u64, batch: u32, row: u32 },
+}
+
+const WAL_TAG: u64 = 1 << 63;
+
+impl Location {
+    fn to_loc(self) -> Loc {
+        match self {
+            Location::Table { source, row_id } => Loc(u64::from(source), row_id),
+            Location::Wal { position, batch, row } => {
+                Loc(WAL_TAG | position, (u64::from(batch) << 32) | u64::from(row))
+            }
+        }
+    }
+
+    fn of(loc: Loc) -> Self {
+        if loc.0 & WAL_TAG != 0 {
+            Location::Wal {
+                position: loc.0 & !WAL_TAG,
+                batch: (loc.1 >> 32) as u32,
+                row: loc.1 as u32,
+            }
+        } else {
+            Location::Table {
+                source: loc.0 as u32,
+                row_id: loc.1,
+            }
+        }
+    }
 }
 
 /// What the projector's source remembers between refreshes.
@@ -415,11 +443,7 @@ pub(crate) struct Cursor {
     wal_next: HashMap<ShardId, u64>,
     /// Datasets rows were scanned from, pinned at the version scanned.
     sources: Vec<Dataset>,
-    locations: Locations,
 }
-
-/// Where each entry `(shard, seq, epoch)` lives. On the first scan's hot path: a fast hasher.
-type Locations = HashMap<(ShardId, u64, u64), Location, foldhash::fast::RandomState>;
 
 pub(crate) struct LanceIndex {
     inner: Arc<Inner>,
@@ -431,23 +455,20 @@ impl LanceIndex {
     }
 }
 
-/// Apply one row to the index and remember where it lives (the first place seen).
+/// Apply one row to the index, with where it lives (the index keeps the first seen).
 fn index_row(
     view: &crate::schema::IndexView<'_, '_>,
     i: usize,
     at: Location,
-    locations: &mut Locations,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<()> {
-    let row = view.row(i)?;
+    let mut row = view.row(i)?;
+    row.loc = at.to_loc();
     done.read += 1;
     if index.apply(row) {
         done.applied += 1;
     }
-    locations
-        .entry((row.key.shard, row.key.seq, row.key.epoch))
-        .or_insert(at);
     Ok(())
 }
 
@@ -460,7 +481,6 @@ async fn apply_dataset(
 ) -> Result<()> {
     let source = cursor.sources.len() as u32;
     cursor.sources.push(ds.clone());
-    let locations = &mut cursor.locations;
     scan_table(&ds, Some(&INDEX_COLUMNS), true, None, |b| {
         let ids = row_ids(b)?;
         let cols = Columns::new(b)?;
@@ -473,7 +493,7 @@ async fn apply_dataset(
                 source,
                 row_id: ids.value(i),
             };
-            index_row(&view, i, at, locations, index, done)?;
+            index_row(&view, i, at, index, done)?;
         }
         Ok(())
     })
@@ -486,7 +506,6 @@ async fn apply_wal(
     base_path: &Path,
     shard: ShardId,
     from: u64,
-    locations: &mut Locations,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<u64> {
@@ -497,7 +516,7 @@ async fn apply_wal(
                 batch: b as u32,
                 row: i as u32,
             };
-            index_row(&c.index_view()?, i, at, locations, index, done)
+            index_row(&c.index_view()?, i, at, index, done)
         })
     })
     .await
@@ -527,7 +546,6 @@ impl IndexSource for LanceIndex {
                 rows += ds.count_rows(None).await.map_err(read_err)?;
             }
             index.reserve(rows);
-            cursor.locations.reserve(rows);
             let mut datasets = datasets.into_iter();
             let base = datasets.next().expect("the base table");
             apply_dataset(base, cursor, index, &mut done).await?;
@@ -536,16 +554,7 @@ impl IndexSource for LanceIndex {
                     let ds = datasets.next().expect("opened above, in this order");
                     apply_dataset(ds, cursor, index, &mut done).await?;
                 }
-                let next = apply_wal(
-                    &t.store,
-                    &t.base_path,
-                    shard.shard,
-                    shard.wal_from,
-                    &mut cursor.locations,
-                    index,
-                    &mut done,
-                )
-                .await?;
+                let next = apply_wal(&t.store, &t.base_path, shard.shard, shard.wal_from, index, &mut done).await?;
                 cursor.wal_next.insert(shard.shard, next);
             }
             cursor.scanned = true;
@@ -571,34 +580,31 @@ impl IndexSource for LanceIndex {
                     tier.wal_from
                 }
             };
-            let next = apply_wal(&store, &base_path, shard, from, &mut cursor.locations, index, &mut done).await?;
+            let next = apply_wal(&store, &base_path, shard, from, index, &mut done).await?;
             cursor.wal_next.insert(shard, next);
         }
         Ok(done)
     }
 
-    async fn fetch(&self, cursor: &Cursor, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+    async fn fetch(&self, cursor: &Cursor, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>> {
         let mut out: Vec<Option<Entry>> = vec![None; keys.len()];
         // Group by where the rows are, so that each dataset gets one `take` and each WAL
         // entry one read.
         let mut takes: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
         let mut wal: HashMap<(ShardId, u64), Vec<(usize, u32, u32)>> = HashMap::new();
-        for (slot, k) in keys.iter().enumerate() {
-            match cursor.locations.get(&(k.shard, k.seq, k.epoch)) {
-                Some(Location::Table { source, row_id }) => takes.entry(*source).or_default().push((slot, *row_id)),
-                Some(Location::Wal { position, batch, row }) => {
-                    wal.entry((k.shard, *position)).or_default().push((slot, *batch, *row))
-                }
-                None => {
-                    return Err(Error::Corrupt {
-                        shard: Some(k.shard),
-                        what: format!("entry seq {} epoch {} is indexed but has no location", k.seq, k.epoch),
-                    });
+        for (slot, (k, loc)) in keys.iter().enumerate() {
+            match Location::of(*loc) {
+                Location::Table { source, row_id } => takes.entry(source).or_default().push((slot, row_id)),
+                Location::Wal { position, batch, row } => {
+                    wal.entry((k.shard, position)).or_default().push((slot, batch, row))
                 }
             }
         }
         for (source, rows) in takes {
-            let ds = &cursor.sources[source as usize];
+            let ds = cursor.sources.get(source as usize).ok_or_else(|| Error::Corrupt {
+                shard: None,
+                what: format!("an indexed entry names unknown source {source}"),
+            })?;
             let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
             let projection = ProjectionRequest::from(Arc::new(ds.schema().clone()));
             let batch = ds.take_rows(&ids, projection).await.map_err(read_err)?;
@@ -629,7 +635,7 @@ impl IndexSource for LanceIndex {
             }
         }
         out.into_iter()
-            .zip(keys)
+            .zip(keys.iter().map(|k| k.0))
             .map(|(e, k)| {
                 e.ok_or_else(|| Error::Corrupt {
                     shard: Some(k.shard),

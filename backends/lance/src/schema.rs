@@ -386,6 +386,7 @@ impl<'a> IndexView<'_, 'a> {
                 .ok_or_else(|| corrupt("content hash is not 32 bytes".into()))?,
             bot_id: self.bot.value(i),
             session_id: self.session.value(i),
+            loc: ctxlog_core::index::Loc::default(),
         })
     }
 }

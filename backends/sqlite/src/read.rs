@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::DateTime;
 use ctxlog_core::engine::{CatchUp, HistoryChecker, HistorySource, IndexSource};
-use ctxlog_core::index::{IndexRow, ProjectionIndex};
+use ctxlog_core::index::{IndexRow, Loc, ProjectionIndex};
 use ctxlog_core::{
     Body, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions, WriterId,
     Written,
@@ -212,7 +212,7 @@ impl IndexSource for SqliteIndex {
         n.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
     }
 
-    async fn fetch(&self, _cursor: &Cursor, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+    async fn fetch(&self, _cursor: &Cursor, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>> {
         let conn = self.conn.get().await?;
         let keys = keys.to_vec();
         conn.run("read entries", None, Written::Nothing, move |c| fetch(c, &keys))
@@ -253,57 +253,123 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
         let entries: i64 = tx.query_row("SELECT coalesce(sum(last_seq), 0) FROM shards", [], |r| r.get(0))?;
         index.reserve(entries.max(0) as usize);
     }
-    let mut done = CatchUp::default();
+    // Two threads: this one reads rows (SQLite), a second applies them to the index. They
+    // take about as long as each other, so on two cores the scan costs about one of them.
+    let shards: Vec<(i64, ShardId, u64)> = cursor
+        .shards
+        .iter()
+        .map(|(&no, &shard)| (no, shard, index.position(shard)))
+        .collect();
+    let sessions = &cursor.sessions;
+    let done = std::thread::scope(|scope| {
+        let (send, receive) = std::sync::mpsc::sync_channel::<Vec<Raw>>(4);
+        let applier = scope.spawn(move || apply_rows(receive, sessions, index));
+        let read = read_rows(&tx, &shards, send);
+        // A panic there is a bug: let it surface as the blocking task's panic.
+        let applied = applier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        // A read error explains an apply that stopped early; report it first.
+        read.and(applied)
+    })?;
+    tx.commit()?;
+    Ok(done)
+}
+
+/// One entry as the reading thread hands it over.
+struct Raw {
+    key: OrderKey,
+    id: Box<str>,
+    kind: Kind,
+    hash: ContentHash,
+    session_no: i64,
+}
+
+const CHUNK: usize = 1024;
+
+/// Read every entry past each shard's position, in chunks, into `send`.
+fn read_rows(
+    tx: &rusqlite::Transaction<'_>,
+    shards: &[(i64, ShardId, u64)],
+    send: std::sync::mpsc::SyncSender<Vec<Raw>>,
+) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(
         "SELECT seq, epoch, hlc, kind, session_no, content_hash, id FROM entries INDEXED BY entries_projection
          WHERE shard_no = ?1 AND seq > ?2 ORDER BY seq, epoch",
     )?;
-    for (&shard_no, &shard) in &cursor.shards {
-        let after = index.position(shard);
+    let mut chunk = Vec::with_capacity(CHUNK);
+    for &(shard_no, shard, after) in shards {
         let mut rows = stmt.query(params![shard_no, after as i64])?;
         while let Some(r) = rows.next()? {
-            let session_no: i64 = r.get(4)?;
-            let (bot_id, session_id) = usize::try_from(session_no)
-                .ok()
-                .and_then(|i| cursor.sessions.get(i))
-                .and_then(Option::as_ref)
-                .ok_or_else(|| {
-                    rusqlite::Error::InvalidColumnType(
-                        4,
-                        format!("session_no {session_no}"),
-                        rusqlite::types::Type::Integer,
-                    )
-                })?;
-            let hash = r.get_ref(5)?.as_blob()?;
             let kind = Kind::from_u8(r.get(3)?)
                 .ok_or_else(|| rusqlite::Error::InvalidColumnType(3, "kind".into(), rusqlite::types::Type::Integer))?;
-            let row = IndexRow {
+            let hash = ContentHash::from_slice(r.get_ref(5)?.as_blob()?).ok_or_else(|| {
+                rusqlite::Error::InvalidColumnType(5, "content_hash".into(), rusqlite::types::Type::Blob)
+            })?;
+            chunk.push(Raw {
                 key: OrderKey {
                     hlc: Hlc(r.get::<_, i64>(2)? as u64),
                     shard,
                     seq: r.get::<_, i64>(0)? as u64,
                     epoch: r.get::<_, i64>(1)? as u64,
                 },
-                id: r.get_ref(6)?.as_str()?,
+                id: r.get_ref(6)?.as_str()?.into(),
                 kind,
-                hash: ContentHash::from_slice(hash).ok_or_else(|| {
-                    rusqlite::Error::InvalidColumnType(5, "content_hash".into(), rusqlite::types::Type::Blob)
-                })?,
+                hash,
+                session_no: r.get(4)?,
+            });
+            if chunk.len() == CHUNK
+                && send
+                    .send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)))
+                    .is_err()
+            {
+                return Ok(()); // the index thread stopped: its error says why
+            }
+        }
+    }
+    if !chunk.is_empty() {
+        let _ = send.send(chunk);
+    }
+    Ok(())
+}
+
+/// Apply the chunks `read_rows` sends until it is done.
+fn apply_rows(
+    receive: std::sync::mpsc::Receiver<Vec<Raw>>,
+    sessions: &[Option<(String, String)>],
+    index: &mut ProjectionIndex,
+) -> rusqlite::Result<CatchUp> {
+    let mut done = CatchUp::default();
+    for chunk in receive {
+        for raw in chunk {
+            let (bot_id, session_id) = usize::try_from(raw.session_no)
+                .ok()
+                .and_then(|i| sessions.get(i))
+                .and_then(Option::as_ref)
+                .ok_or_else(|| {
+                    rusqlite::Error::InvalidColumnType(
+                        4,
+                        format!("session_no {}", raw.session_no),
+                        rusqlite::types::Type::Integer,
+                    )
+                })?;
+            let row = IndexRow {
+                key: raw.key,
+                id: "",
+                kind: raw.kind,
+                hash: raw.hash,
                 bot_id,
                 session_id,
+                loc: Loc::default(),
             };
             done.read += 1;
-            if index.apply(row) {
+            if index.apply_owned(row, raw.id) {
                 done.applied += 1;
             }
         }
     }
-    drop(stmt);
-    tx.commit()?;
     Ok(done)
 }
 
-fn fetch(c: &mut Connection, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+fn fetch(c: &mut Connection, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>> {
     let err = |e| sql_error("read entries", None, Written::Nothing, e);
     let tx = c.transaction().map_err(err)?;
     let mut out = Vec::with_capacity(keys.len());
@@ -313,7 +379,7 @@ fn fetch(c: &mut Connection, keys: &[OrderKey]) -> Result<Vec<Entry>> {
                 "SELECT {ENTRY_COLUMNS} {ENTRY_JOIN} WHERE sh.shard = ?1 AND e.seq = ?2 AND e.epoch = ?3"
             ))
             .map_err(err)?;
-        for k in keys {
+        for (k, _) in keys {
             let mut rows = stmt
                 .query(params![&k.shard.as_bytes()[..], k.seq as i64, k.epoch as i64])
                 .map_err(err)?;

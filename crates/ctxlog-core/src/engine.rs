@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::error::{Result, Written, with_deadline};
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
-use crate::index::{IndexRow, ProjectionIndex};
+use crate::index::{IndexRow, Loc, ProjectionIndex};
 use crate::projection::{Conflict, Projection, ProjectionStats, canonical_conflicts};
 use crate::traits::{ConflictDiscovery, Projector, RefreshReport};
 use crate::types::{Checkpoint, Entry, Epoch, OrderKey, Seq, SessionSummary, ShardId};
@@ -26,9 +26,9 @@ pub trait IndexSource: Send + Sync + 'static {
     /// their defaults).
     async fn catch_up(&self, cursor: &mut Self::Cursor, index: &mut ProjectionIndex) -> Result<CatchUp>;
 
-    /// Full entries for `keys`, in the same order. `cursor` is the state the keys were
-    /// indexed with (a backend may keep where each entry lives there).
-    async fn fetch(&self, cursor: &Self::Cursor, keys: &[OrderKey]) -> Result<Vec<Entry>>;
+    /// Full entries for `keys`, in the same order, each with the location the backend gave
+    /// its row. `cursor` is the state the keys were indexed with.
+    async fn fetch(&self, cursor: &Self::Cursor, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>>;
 
     /// The deadline of one operation.
     fn timeout(&self) -> Duration;
@@ -68,7 +68,7 @@ impl<S: IndexSource> IndexedProjector<S> {
         Ok(())
     }
 
-    async fn fetch(&self, keys: &[OrderKey]) -> Result<Vec<Entry>> {
+    async fn fetch(&self, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>> {
         with_deadline(
             "read entries",
             self.source.timeout(),
@@ -115,7 +115,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
 
     async fn get(&mut self, id: &str) -> Result<Option<Entry>> {
         self.ensure_scanned().await?;
-        match self.index.live_key(id) {
+        match self.index.live(id) {
             None => Ok(None),
             Some(key) => Ok(self.fetch(&[key]).await?.pop()),
         }
@@ -315,7 +315,7 @@ mod tests {
             // unique positions only (backends never store two entries at one position).
             let mut seen = std::collections::HashSet::new();
             let entries: Vec<Entry> = entries.into_iter().filter(|e| seen.insert((e.shard, e.seq, e.epoch))).collect();
-            let idx = index_of(&entries);
+            let mut idx = index_of(&entries);
             let model = model::project(&entries);
             prop_assert_eq!(idx.projection().canonical_json(), model.canonical_json());
 
@@ -331,7 +331,8 @@ mod tests {
 
             for (bot, session) in [("bot", "s0"), ("bot", "s1")] {
                 let view: Vec<OrderKey> = model::session_view(&entries, bot, session).iter().map(|e| e.key()).collect();
-                prop_assert_eq!(idx.session_keys(bot, session), view);
+                let keys: Vec<OrderKey> = idx.session_keys(bot, session).into_iter().map(|k| k.0).collect();
+                prop_assert_eq!(keys, view);
             }
         }
 

@@ -6,7 +6,7 @@
 //! order, and a refresh may apply entries that sort before ones already seen (per-writer
 //! logs commit out of order).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use indexmap::IndexMap;
 use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
@@ -19,6 +19,11 @@ use crate::hlc::Hlc;
 use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats};
 use crate::types::{Checkpoint, Kind, OrderKey, SessionSummary};
 
+/// Where a backend can find an entry again. Opaque to the index, which keeps it with each
+/// put and hands it back with the keys a view needs; backends that fetch by key leave it 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Loc(pub u64, pub u64);
+
 /// One entry as the projection sees it. Borrowed, so that backends can feed rows straight
 /// from their column buffers.
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +34,7 @@ pub struct IndexRow<'a> {
     pub hash: ContentHash,
     pub bot_id: &'a str,
     pub session_id: &'a str,
+    pub loc: Loc,
 }
 
 impl<'a> IndexRow<'a> {
@@ -41,6 +47,7 @@ impl<'a> IndexRow<'a> {
             hash: e.content_hash,
             bot_id: &e.record.bot_id,
             session_id: &e.record.session_id,
+            loc: Loc::default(),
         }
     }
 }
@@ -50,6 +57,7 @@ struct Put {
     key: OrderKey,
     hash: ContentHash,
     session: u32,
+    loc: Loc,
 }
 
 /// One record id. Small on purpose (a first scan holds one per id): what only a few ids
@@ -121,6 +129,10 @@ pub struct ProjectionIndex {
     /// Highest seq applied per shard (a `Checkpoint` on demand: this is on the hot path).
     positions: std::collections::HashMap<crate::types::ShardId, crate::types::Seq, Hasher>,
     last_session: Option<u32>,
+    /// `(session, id)` pairs not yet filed into their session's list. Filed on the first
+    /// query that needs them: while scanning, one sequential append per put instead of a
+    /// random one into one of thousands of lists.
+    unfiled: Vec<(u32, u32)>,
 }
 
 /// A borrowed session key that hashes and compares like the owned `(Box<str>, Box<str>)`.
@@ -140,13 +152,25 @@ impl ProjectionIndex {
 
     /// Apply one entry. Returns false when the index already held it.
     pub fn apply(&mut self, row: IndexRow<'_>) -> bool {
+        self.apply_inner(row, None)
+    }
+
+    /// [`ProjectionIndex::apply`] for a row whose id the caller owns: the index keeps `id`
+    /// instead of copying it, and ignores `row.id`.
+    pub fn apply_owned(&mut self, row: IndexRow<'_>, id: Box<str>) -> bool {
+        self.apply_inner(row, Some(id))
+    }
+
+    fn apply_inner(&mut self, row: IndexRow<'_>, owned: Option<Box<str>>) -> bool {
         let session = self.session_no(row.bot_id, row.session_id);
+        let id: &str = owned.as_deref().unwrap_or(row.id);
         // One hash per row: most ids are new, and a lookup-then-insert would hash twice.
-        let (id_no, state) = match self.ids.raw_entry_mut_v1().from_key(row.id) {
+        let (id_no, state) = match self.ids.raw_entry_mut_v1().from_key(id) {
             RawEntryMut::Occupied(e) => (e.index() as u32, e.into_mut()),
             RawEntryMut::Vacant(e) => {
                 let i = e.index() as u32;
-                (i, e.insert(row.id.into(), IdState::default()).1)
+                let key = owned.unwrap_or_else(|| row.id.into());
+                (i, e.insert(key, IdState::default()).1)
             }
         };
         if state.has(&row.key) {
@@ -160,6 +184,7 @@ impl ProjectionIndex {
                     key: row.key,
                     hash: row.hash,
                     session,
+                    loc: row.loc,
                 };
                 match state.winner {
                     None => state.winner = Some(put),
@@ -170,7 +195,7 @@ impl ProjectionIndex {
                     Some(_) => state.extra().others.push(put),
                 }
                 if !known_here {
-                    self.sessions[session as usize].ids.push(id_no);
+                    self.unfiled.push((session, id_no));
                 }
             }
         }
@@ -219,13 +244,21 @@ impl ProjectionIndex {
         self.entries
     }
 
-    /// The order key of the live winner of `id`.
-    pub fn live_key(&self, id: &str) -> Option<OrderKey> {
-        self.ids.get(id).and_then(|s| s.live()).map(|p| p.key)
+    /// The live winner of `id`: its order key and where its backend can find it.
+    pub fn live(&self, id: &str) -> Option<(OrderKey, Loc)> {
+        self.ids.get(id).and_then(|s| s.live()).map(|p| (p.key, p.loc))
     }
 
-    /// Order keys of the live records of one session, in contract order.
-    pub fn session_keys(&self, bot_id: &str, session_id: &str) -> Vec<OrderKey> {
+    /// File the `(session, id)` pairs applied since the last query.
+    fn file(&mut self) {
+        for (session, id) in std::mem::take(&mut self.unfiled) {
+            self.sessions[session as usize].ids.push(id);
+        }
+    }
+
+    /// The live records of one session, in contract order: keys and locations.
+    pub fn session_keys(&mut self, bot_id: &str, session_id: &str) -> Vec<(OrderKey, Loc)> {
+        self.file();
         match self.sessions.get_index_of(&SessionRef(bot_id, session_id)) {
             Some(no) => self.session_keys_of(no),
             None => Vec::new(),
@@ -233,7 +266,8 @@ impl ProjectionIndex {
     }
 
     /// Sessions of one bot with at least one live record, sorted by session id.
-    pub fn sessions(&self, bot_id: &str) -> Vec<SessionSummary> {
+    pub fn sessions(&mut self, bot_id: &str) -> Vec<SessionSummary> {
+        self.file();
         let mut out = Vec::new();
         for (no, ((b, s), _)) in self.sessions.iter().enumerate() {
             if &**b != bot_id {
@@ -247,24 +281,24 @@ impl ProjectionIndex {
                 bot_id: b.to_string(),
                 session_id: s.to_string(),
                 records: keys.len() as u64,
-                first_hlc: keys.iter().map(|k| k.hlc).min(),
-                last_hlc: keys.iter().map(|k| k.hlc).max(),
+                first_hlc: keys.iter().map(|k| k.0.hlc).min(),
+                last_hlc: keys.iter().map(|k| k.0.hlc).max(),
             });
         }
         out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
         out
     }
 
-    fn session_keys_of(&self, no: usize) -> Vec<OrderKey> {
-        let mut keys: Vec<OrderKey> = self.sessions[no]
+    fn session_keys_of(&self, no: usize) -> Vec<(OrderKey, Loc)> {
+        let mut keys: Vec<(OrderKey, Loc)> = self.sessions[no]
             .ids
             .iter()
             .filter_map(|&i| self.ids[i as usize].live())
             .filter(|p| p.session as usize == no)
-            .map(|p| p.key)
+            .map(|p| (p.key, p.loc))
             .collect();
-        keys.sort();
-        keys.dedup();
+        keys.sort_by_key(|k| k.0);
+        keys.dedup_by_key(|k| k.0);
         keys
     }
 
@@ -373,17 +407,5 @@ impl ProjectionIndex {
             tombstoned,
             stats: self.stats(),
         }
-    }
-
-    /// Live records grouped per session, for callers that walk everything.
-    pub fn live_by_session(&self) -> BTreeMap<(String, String), Vec<OrderKey>> {
-        let mut out = BTreeMap::new();
-        for (no, ((b, s), _)) in self.sessions.iter().enumerate() {
-            let keys = self.session_keys_of(no);
-            if !keys.is_empty() {
-                out.insert((b.to_string(), s.to_string()), keys);
-            }
-        }
-        out
     }
 }
