@@ -196,8 +196,10 @@ pub struct Columns<'a> {
     metadata: Option<&'a arrow_array::StringArray>,
     created: Option<&'a arrow_array::PrimitiveArray<Int64Type>>,
     tombstone: Option<&'a arrow_array::BooleanArray>,
-    /// Parsed shard ids, cached per distinct text (a batch holds one or a few shards).
-    shards: Vec<(usize, ShardId)>,
+    /// The distinct shards of the batch (a few), each parsed once...
+    shards: Vec<ShardId>,
+    /// ...and which of them each row belongs to.
+    shard_of: Vec<u16>,
     len: usize,
 }
 
@@ -225,19 +227,33 @@ impl<'a> Columns<'a> {
         let seq = column(batch, SEQ)?
             .as_primitive_opt::<UInt64Type>()
             .ok_or_else(|| typed(SEQ))?;
-        let mut shards: Vec<(usize, ShardId)> = Vec::new();
-        let mut last: Option<(&str, ShardId)> = None;
+        // Rows of one shard come in runs, and shards are few: compare with the previous
+        // row, then with the shards seen, and parse a UUID only once per shard.
+        let mut shards: Vec<ShardId> = Vec::new();
+        let mut texts: Vec<&str> = Vec::new();
+        let mut shard_of: Vec<u16> = Vec::with_capacity(batch.num_rows());
+        let mut last: Option<(&str, u16)> = None;
         for i in 0..batch.num_rows() {
             let text = shard.value(i);
-            match last {
-                Some((t, _)) if t == text => {}
+            let no = match last {
+                Some((t, no)) if t == text => no,
                 _ => {
-                    let id =
-                        Uuid::parse_str(text).map_err(|e| corrupt(format!("shard `{text}` is not a UUID: {e}")))?;
-                    last = Some((text, ShardId(id)));
-                    shards.push((i, ShardId(id)));
+                    let no = match texts.iter().position(|t| *t == text) {
+                        Some(no) => no as u16,
+                        None => {
+                            let id = Uuid::parse_str(text)
+                                .map_err(|e| corrupt(format!("shard `{text}` is not a UUID: {e}")))?;
+                            shards.push(ShardId(id));
+                            texts.push(text);
+                            u16::try_from(texts.len() - 1)
+                                .map_err(|_| corrupt("more than 65536 shards in one batch".into()))?
+                        }
+                    };
+                    last = Some((text, no));
+                    no
                 }
-            }
+            };
+            shard_of.push(no);
         }
         Ok(Columns {
             epoch,
@@ -256,6 +272,7 @@ impl<'a> Columns<'a> {
             created: opt_col!(batch, CREATED_AT, as_primitive_opt),
             tombstone: opt_col!(batch, "_tombstone", as_boolean_opt),
             shards,
+            shard_of,
             len: batch.num_rows(),
         })
     }
@@ -270,8 +287,7 @@ impl<'a> Columns<'a> {
     }
 
     pub fn shard(&self, i: usize) -> ShardId {
-        let at = self.shards.partition_point(|(start, _)| *start <= i);
-        self.shards[at - 1].1
+        self.shards[self.shard_of[i] as usize]
     }
 
     pub fn epoch(&self, i: usize) -> u64 {
