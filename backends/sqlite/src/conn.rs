@@ -126,7 +126,7 @@ impl Conn {
     ///
     /// The connection may be shared: a call that misses its deadline while it still waits
     /// for the connection must neither interrupt another call's statement nor run later,
-    /// when nobody waits for it. `state` says which it is: 0 waiting, 1 running, 2 abandoned.
+    /// when nobody waits for it. `state` says which it is: waiting, running, done or abandoned.
     pub(crate) async fn run_by<T, F>(
         &self,
         deadline: Instant,
