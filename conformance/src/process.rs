@@ -133,7 +133,8 @@ impl WriterProcess {
     }
 }
 
-fn ack_ids(acks: &[Value]) -> anyhow::Result<Vec<String>> {
+/// The ids of every ack line, in order.
+pub fn ack_ids(acks: &[Value]) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for a in acks {
         for id in a["ids"].as_array().context("ack has ids")? {

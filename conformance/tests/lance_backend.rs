@@ -10,7 +10,7 @@ use anyhow::{Context, ensure};
 use ctxlog::{CompactOptions, Error, Store, StoreOptions};
 use ctxlog_conformance::backends::LANCE;
 use ctxlog_conformance::cases::w;
-use ctxlog_conformance::process::WriterProcess;
+use ctxlog_conformance::process::{WriterProcess, ack_ids};
 use ctxlog_conformance::{CaseFn, Ctx, recs, run_case};
 use ctxlog_lance::testing::{StopPoint, base_keys, compact_interrupted};
 use ctxlog_lance::{LanceStore, WriterTuning};
@@ -283,11 +283,7 @@ fn sigkill_writer_is_replayed_on_reopen() {
             }
             p.send("k", "s", 40..75).await?;
             acks.extend(p.kill().await?);
-            let acked: Vec<String> = acks
-                .iter()
-                .flat_map(|a| a["ids"].as_array().cloned().unwrap_or_default())
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect();
+            let acked = ack_ids(&acks)?;
             ensure!(acked.len() >= 40);
             // Visible at once, from the WAL tail alone: the killed writer never flushed.
             let ids = |v: Vec<ctxlog::Entry>| v.into_iter().map(|e| e.record.id).collect::<BTreeSet<_>>();
