@@ -393,7 +393,7 @@ pub async fn idempotent_retry_counts_once(ctx: Ctx) -> anyhow::Result<()> {
         r.created_at = Some(chrono::Utc::now());
     }
     w1.append(retried.clone()).await?;
-    w2.observe(first.last_hlc);
+    w2.observe(first.last_hlc)?;
     w2.append(retried).await?;
     let mut p = store.projector();
     let view = p.session("bot", "s").await?;
@@ -418,7 +418,7 @@ pub async fn first_writer_wins_divergent_put(ctx: Ctx) -> anyhow::Result<()> {
     let mut w1 = store.open_shard(&w("w1")).await?;
     let mut w2 = store.open_shard(&w("w2")).await?;
     let first = w1.append(vec![rec("k", "s", "first answer")]).await?;
-    w2.observe(first.last_hlc);
+    w2.observe(first.last_hlc)?;
     let second = w2.append(vec![rec("k", "s", "second answer")]).await?;
     ensure!(second.first_hlc > first.last_hlc, "observe orders w2 after w1");
     let got = store.projector().get("k").await?.context("k is live")?;
@@ -446,9 +446,9 @@ pub async fn tombstone_is_final(ctx: Ctx) -> anyhow::Result<()> {
     let a = w1
         .append(vec![rec("t", "s", "secret"), rec("keep", "s", "kept")])
         .await?;
-    w2.observe(a.last_hlc);
+    w2.observe(a.last_hlc)?;
     let t = w2.append(vec![Record::tombstone("t", "bot", "s")]).await?;
-    w1.observe(t.last_hlc);
+    w1.observe(t.last_hlc)?;
     let resurrect = w1.append(vec![rec("t", "s", "secret")]).await?;
     ensure!(resurrect.first_hlc > t.last_hlc);
     let mut p = store.projector();
@@ -483,11 +483,11 @@ pub async fn session_order_follows_hlc_across_skew(ctx: Ctx) -> anyhow::Result<(
     // B reads the session before answering, and moves its clock past what it read.
     let mut p = behind.projector();
     p.refresh().await?;
-    b.observe(p.max_hlc());
+    b.observe(p.max_hlc())?;
     let b_ack = b
         .append(vec![rec("2", "s", "answer"), rec("3", "s", "follow-up")])
         .await?;
-    a.observe(b_ack.last_hlc);
+    a.observe(b_ack.last_hlc)?;
     a.append(vec![rec("4", "s", "thanks")]).await?;
     // A writer that does not observe is ordered by its (skewed) clock: first.
     let mut c = behind.open_shard(&w("unaware")).await?;
@@ -629,7 +629,10 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
     // Content that does not match its stored hash.
     let mut corrupt = entry(7, epoch, rec("corrupt", "s", "original"));
     corrupt.record.body = Body::Text("tampered".into());
-    for e in [stale, after_gap, corrupt] {
+    // A clock far past any plausible time (a damaged HLC).
+    let mut far = entry(8, epoch, rec("far", "s", "from the future"));
+    far.hlc = Hlc(u64::MAX - 7);
+    for e in [stale, after_gap, corrupt, far] {
         (ctx.backend.inject_raw_entry)(ctx.uri.clone(), e).await?;
     }
 
@@ -641,9 +644,26 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
         "the checker differs from the model"
     );
     ensure!(
-        kinds(&conflicts) == vec![ConflictKind::StaleEpoch, ConflictKind::SeqGap, ConflictKind::Corrupt],
-        "{conflicts:?}"
+        kinds(&conflicts)
+            == vec![
+                ConflictKind::StaleEpoch,
+                ConflictKind::SeqGap,
+                ConflictKind::Corrupt,
+                ConflictKind::ImplausibleHlc
+            ],
+        "expected stale_epoch, seq_gap, corrupt, implausible_hlc; got {conflicts:?}"
     );
+    // A writer that reads the damaged clock refuses to be dragged to it.
+    let mut p = store.projector();
+    p.refresh().await?;
+    let mut w3 = store.open_shard(&w("w3")).await?;
+    match w3.observe(p.max_hlc()) {
+        Err(Error::InvalidInput { field: "hlc", .. }) => {}
+        other => bail!("observing an HLC far in the future: expected InvalidInput, got {other:?}"),
+    }
+    let next = w3.append(recs("now", "s", 1)).await?;
+    ensure!(next.last_hlc.millis() <= Hlc::PLAUSIBLE_MILLIS, "{next:?}");
+    w3.close().await?;
     match &conflicts[1] {
         Conflict::SeqGap {
             missing_from,
@@ -661,7 +681,7 @@ pub async fn conflicts_after_checkpoint(ctx: Ctx) -> anyhow::Result<()> {
     let mut w1 = store.open_shard(&w("w1")).await?;
     let mut w2 = store.open_shard(&w("w2")).await?;
     let a = w1.append(vec![rec("k", "s", "one")]).await?;
-    w2.observe(a.last_hlc);
+    w2.observe(a.last_hlc)?;
     w2.append(vec![rec("k", "s", "two")]).await?;
     let mut p = store.projector();
     p.refresh().await?;
@@ -673,7 +693,7 @@ pub async fn conflicts_after_checkpoint(ctx: Ctx) -> anyhow::Result<()> {
     let t = w1
         .append(vec![Record::tombstone("j", "bot", "s"), rec("m", "s", "x")])
         .await?;
-    w2.observe(t.last_hlc);
+    w2.observe(t.last_hlc)?;
     w2.append(vec![rec("j", "s", "after delete")]).await?;
     let mut cd = store.conflict_discovery();
     ensure!(kinds(&cd.conflicts(None).await?) == vec![ConflictKind::DivergentPut, ConflictKind::WriteAfterDelete]);
@@ -744,6 +764,10 @@ pub async fn abandoned_refresh_leaves_reads_complete(ctx: Ctx) -> anyhow::Result
 pub async fn bad_input_rejected_before_write(ctx: Ctx) -> anyhow::Result<()> {
     let mut options = ctx.options();
     options.limits.max_body_bytes = 1024;
+    options.limits.max_metadata_bytes = 256;
+    options.limits.max_record_bytes = 2048;
+    options.limits.max_batch_records = 8;
+    options.limits.max_batch_bytes = 4096;
     let store = ctx.store_with(options).await?;
     let mut shard = store.open_shard(&w("w1")).await?;
     let good = shard.append(recs("ok", "s", 2)).await?;
@@ -768,8 +792,20 @@ pub async fn bad_input_rejected_before_write(ctx: Ctx) -> anyhow::Result<()> {
             r.metadata = Some(serde_json::json!(["not", "an", "object"]))
         }),
         ("metadata", |r| r.metadata = Some(serde_json::json!("text"))),
+        ("role", |r| r.role = "r".repeat(513)),
+        ("content_type", |r| r.content_type = "c".repeat(513)),
+        ("metadata", |r| {
+            r.metadata = Some(serde_json::json!({"k": "v".repeat(300)}))
+        }),
         ("body", |r| r.body = Body::Text("x".repeat(1025))),
         ("body", |r| r.body = Body::Bytes(vec![7; 1025])),
+        // Every part within its limit, the record over its own.
+        ("record", |r| {
+            r.body = Body::Text("x".repeat(1000));
+            r.metadata = Some(serde_json::json!({"k": "v".repeat(240)}));
+            r.id = "i".repeat(500);
+            r.bot_id = "b".repeat(500);
+        }),
         ("created_at", |r| {
             r.created_at = chrono::DateTime::from_timestamp(-20_000_000_000, 0)
         }),
@@ -790,7 +826,31 @@ pub async fn bad_input_rejected_before_write(ctx: Ctx) -> anyhow::Result<()> {
         Err(e @ Error::InvalidInput { field: "records", .. }) => ensure!(e.is_definite()),
         other => bail!("an empty batch: {other:?}"),
     }
+    match shard.append(recs("many", "s", 9)).await {
+        Err(e @ Error::InvalidInput { field: "records", .. }) => ensure!(e.is_definite()),
+        other => bail!("9 records over a limit of 8: expected InvalidInput, got {other:?}"),
+    }
+    // Each record fits; together they pass the batch's byte limit (4096) at the fifth.
+    let mut big = recs("big", "s", 5);
+    for r in &mut big {
+        r.body = Body::Bytes(vec![3; 1000]);
+    }
+    match shard.append(big).await {
+        Err(
+            e @ Error::InvalidInput {
+                field: "records",
+                index: Some(4),
+                ..
+            },
+        ) => ensure!(e.is_definite()),
+        other => bail!("a batch over its byte limit: expected InvalidInput at record 4, got {other:?}"),
+    }
     ensure!(WriterId::new("").is_err(), "an empty writer id is rejected");
+    match WriterId::new("w".repeat(513)) {
+        Err(Error::InvalidInput { field: "writer", .. }) => {}
+        other => bail!("a writer id over 512 bytes: expected InvalidInput, got {other:?}"),
+    }
+    ensure!(WriterId::new("w".repeat(512)).is_ok());
     ensure!(snapshot(store.clone()).await? == before, "bad input changed the store");
     let next = shard.append(recs("after", "s", 1)).await?;
     ensure!(next.first_seq == good.last_seq + 1, "no seq was consumed");

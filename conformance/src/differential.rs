@@ -88,7 +88,7 @@ pub async fn write_history(
             }
             Step::Observe { writer } => {
                 observer.refresh().await?;
-                shards[*writer as usize].observe(observer.max_hlc());
+                shards[*writer as usize].observe(observer.max_hlc())?;
             }
         }
     }

@@ -356,7 +356,7 @@ fn measure(
     // appends of the runs before it, at most +runs %).
     let entries = last["entries"].as_u64().unwrap_or(0);
     let extra = (entries / 100).max(1).to_string();
-    let copy = copy_store(store, scratch)?;
+    let copy = copy_store(bin, store, scratch)?;
     let mut new_entries = 0;
     for r in 0..runs {
         let v = probe(
@@ -433,32 +433,24 @@ fn path_of(uri: &str) -> PathBuf {
     )
 }
 
-/// Copy a local store (a SQLite file with its -wal/-shm, or a dataset directory).
-fn copy_store(uri: &str, scratch: &Path) -> Result<String> {
+/// Copy a local store: a SQLite file consistently (the online backup API), a dataset
+/// directory file by file.
+fn copy_store(bin: &Path, uri: &str, scratch: &Path) -> Result<String> {
     let src = path_of(uri);
     let name = src.file_name().context("store has a name")?;
     let dst = scratch.join(format!("refresh-{}", name.to_string_lossy()));
     remove_store(&store_uri_like(uri, &dst));
     if src.is_dir() {
-        copy_dir(&src, &dst)?;
+        crate::restore::copy_dir(&src, &dst)?;
     } else {
-        std::fs::copy(&src, &dst).with_context(|| format!("copy {}", src.display()))?;
-        for ext in ["-wal", "-shm"] {
-            let side = PathBuf::from(format!("{}{ext}", src.display()));
-            if side.exists() {
-                std::fs::copy(&side, format!("{}{ext}", dst.display()))?;
-            }
-        }
+        crate::restore::copy_sqlite(bin, &src, &dst)?;
     }
     Ok(store_uri_like(uri, &dst))
 }
 
+/// A store URI for `path` of the same backend as `uri`.
 fn store_uri_like(uri: &str, path: &Path) -> String {
-    if uri.starts_with("sqlite:") {
-        format!("sqlite:{}", path.display())
-    } else {
-        format!("lance:{}", path.display())
-    }
+    store_uri(if uri.starts_with("sqlite:") { "sqlite" } else { "lance" }, path)
 }
 
 fn remove_store(uri: &str) {
@@ -473,20 +465,6 @@ fn remove_store(uri: &str) {
     }
 }
 
-pub fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
-    std::fs::create_dir_all(dst)?;
-    for e in std::fs::read_dir(src).with_context(|| format!("read {}", src.display()))? {
-        let e = e?;
-        let to = dst.join(e.file_name());
-        if e.file_type()?.is_dir() {
-            copy_dir(&e.path(), &to)?;
-        } else {
-            std::fs::copy(e.path(), &to).with_context(|| format!("copy {}", e.path().display()))?;
-        }
-    }
-    Ok(())
-}
-
 fn first_scan(a: &FirstScanArgs) -> Result<()> {
     let bin = bench_binary(&a.common)?;
     let out = out_dir(&a.common)?;
@@ -496,7 +474,7 @@ fn first_scan(a: &FirstScanArgs) -> Result<()> {
     let mut restored = Value::Null;
     if let Some(src) = &a.restore {
         let (row, report) =
-            crate::restore::measure_copy(&bin, src, &a.storage_options, &scratch, a, |backend, uri, label| {
+            crate::restore::measure_copy(&bin, src, &a.storage_options, &scratch, |backend, uri, label| {
                 measure(&bin, backend, uri, label, a.runs, a.common.json, &scratch)
             })?;
         rows.push(row);

@@ -23,7 +23,7 @@ pub async fn raw_scan(uri: &str, options: StoreOptions) -> Result<u64> {
                 .map_err(|e| lance_err("floor", None, Written::Nothing, e))?;
             rows += read::count_rows(&ds, &INDEX_COLUMNS).await?;
         }
-        rows += read::count_wal_rows(&t.store, &t.base_path, shard.shard, shard.wal_from).await?;
+        rows += read::count_wal_rows(&t.store, &t.base_path, shard).await?;
     }
     Ok(rows)
 }

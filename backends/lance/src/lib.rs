@@ -18,6 +18,9 @@
 pub mod bench;
 mod compact;
 mod error;
+#[doc(hidden)]
+pub mod faults;
+mod io;
 mod read;
 mod schema;
 mod shard;
@@ -41,12 +44,13 @@ use lance::dataset::mem_wal::{DatasetMemWalExt, ShardWriter};
 use lance::dataset::{WriteMode, WriteParams};
 use lance::io::ObjectStoreParams;
 use lance::session::Session;
-use lance_io::object_store::{ObjectStore, StorageOptionsAccessor};
+use lance_io::object_store::ObjectStore;
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 
 use crate::error::{BACKEND, is_not_found, lance_err};
 
+use crate::faults::Faults;
 pub use crate::shard::WriterTuning;
 
 /// A ctxlog store in one Lance dataset.
@@ -55,10 +59,12 @@ pub struct LanceStore {
 }
 
 pub(crate) struct Inner {
-    /// The dataset URI as Lance sees it (`memory://` is mapped to `shared-memory://`).
+    /// The dataset URI as Lance sees it (see `io::lance_uri`).
     pub uri: String,
     pub options: StoreOptions,
-    pub storage_options: HashMap<String, String>,
+    /// Storage options, durable local writes and a test's fault injector: every dataset of
+    /// the store is opened with these.
+    pub params: ObjectStoreParams,
     pub session: Arc<Session>,
     /// The latest dataset version this handle knows; refreshed before each use.
     dataset: tokio::sync::Mutex<Dataset>,
@@ -93,7 +99,7 @@ impl Inner {
     /// Open another dataset (a flushed generation) with the store's settings.
     pub async fn open_dataset(&self, uri: &str) -> std::result::Result<Dataset, lance::Error> {
         DatasetBuilder::from_uri(uri)
-            .with_storage_options(self.storage_options.clone())
+            .with_store_params(self.params.clone())
             .with_session(self.session.clone())
             .load()
             .await
@@ -115,21 +121,6 @@ impl Inner {
     }
 }
 
-/// The URI Lance should use: `memory://x` becomes `shared-memory://x` so that every handle
-/// in the process sees one store (plain `memory://` gives each open a fresh, empty one);
-/// relative local paths become absolute.
-fn lance_uri(uri: &str) -> Result<String> {
-    if let Some(rest) = uri.strip_prefix("memory://") {
-        let rest = if rest.is_empty() { "ctxlog" } else { rest };
-        return Ok(format!("shared-memory://{rest}"));
-    }
-    if uri.contains("://") {
-        return Ok(uri.to_string());
-    }
-    let abs = std::path::absolute(uri).map_err(|e| Error::invalid("uri", None, format!("`{uri}`: {e}")))?;
-    Ok(abs.to_string_lossy().into_owned())
-}
-
 impl LanceStore {
     /// Open the store at `uri`, creating the dataset and initialising MemWAL when
     /// `options.create_if_missing`. Safe when many processes do it at once (rule 12).
@@ -138,8 +129,16 @@ impl LanceStore {
     }
 
     pub async fn open_store(uri: &str, options: StoreOptions) -> Result<Self> {
-        let uri = lance_uri(uri)?;
+        Self::open_with_faults(uri, options, None).await
+    }
+
+    /// [`LanceStore::open_store`], with every object-store request of this handle passing
+    /// through `faults` (tests and the chaos soak).
+    pub async fn open_with_faults(uri: &str, options: StoreOptions, faults: Option<Arc<Faults>>) -> Result<Self> {
+        options.validate()?;
+        let uri = io::lance_uri(uri)?;
         let storage_options: HashMap<String, String> = options.storage_options.iter().cloned().collect();
+        let params = io::store_params(&uri, &storage_options, faults.as_ref());
         let session = Arc::new(Session::default());
         let timeout = options.timeout;
         let ds = with_deadline(
@@ -147,14 +146,14 @@ impl LanceStore {
             timeout,
             None,
             Written::Nothing,
-            open_or_create(&uri, &options, &storage_options, &session),
+            open_or_create(&uri, &options, &params, &session),
         )
         .await?;
         Ok(LanceStore {
             inner: Arc::new(Inner {
                 uri,
                 options,
-                storage_options,
+                params,
                 session,
                 dataset: tokio::sync::Mutex::new(ds),
                 tuning: WriterTuning::default(),
@@ -176,23 +175,15 @@ impl LanceStore {
     }
 }
 
-fn store_params(storage_options: &HashMap<String, String>) -> ObjectStoreParams {
-    ObjectStoreParams {
-        storage_options_accessor: (!storage_options.is_empty())
-            .then(|| Arc::new(StorageOptionsAccessor::with_static_options(storage_options.clone()))),
-        ..Default::default()
-    }
-}
-
 async fn open_or_create(
     uri: &str,
     options: &StoreOptions,
-    storage_options: &HashMap<String, String>,
+    params: &ObjectStoreParams,
     session: &Arc<Session>,
 ) -> Result<Dataset> {
     let load = || {
         DatasetBuilder::from_uri(uri)
-            .with_storage_options(storage_options.clone())
+            .with_store_params(params.clone())
             .with_session(session.clone())
             .load()
     };
@@ -204,12 +195,15 @@ async fn open_or_create(
             Err(e) if is_not_found(&e) => {
                 if !options.create_if_missing {
                     return Err(Error::NotFound {
-                        what: format!("no ctxlog store (Lance dataset) at {uri}"),
+                        what: format!(
+                            "no ctxlog store (Lance dataset) at {}",
+                            ctxlog_core::redact::redact_uri(uri)
+                        ),
                     });
                 }
                 if !claimed {
                     claimed = true;
-                    create_exclusively(uri, storage_options, session, options.timeout).await?;
+                    create_exclusively(uri, params, session, options.timeout).await?;
                 } else {
                     // Another process is creating it: wait for it, within the deadline
                     // that bounds this whole open.
@@ -217,12 +211,32 @@ async fn open_or_create(
                     backoff = (backoff * 2).min(Duration::from_millis(100));
                 }
             }
-            Err(e) => return Err(lance_err("open", None, Written::Nothing, e)),
+            Err(e) => return Err(diagnose(uri, params, session, e).await),
         }
     };
     check_schema(uri, &ds)?;
     ensure_mem_wal(&mut ds).await?;
     Ok(ds)
+}
+
+/// An open failed in a way Lance does not type (a listing that failed, say): ask the store
+/// directly for one object, whose answer is typed (missing bucket, denied, unreachable).
+async fn diagnose(uri: &str, params: &ObjectStoreParams, session: &Arc<Session>, e: lance::Error) -> Error {
+    if crate::error::classify(&e).is_some() {
+        return lance_err("open", None, Written::Nothing, e);
+    }
+    let probe = async {
+        let (store, base) = ObjectStore::from_uri_and_params(session.store_registry(), uri, params).await?;
+        store
+            .inner
+            .head(&base.clone().join("_versions"))
+            .await
+            .map_err(|e| lance::Error::io_source(Box::new(e)))
+    };
+    match probe.await {
+        Err(probe) if crate::error::classify(&probe).is_some() => lance_err("open", None, Written::Nothing, probe),
+        _ => lance_err("open", None, Written::Nothing, e),
+    }
 }
 
 /// Create the (empty) dataset, once, however many processes try at the same moment.
@@ -235,12 +249,11 @@ async fn open_or_create(
 /// older than the deadline and there is still no dataset, anyone may create.
 async fn create_exclusively(
     uri: &str,
-    storage_options: &HashMap<String, String>,
+    params: &ObjectStoreParams,
     session: &Arc<Session>,
     timeout: Duration,
 ) -> Result<()> {
-    let params = store_params(storage_options);
-    let (store, base) = ObjectStore::from_uri_and_params(session.store_registry(), uri, &params)
+    let (store, base) = ObjectStore::from_uri_and_params(session.store_registry(), uri, params)
         .await
         .map_err(|e| lance_err("create", None, Written::Nothing, e))?;
     let marker = Path::from(format!("{base}/_ctxlog/creator"));
@@ -257,14 +270,14 @@ async fn create_exclusively(
                 Err(_) => false,
             }
         }
-        Err(e) => return Err(Error::backend(BACKEND, "create", None, Written::Nothing, e)),
+        Err(e) => return Err(crate::error::store_err("create", None, Written::Nothing, e)),
     };
     if !won {
         return Ok(());
     }
     let params = WriteParams {
         mode: WriteMode::Create,
-        store_params: Some(params),
+        store_params: Some(params.clone()),
         session: Some(session.clone()),
         ..Default::default()
     };
@@ -313,9 +326,9 @@ fn check_schema(uri: &str, ds: &Dataset) -> Result<()> {
     let have: Vec<String> = ds.schema().fields.iter().map(|f| f.name.clone()).collect();
     let want: Vec<String> = schema::schema().fields().iter().map(|f| f.name().clone()).collect();
     if have != want {
-        return Err(Error::Corrupt {
-            shard: None,
-            what: format!("{uri} is a Lance dataset but not a ctxlog store: columns {have:?}, expected {want:?}"),
+        return Err(Error::NotAStore {
+            location: ctxlog_core::redact::redact_uri(uri),
+            reason: format!("a Lance dataset with columns {have:?}, not ctxlog's {want:?}"),
         });
     }
     Ok(())

@@ -83,6 +83,9 @@ pub(crate) struct ShardTier {
     pub all_generations: Vec<Generation>,
     /// First WAL position not covered by a flushed generation.
     pub wal_from: u64,
+    /// A WAL position known to exist (the tip a writer saw when it opened): a missing
+    /// position below it is a hole, not the end.
+    pub wal_known: u64,
 }
 
 /// A consistent view: the base table at one version and each shard's tiers after it.
@@ -157,6 +160,7 @@ async fn shard_tier(
         generations: all.iter().filter(|g| g.generation > floor).cloned().collect(),
         all_generations: all,
         wal_from: m.replay_after_wal_entry_position + 1,
+        wal_known: m.wal_entry_position_last_seen,
     }))
 }
 
@@ -185,34 +189,60 @@ async fn scan_table(
     Ok(())
 }
 
-/// Read a shard's WAL from `from` to its end (the first absent position), fetching
-/// `WAL_READ_AHEAD` entries at a time; `f` sees entries in position order. Returns the
-/// first position not read.
+/// What reading a WAL tail found.
+#[derive(Debug, Default)]
+pub(crate) struct WalRead {
+    /// The first position not read (where the next read starts).
+    pub next: u64,
+    /// Missing positions with entries after them.
+    pub holes: Vec<u64>,
+}
+
+/// Read a shard's WAL from `from` to its end, fetching `WAL_READ_AHEAD` entries at a time;
+/// `f` sees entries in position order.
+///
+/// The end is the first missing position with nothing after it. A missing position with an
+/// entry after it — later in the same read-ahead window, or at or below `known` (a position
+/// known to exist) — is a *hole*: an entry lost or never completed. Reading goes on past it,
+/// so that nothing after a hole is hidden and a successor never reuses the seqs of entries
+/// written after it; the history checker then reports the seqs the hole took as a gap.
 async fn read_wal(
     store: &Arc<ObjectStore>,
     base_path: &Path,
     shard: ShardId,
     from: u64,
+    known: u64,
     mut f: impl FnMut(&WalReadEntry) -> Result<()>,
-) -> Result<u64> {
+) -> Result<WalRead> {
     let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
-    let mut next = from;
+    let mut read = WalRead {
+        next: from,
+        holes: Vec::new(),
+    };
     loop {
-        let window: Vec<Option<WalReadEntry>> = futures::stream::iter(next..next + WAL_READ_AHEAD as u64)
+        let start = read.next;
+        let window: Vec<Option<WalReadEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
             .map(|pos| tailer.read_entry(pos))
             .buffered(WAL_READ_AHEAD)
             .try_collect()
             .await
             .map_err(|e| lance_err("read the WAL", Some(shard), Written::Nothing, e))?;
-        for entry in window {
+        let last_present = window.iter().rposition(Option::is_some);
+        for (i, entry) in window.into_iter().enumerate() {
+            let pos = start + i as u64;
             match entry {
-                Some(e) => {
-                    f(&e)?;
-                    next = e.entry_position + 1;
+                Some(e) => f(&e)?,
+                None if last_present.is_some_and(|l| i < l) || pos <= known => {
+                    tracing::warn!(%shard, position = pos, "a WAL entry is missing below later entries (a hole); reading on");
+                    read.holes.push(pos);
                 }
-                None => return Ok(next),
+                None => {
+                    read.next = pos;
+                    return Ok(read);
+                }
             }
         }
+        read.next = start + WAL_READ_AHEAD as u64;
     }
 }
 
@@ -227,15 +257,10 @@ pub(crate) async fn count_rows(ds: &Dataset, columns: &[&str]) -> Result<u64> {
     Ok(n)
 }
 
-/// Rows in a shard's WAL from `from` (the benchmark floor).
-pub(crate) async fn count_wal_rows(
-    store: &Arc<ObjectStore>,
-    base_path: &Path,
-    shard: ShardId,
-    from: u64,
-) -> Result<u64> {
+/// Rows in a shard's WAL tail (the benchmark floor).
+pub(crate) async fn count_wal_rows(store: &Arc<ObjectStore>, base_path: &Path, tier: &ShardTier) -> Result<u64> {
     let mut n = 0u64;
-    read_wal(store, base_path, shard, from, |e| {
+    read_wal(store, base_path, tier.shard, tier.wal_from, tier.wal_known, |e| {
         n += e.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
         Ok(())
     })
@@ -296,7 +321,7 @@ async fn for_each_entry(
             })
             .await?;
         }
-        read_wal(&tiers.store, &tiers.base_path, t.shard, t.wal_from, |e| {
+        read_wal(&tiers.store, &tiers.base_path, t.shard, t.wal_from, t.wal_known, |e| {
             wal_rows(e, |c, _, i| c.entry(i).map(&mut *f))
         })
         .await?;
@@ -349,7 +374,7 @@ pub(crate) async fn shards(inner: &Inner) -> Result<Vec<ShardInfo>> {
             })
             .await?;
         }
-        read_wal(&tiers.store, &tiers.base_path, t.shard, t.wal_from, |e| {
+        read_wal(&tiers.store, &tiers.base_path, t.shard, t.wal_from, t.wal_known, |e| {
             wal_rows(e, |c, _, i| {
                 keys.insert((c.seq(i), c.epoch(i)));
                 Ok(())
@@ -368,16 +393,26 @@ pub(crate) async fn shards(inner: &Inner) -> Result<Vec<ShardInfo>> {
     Ok(out)
 }
 
-/// The highest seq and HLC a shard holds: its newest generation (generations are flushed
-/// in write order and never deleted, compacted or not) and its WAL after that.
-pub(crate) async fn shard_position(
-    inner: &Inner,
-    store: &Arc<ObjectStore>,
-    base_path: &Path,
-    shard: ShardId,
-) -> Result<(u64, u64)> {
-    let Some(tier) = shard_tier(inner, store, base_path, shard, None).await? else {
-        return Ok((0, 0));
+/// What a shard holds, for a writer that takes it over.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    pub last_seq: u64,
+    pub max_hlc: u64,
+    /// Entries past a hole in the WAL tail. Lance's own replay stops at the first missing
+    /// position, so they are in no memtable: the writer writes them again (same keys), or a
+    /// flush would move the replay position past them and hide them for good.
+    pub past_holes: Vec<Entry>,
+}
+
+/// The highest seq and HLC a shard holds, from what is authoritative whatever was folded
+/// or removed: the base table's rows of the shard (what compaction folded, whether or not
+/// the generations it folded still exist), the generations not folded yet, and the WAL
+/// past what those cover (holes included).
+pub(crate) async fn recover(inner: &Inner, shard: ShardId) -> Result<Recovered> {
+    let t = tiers(inner, Some(shard)).await?;
+    let mut out = Recovered::default();
+    let Some(tier) = t.shards.first() else {
+        return Ok(out);
     };
     let (mut seq, mut hlc) = (0u64, 0u64);
     let mut see = |c: &Columns<'_>, i: usize| -> Result<()> {
@@ -385,15 +420,34 @@ pub(crate) async fn shard_position(
         hlc = hlc.max(c.hlc(i)?.0);
         Ok(())
     };
-    if let Some(newest) = tier.all_generations.last() {
-        let ds = inner.open_dataset(&newest.uri).await.map_err(read_err)?;
-        scan_table(&ds, Some(&POSITION_COLUMNS), false, None, |b| table_rows(b, &mut see)).await?;
-    }
-    read_wal(store, base_path, shard, tier.wal_from, |e| {
-        wal_rows(e, |c, _, i| see(c, i))
+    let filter = shard_filter(shard);
+    scan_table(&t.base, Some(&POSITION_COLUMNS), false, Some(&filter), |b| {
+        table_rows(b, &mut see)
     })
     .await?;
-    Ok((seq, hlc))
+    for g in &tier.generations {
+        let ds = inner.open_dataset(&g.uri).await.map_err(read_err)?;
+        scan_table(&ds, Some(&POSITION_COLUMNS), false, None, |b| table_rows(b, &mut see)).await?;
+    }
+    let mut last_position = tier.wal_from.saturating_sub(1);
+    let mut past_hole = false;
+    let mut past_holes = Vec::new();
+    read_wal(&t.store, &t.base_path, shard, tier.wal_from, tier.wal_known, |e| {
+        past_hole |= e.entry_position > last_position + 1;
+        last_position = e.entry_position;
+        wal_rows(e, |c, _, i| {
+            see(c, i)?;
+            if past_hole {
+                past_holes.push(c.entry(i)?);
+            }
+            Ok(())
+        })
+    })
+    .await?;
+    out.last_seq = seq;
+    out.max_hlc = hlc;
+    out.past_holes = past_holes;
+    Ok(out)
 }
 
 // ---- the projector's source -------------------------------------------------------------
@@ -472,16 +526,18 @@ fn index_row(
     Ok(())
 }
 
-/// Scan a dataset (base table or generation) into the index, pinning it as a source.
+/// Scan a dataset (base table or generation), or the rows `filter` selects, into the
+/// index, pinning it as a source.
 async fn apply_dataset(
     ds: Dataset,
+    filter: Option<&str>,
     cursor: &mut Cursor,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<()> {
     let source = cursor.sources.len() as u32;
     cursor.sources.push(ds.clone());
-    scan_table(&ds, Some(&INDEX_COLUMNS), true, None, |b| {
+    scan_table(&ds, Some(&INDEX_COLUMNS), true, filter, |b| {
         let ids = row_ids(b)?;
         let cols = Columns::new(b)?;
         let view = cols.index_view()?;
@@ -500,16 +556,18 @@ async fn apply_dataset(
     .await
 }
 
-/// Apply a shard's WAL from `from`; returns the next position.
+/// Apply a shard's WAL from `from` (`known`: a position known to exist); returns the next
+/// position.
 async fn apply_wal(
     tiers_store: &Arc<ObjectStore>,
     base_path: &Path,
     shard: ShardId,
     from: u64,
+    known: u64,
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<u64> {
-    read_wal(tiers_store, base_path, shard, from, |e| {
+    let read = read_wal(tiers_store, base_path, shard, from, known, |e| {
         wal_rows(e, |c, b, i| {
             let at = Location::Wal {
                 position: e.entry_position,
@@ -519,7 +577,8 @@ async fn apply_wal(
             index_row(&c.index_view()?, i, at, index, done)
         })
     })
-    .await
+    .await?;
+    Ok(read.next)
 }
 
 #[async_trait]
@@ -548,13 +607,22 @@ impl IndexSource for LanceIndex {
             index.reserve(rows);
             let mut datasets = datasets.into_iter();
             let base = datasets.next().expect("the base table");
-            apply_dataset(base, cursor, index, &mut done).await?;
+            apply_dataset(base, None, cursor, index, &mut done).await?;
             for shard in &t.shards {
                 for _ in &shard.generations {
                     let ds = datasets.next().expect("opened above, in this order");
-                    apply_dataset(ds, cursor, index, &mut done).await?;
+                    apply_dataset(ds, None, cursor, index, &mut done).await?;
                 }
-                let next = apply_wal(&t.store, &t.base_path, shard.shard, shard.wal_from, index, &mut done).await?;
+                let next = apply_wal(
+                    &t.store,
+                    &t.base_path,
+                    shard.shard,
+                    shard.wal_from,
+                    shard.wal_known,
+                    index,
+                    &mut done,
+                )
+                .await?;
                 cursor.wal_next.insert(shard.shard, next);
             }
             cursor.scanned = true;
@@ -567,20 +635,24 @@ impl IndexSource for LanceIndex {
         let ids = base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?;
         for id in ids {
             let shard = ShardId(id);
-            let from = match cursor.wal_next.get(&shard) {
-                Some(&next) => next,
+            let (from, known) = match cursor.wal_next.get(&shard) {
+                Some(&next) => (next, 0),
                 None => {
-                    let Some(tier) = shard_tier(inner, &store, &base_path, shard, None).await? else {
+                    // A shard new since the last scan: its rows the base table holds (if
+                    // compaction folded any), its generations not folded yet, its WAL tail.
+                    let t = tiers(inner, Some(shard)).await?;
+                    let Some(tier) = t.shards.first() else {
                         continue;
                     };
-                    for g in &tier.all_generations {
+                    apply_dataset(t.base.clone(), Some(&shard_filter(shard)), cursor, index, &mut done).await?;
+                    for g in &tier.generations {
                         let ds = inner.open_dataset(&g.uri).await.map_err(read_err)?;
-                        apply_dataset(ds, cursor, index, &mut done).await?;
+                        apply_dataset(ds, None, cursor, index, &mut done).await?;
                     }
-                    tier.wal_from
+                    (tier.wal_from, tier.wal_known)
                 }
             };
-            let next = apply_wal(&store, &base_path, shard, from, index, &mut done).await?;
+            let next = apply_wal(&store, &base_path, shard, from, known, index, &mut done).await?;
             cursor.wal_next.insert(shard, next);
         }
         Ok(done)

@@ -94,24 +94,26 @@ impl LanceShard {
             let writer = match ds.mem_wal_writer(shard.0, config).await {
                 Ok(w) => Arc::new(w),
                 Err(e) => {
-                    // A claim lost to a concurrent opener of the same writer id is an I/O
-                    // error in Lance; the stored epoch tells it apart. Our own claim moves
-                    // the epoch by exactly one: only more than that is someone else's.
-                    let now = current_epoch(&manifests, shard).await.unwrap_or(epoch_before);
-                    return Err(if e.fence_reason().is_some() || now > epoch_before + 1 {
-                        Error::Fenced {
+                    // Lance does not say which epoch this open claimed, if any, so classify by
+                    // what is proven. A failed claim against a concurrent opener of the same
+                    // writer id is an I/O error in Lance, as is a lost answer to our own claim.
+                    let now = current_epoch(&manifests, shard).await.ok();
+                    return Err(match (e.fence_reason(), now) {
+                        // Proven: Lance saw a successor's epoch past ours during replay.
+                        (Some(FenceReason::PeerClaimedEpoch), now) => Error::Fenced {
                             shard,
                             writer: writer_id.to_string(),
                             epoch: epoch_before + 1,
-                            current: Some(now),
+                            current: now,
                             written: Written::Nothing,
+                        },
+                        // No claim landed at all: nothing changed.
+                        (_, Some(now)) if now == epoch_before => {
+                            lance_err("open shard", Some(shard), Written::Nothing, e)
                         }
-                    } else if now == epoch_before + 1 {
-                        // We claimed, then failed (sentinel write, replay): the incumbent
-                        // may be fenced, the shard is ours to retry.
-                        lance_err("open shard", Some(shard), Written::Unknown, e)
-                    } else {
-                        lance_err("open shard", Some(shard), Written::Nothing, e)
+                        // A claim landed — ours or a peer's, unknown — and may have fenced the
+                        // incumbent: indeterminate. Reopening is always safe.
+                        _ => lance_err("open shard", Some(shard), Written::Unknown, e),
                     });
                 }
             };
@@ -125,20 +127,68 @@ impl LanceShard {
                 writer_id,
                 shard,
                 epoch: writer.epoch(),
-                writer: Some(writer),
+                writer: Some(writer.clone()),
                 store,
                 base_path,
                 last_seq: 0,
                 poisoned: false,
                 fenced_by: None,
             };
-            // Seqs and HLCs are ctxlog's: recover them from what the shard already holds.
-            let (last_seq, max_hlc) = read::shard_position(&inner, &handle.store, &handle.base_path, shard).await?;
-            handle.last_seq = last_seq;
-            handle.clock = HlcClock::new(inner.options.clock.clone(), Hlc(max_hlc));
+            // Seqs and HLCs are ctxlog's: recover them from what the shard holds.
+            let recovered = read::recover(&inner, shard).await?;
+            handle.last_seq = recovered.last_seq;
+            handle.clock.resume_after(Hlc(recovered.max_hlc));
+            if !recovered.past_holes.is_empty() {
+                // Write the entries Lance's replay could not reach (past a WAL hole) again,
+                // unchanged, so that they reach a generation before any flush moves the replay
+                // position past them. Same keys: readers apply each entry once.
+                handle.rewrite(&writer, &recovered.past_holes).await?;
+            }
             Ok(handle)
         })
         .await
+    }
+
+    /// Write stored entries again, exactly as they are (keys, HLCs, hashes), durably.
+    async fn rewrite(&self, writer: &ShardWriter, entries: &[ctxlog_core::Entry]) -> Result<()> {
+        tracing::warn!(
+            shard = %self.shard,
+            entries = entries.len(),
+            "entries past a WAL hole are written again so that no flush hides them"
+        );
+        for chunk in entries.chunks(self.inner.tuning.max_memtable_rows.max(1)) {
+            let stamped: Vec<Stamped<'_>> = chunk
+                .iter()
+                .map(|e| Stamped {
+                    shard: e.shard,
+                    epoch: e.epoch,
+                    seq: e.seq,
+                    hlc: e.hlc,
+                    hash: e.content_hash,
+                    record: &e.record,
+                })
+                .collect();
+            let batch = to_batch(self.writer_id.as_str(), &stamped)?;
+            let (_, watcher) = writer.put_no_wait(vec![batch]).await.map_err(|e| {
+                lance_err(
+                    "open shard (rewrite past a WAL hole)",
+                    Some(self.shard),
+                    Written::Unknown,
+                    e,
+                )
+            })?;
+            if let Some(mut w) = watcher {
+                w.wait().await.map_err(|e| {
+                    lance_err(
+                        "open shard (rewrite past a WAL hole)",
+                        Some(self.shard),
+                        Written::Unknown,
+                        e,
+                    )
+                })?;
+            }
+        }
+        Ok(())
     }
 
     fn fenced(&self, current: Option<Epoch>, written: Written) -> Error {
@@ -216,8 +266,8 @@ impl Shard for LanceShard {
         self.epoch
     }
 
-    fn observe(&mut self, hlc: Hlc) {
-        self.clock.observe(hlc);
+    fn observe(&mut self, hlc: Hlc) -> Result<()> {
+        self.clock.observe(hlc)
     }
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
@@ -233,18 +283,28 @@ impl Shard for LanceShard {
         self.limits.validate_batch(&records)?;
         let mut clock = self.clock.clone();
         let first_seq = self.last_seq + 1;
+        let shard = self.shard;
         let stamped: Vec<Stamped<'_>> = records
             .iter()
             .enumerate()
-            .map(|(i, record)| Stamped {
-                shard: self.shard,
-                epoch: self.epoch,
-                seq: first_seq + i as u64,
-                hlc: clock.tick(),
-                hash: record.content_hash(),
-                record,
+            .map(|(i, record)| {
+                let hlc = clock.tick().map_err(|e| match e {
+                    Error::Corrupt { what, .. } => Error::Corrupt {
+                        shard: Some(shard),
+                        what,
+                    },
+                    other => other,
+                })?;
+                Ok(Stamped {
+                    shard,
+                    epoch: self.epoch,
+                    seq: first_seq + i as u64,
+                    hlc,
+                    hash: record.content_hash(),
+                    record,
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let (first_hlc, last_hlc) = (stamped[0].hlc, stamped[stamped.len() - 1].hlc);
         let batch = to_batch(self.writer_id.as_str(), &stamped)?;
         let last_seq = first_seq + records.len() as u64 - 1;

@@ -5,10 +5,11 @@ use ctxlog_core::{CompactOptions, CompactReport, Entry, Error, Result, StoreOpti
 use lance::Dataset;
 use lance::dataset::{WriteMode, WriteParams};
 
+use crate::LanceStore;
 pub use crate::compact::StopPoint;
 use crate::error::lance_err;
+use crate::io::lance_uri;
 use crate::schema::{Stamped, schema, to_batch};
-use crate::{LanceStore, lance_uri};
 
 /// Store an entry exactly as given (epoch, seq, hash and all), bypassing every check, by
 /// appending it to the base table: what a broken writer or a damaged store leaves behind.
@@ -91,12 +92,8 @@ pub async fn compact(uri: &str, options: StoreOptions, opts: &CompactOptions) ->
 
 /// The dataset directory of a local store URI.
 pub fn local_dir(uri: &str) -> Result<std::path::PathBuf> {
-    let uri = lance_uri(uri)?;
-    let path = uri.strip_prefix("file://").unwrap_or(&uri);
-    if path.contains("://") {
-        return Err(Error::invalid("uri", None, format!("`{uri}` is not a local store")));
-    }
-    Ok(std::path::PathBuf::from(path))
+    crate::io::local_dir(&lance_uri(uri)?)
+        .ok_or_else(|| Error::invalid("uri", None, format!("`{uri}` is not a local store")))
 }
 
 /// Every `(shard, epoch, seq)` row of the base table, repeats included: what compaction
@@ -129,5 +126,31 @@ pub async fn base_keys(uri: &str) -> Result<Vec<(String, u64, u64)>> {
             out.push((s.value(i).to_string(), e.value(i), q.value(i)));
         }
     }
+    Ok(out)
+}
+
+/// The file of WAL entry `position` of `shard` in a local store (to lose it on purpose).
+pub fn wal_entry_file(uri: &str, shard: ctxlog_core::ShardId, position: u64) -> Result<std::path::PathBuf> {
+    Ok(local_dir(uri)?
+        .join("_mem_wal")
+        .join(shard.0.to_string())
+        .join("wal")
+        .join(lance::dataset::mem_wal::util::bit_reversed_filename(position, "arrow")))
+}
+
+/// Every flushed generation directory of a local store.
+pub fn generation_dirs(uri: &str) -> Result<Vec<std::path::PathBuf>> {
+    let io = |e: std::io::Error| Error::backend("lance", "list generations", None, Written::Nothing, e);
+    let mut out = Vec::new();
+    let root = local_dir(uri)?.join("_mem_wal");
+    for shard in std::fs::read_dir(&root).map_err(io)? {
+        for g in std::fs::read_dir(shard.map_err(io)?.path()).map_err(io)? {
+            let g = g.map_err(io)?.path();
+            if g.file_name().is_some_and(|n| n.to_string_lossy().contains("_gen_")) {
+                out.push(g);
+            }
+        }
+    }
+    out.sort();
     Ok(out)
 }

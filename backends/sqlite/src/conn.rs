@@ -1,18 +1,27 @@
 //! Connections, schema and the bounded blocking bridge.
 //!
 //! SQLite is synchronous. Every call runs on tokio's blocking pool under the operation's
-//! deadline; when the deadline passes, the running statement is interrupted so that no
-//! thread keeps working on a request nobody waits for.
+//! deadline, and the call enforces that deadline *itself*, from inside SQLite: a busy
+//! handler that gives up at the deadline (so a lock wait ends with `SQLITE_BUSY`) and a
+//! progress handler that interrupts a long statement at the deadline. Nothing ever calls
+//! `sqlite3_interrupt` from outside, which could hit whatever statement the connection runs
+//! next; a call that missed its deadline has stopped using the connection by the time its
+//! error returns.
+//!
+//! Opening never changes a file before it is known to be a ctxlog store (or nothing at all):
+//! the file is inspected first, read-only. Readers open read-only connections, so they never
+//! take the write lock and never write to the store's file.
 
+use std::cell::RefCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use ctxlog_core::{Error, Result, ShardId, Written};
-use rusqlite::{Connection, ErrorCode, InterruptHandle, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 pub(crate) const BACKEND: &str = "sqlite";
 /// Bumped when the schema changes incompatibly.
@@ -60,53 +69,324 @@ CREATE INDEX IF NOT EXISTS entries_projection
     ON entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id);
 ";
 
-/// A connection shared by one handle, with the means to interrupt it.
+/// The one way an entry row is written (appends, and the test-only injection).
+pub(crate) const INSERT_ENTRY: &str =
+    "INSERT INTO entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id, role, content_type,
+                          body_text, body_bytes, metadata, created_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
+
+/// What a connection is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Reads only: a read-only connection. A missing or empty file is `NotFound`.
+    Read,
+    /// Writes to an existing store. A missing or empty file is `NotFound`.
+    Write,
+    /// Writes, creating the store where nothing exists (or the file is empty).
+    Create,
+}
+
+// ---- the per-call deadline, enforced inside SQLite --------------------------------------
+
+/// The call running on this thread: its deadline, and whether its caller gave up.
+struct Call {
+    deadline: std::time::Instant,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Call {
+    fn over(&self) -> bool {
+        self.cancel.load(Ordering::Acquire) || std::time::Instant::now() >= self.deadline
+    }
+}
+
+thread_local! {
+    static CALL: RefCell<Option<Call>> = const { RefCell::new(None) };
+}
+
+/// Makes `call` the current call of this thread until dropped.
+struct CallScope;
+
+impl CallScope {
+    fn enter(deadline: std::time::Instant, cancel: Arc<AtomicBool>) -> Self {
+        CALL.with(|c| *c.borrow_mut() = Some(Call { deadline, cancel }));
+        CallScope
+    }
+}
+
+impl Drop for CallScope {
+    fn drop(&mut self) {
+        CALL.with(|c| *c.borrow_mut() = None);
+    }
+}
+
+/// Run `f` on this thread as a call with `deadline`: lock waits and statements of every
+/// connection it uses stop at the deadline.
+pub(crate) fn within<T>(deadline: std::time::Instant, f: impl FnOnce() -> T) -> T {
+    let _call = CallScope::enter(deadline, Arc::new(AtomicBool::new(false)));
+    f()
+}
+
+/// SQLite's busy handler: wait for another connection's lock in short steps, until the
+/// current call's deadline. Outside a call it never waits.
+fn busy_wait(attempt: i32) -> bool {
+    CALL.with(|c| {
+        let c = c.borrow();
+        let Some(call) = c.as_ref() else { return false };
+        if call.over() {
+            return false;
+        }
+        let step = Duration::from_millis(match attempt {
+            0..=2 => 1,
+            3..=9 => 2,
+            10..=29 => 5,
+            _ => 10,
+        });
+        let left = call.deadline.saturating_duration_since(std::time::Instant::now());
+        std::thread::sleep(step.min(left));
+        true
+    })
+}
+
+/// SQLite's progress handler: interrupt the running statement once its call is over.
+fn should_interrupt() -> bool {
+    CALL.with(|c| c.borrow().as_ref().is_some_and(Call::over))
+}
+
+/// Virtual-machine steps between two deadline checks of a running statement.
+const PROGRESS_STEPS: i32 = 1000;
+
+fn install_handlers(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_handler(Some(busy_wait))?;
+    conn.progress_handler(PROGRESS_STEPS, Some(should_interrupt));
+    Ok(())
+}
+
+/// `deadline` moved earlier by `by` (never before now).
+fn before(deadline: Instant, by: Duration) -> std::time::Instant {
+    let d = deadline.into_std();
+    d.checked_sub(by).unwrap_or(d).max(std::time::Instant::now())
+}
+
+/// Wait `step` inside a call (between retries), unless its deadline comes first. False when
+/// the call is over.
+pub(crate) fn pause(step: Duration) -> bool {
+    CALL.with(|c| {
+        let c = c.borrow();
+        let Some(call) = c.as_ref() else { return false };
+        let left = call.deadline.saturating_duration_since(std::time::Instant::now());
+        if call.over() || left < step {
+            return false;
+        }
+        std::thread::sleep(step);
+        true
+    })
+}
+
+/// Time kept back from a call's deadline for the call to unwind and report by itself, so
+/// that the connection is free when the caller's deadline passes.
+fn margin(timeout: Duration) -> Duration {
+    (timeout / 8).min(Duration::from_millis(250))
+}
+
+// ---- opening ----------------------------------------------------------------------------
+
+/// What is at a store's path, found without changing anything.
+enum Found {
+    Nothing,
+    EmptyFile,
+    Sqlite,
+}
+
+/// What a SQLite file holds, read through a read-only connection.
+enum Holds {
+    Store,
+    NoSchema,
+    OtherTables(Vec<String>),
+    OtherFormat(String),
+}
+
+fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
+    Error::NotAStore {
+        location: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn not_found(path: &Path) -> Error {
+    Error::NotFound {
+        what: format!("no ctxlog store at {}", path.display()),
+    }
+}
+
+/// Look at the path: nothing, an empty file, or a SQLite database. Anything else (a
+/// directory, a FIFO, a device, a file of other bytes) is refused and never opened for
+/// writing. A symbolic link to a file is followed: the user named it.
+fn look(path: &Path) -> Result<Found> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Nothing),
+        Err(e) => {
+            return Err(Error::backend(
+                BACKEND,
+                "open",
+                None,
+                Written::Nothing,
+                with_path(path, e),
+            ));
+        }
+    };
+    if !meta.is_file() {
+        return Err(not_a_store(path, "not a regular file"));
+    }
+    if meta.len() == 0 {
+        return Ok(Found::EmptyFile);
+    }
+    let mut magic = [0u8; 16];
+    let read = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+    match read {
+        Ok(()) if &magic == b"SQLite format 3\0" => Ok(Found::Sqlite),
+        Ok(()) => Err(not_a_store(path, "not a SQLite database")),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(not_a_store(path, "not a SQLite database")),
+        Err(e) => Err(Error::backend(
+            BACKEND,
+            "open",
+            None,
+            Written::Nothing,
+            with_path(path, e),
+        )),
+    }
+}
+
+fn read_only(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+    install_handlers(&conn)?;
+    Ok(conn)
+}
+
+/// The names of the database's own objects (tables, indexes, views, triggers).
+fn objects(c: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = c.prepare("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name")?;
+    stmt.query_map([], |r| r.get(0))?.collect()
+}
+
+fn holds(c: &Connection) -> rusqlite::Result<Holds> {
+    let names = objects(c)?;
+    if names.iter().any(|n| n == "ctxlog_meta") {
+        let format: Option<String> = c
+            .query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
+            .optional()?;
+        return Ok(match format {
+            Some(f) if f == FORMAT => Holds::Store,
+            Some(f) => Holds::OtherFormat(f),
+            None => Holds::OtherFormat("none".into()),
+        });
+    }
+    Ok(if names.is_empty() {
+        Holds::NoSchema
+    } else {
+        Holds::OtherTables(names)
+    })
+}
+
+fn refuse(path: &Path, h: Holds) -> Error {
+    match h {
+        Holds::OtherTables(names) => {
+            let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+            let more = if names.len() > 5 { ", …" } else { "" };
+            not_a_store(
+                path,
+                format!("a SQLite database with other tables ({}{more})", shown.join(", ")),
+            )
+        }
+        Holds::OtherFormat(f) => not_a_store(
+            path,
+            format!("ctxlog store format {f}; this build reads format {FORMAT}"),
+        ),
+        Holds::Store | Holds::NoSchema => unreachable!("only refusals are refused"),
+    }
+}
+
+/// A connection shared by one handle (calls queue for it).
 #[derive(Clone)]
 pub(crate) struct Conn {
     conn: Arc<Mutex<Connection>>,
-    interrupt: Arc<InterruptHandle>,
     timeout: Duration,
 }
 
 impl Conn {
-    /// Open (and, if asked, create) the store file, set WAL mode and ensure the schema.
-    /// Safe when many processes do it at once (rule 12).
-    pub(crate) fn open(path: &Path, create: bool, timeout: Duration) -> Result<Self> {
-        if !create && !path.exists() {
-            return Err(Error::NotFound {
-                what: format!("no ctxlog store at {}", path.display()),
-            });
-        }
-        let mut flags =
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-        if create {
-            flags |= OpenFlags::SQLITE_OPEN_CREATE;
-        }
-        // Racing creators: switching a new file to WAL mode, or creating the schema, can
-        // return BUSY at once (SQLite skips the busy handler where waiting could deadlock).
-        // Such an open wrote nothing; retry it, with a short backoff, until the deadline.
-        let started = std::time::Instant::now();
+    /// Run `f` with this connection on the calling thread (for blocking callers).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        f(&mut self.conn.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Open a connection for `access`, by `deadline`. Safe when many processes create the
+    /// same store at once (rule 12); never writes to a file that is not a ctxlog store.
+    pub(crate) fn open(path: &Path, access: Access, timeout: Duration, deadline: std::time::Instant) -> Result<Self> {
+        let _call = CallScope::enter(deadline, Arc::new(AtomicBool::new(false)));
+        let create = match look(path)? {
+            Found::Nothing | Found::EmptyFile if access == Access::Create => true,
+            Found::Nothing | Found::EmptyFile => return Err(not_found(path)),
+            Found::Sqlite => {
+                let h = read_only(path)
+                    .and_then(|c| holds(&c))
+                    .map_err(|e| open_error(path, timeout, e))?;
+                match h {
+                    Holds::Store => false,
+                    Holds::NoSchema if access == Access::Create => true,
+                    Holds::NoSchema => return Err(not_found(path)),
+                    other => return Err(refuse(path, other)),
+                }
+            }
+        };
+        // Racing creators: switching a new file to WAL mode can return BUSY at once (SQLite
+        // skips the busy handler where waiting could deadlock). Such an attempt wrote
+        // nothing; retry it, with a short backoff, until the deadline.
         let mut backoff = Duration::from_millis(1);
         let conn = loop {
-            match open_once(path, flags, create, timeout) {
+            match open_once(path, access, create) {
                 Ok(conn) => break conn,
-                Err(e) if is_busy(&e) && started.elapsed() + backoff < timeout => {
+                Err(OpenError::Sql(e)) if is_busy(&e) && std::time::Instant::now() + backoff < deadline => {
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_millis(50));
                 }
-                Err(e) => return Err(open_error(path, e)),
+                Err(OpenError::Sql(e)) => return Err(open_error(path, timeout, e)),
+                Err(OpenError::Refused(h)) => return Err(refuse(path, h)),
+                Err(OpenError::NoWal(mode)) => {
+                    return Err(Error::backend(
+                        BACKEND,
+                        "open",
+                        None,
+                        Written::Nothing,
+                        with_path(path, format!("cannot use WAL journal mode (got {mode})")),
+                    ));
+                }
             }
         };
-        let interrupt = Arc::new(conn.get_interrupt_handle());
         Ok(Conn {
             conn: Arc::new(Mutex::new(conn)),
-            interrupt,
             timeout,
         })
     }
 
-    /// Run `f` on the blocking pool under the store's deadline. On a miss the statement is
-    /// interrupted and the error says `written_on_timeout`.
+    /// [`Conn::open`] on the blocking pool, by `deadline`.
+    pub(crate) async fn open_by(path: &Path, access: Access, timeout: Duration, deadline: Instant) -> Result<Self> {
+        let p = path.to_path_buf();
+        let inner = before(deadline, margin(timeout));
+        let task = tokio::task::spawn_blocking(move || Conn::open(&p, access, timeout, inner));
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(join)) => Err(Error::backend(BACKEND, "open", None, Written::Nothing, join)),
+            Err(_) => Err(Error::Timeout {
+                op: "open",
+                after: timeout,
+                shard: None,
+                written: Written::Nothing,
+            }),
+        }
+    }
+
+    /// Run `f` on the blocking pool under the store's deadline.
     pub(crate) async fn run<T, F>(
         &self,
         op: &'static str,
@@ -124,9 +404,10 @@ impl Conn {
 
     /// [`Conn::run`] with a deadline shared with earlier steps of the same operation.
     ///
-    /// The connection may be shared: a call that misses its deadline while it still waits
-    /// for the connection must neither interrupt another call's statement nor run later,
-    /// when nobody waits for it. `state` says which it is: waiting, running, done or abandoned.
+    /// Calls queue for the connection. A call whose deadline passes while it still waits
+    /// never runs. A running call stops by itself at the deadline (its lock waits and
+    /// statements see it); only a step SQLite cannot interrupt (an fsync) can outlast it,
+    /// and then the error says `written_on_timeout`.
     pub(crate) async fn run_by<T, F>(
         &self,
         deadline: Instant,
@@ -141,12 +422,14 @@ impl Conn {
     {
         let conn = self.conn.clone();
         let state = Arc::new(AtomicU8::new(WAITING));
-        let task_state = state.clone();
-        let abandoned = || Error::Timeout {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (task_state, task_cancel) = (state.clone(), cancel.clone());
+        let inner_deadline = before(deadline, margin(self.timeout));
+        let timed_out = |written| Error::Timeout {
             op,
             after: self.timeout,
             shard,
-            written: Written::Nothing,
+            written,
         };
         let task = tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -156,35 +439,25 @@ impl Conn {
             {
                 return None; // abandoned before it started: do nothing
             }
+            let _call = CallScope::enter(inner_deadline, task_cancel);
             let r = f(&mut guard);
             task_state.store(DONE, Ordering::Release);
             Some(r)
         });
         match tokio::time::timeout_at(deadline, task).await {
-            Ok(Ok(Some(result))) => result,
-            Ok(Ok(None)) => Err(abandoned()),
+            Ok(Ok(Some(result))) => result.map_err(|e| with_deadline(e, self.timeout)),
+            Ok(Ok(None)) => Err(timed_out(Written::Nothing)),
             Ok(Err(join)) => Err(Error::backend(BACKEND, op, shard, written_on_timeout, join)),
-            Err(_) => match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
-                // Never started: it never will, and nothing was written.
-                Ok(_) => Err(abandoned()),
-                // Running: stop its statement. Only ours runs on this connection now.
-                Err(RUNNING) => {
-                    self.interrupt.interrupt();
-                    Err(Error::Timeout {
-                        op,
-                        after: self.timeout,
-                        shard,
-                        written: written_on_timeout,
-                    })
+            Err(_) => {
+                cancel.store(true, Ordering::Release);
+                match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
+                    // Never started: it never will, and nothing was written.
+                    Ok(_) => Err(timed_out(Written::Nothing)),
+                    // Still running past its own deadline: stuck in a step SQLite cannot
+                    // interrupt. Its outcome is unknown to us.
+                    Err(_) => Err(timed_out(written_on_timeout)),
                 }
-                // Finished just now; its result is lost to us, so say what it may have done.
-                Err(_) => Err(Error::Timeout {
-                    op,
-                    after: self.timeout,
-                    shard,
-                    written: written_on_timeout,
-                }),
-            },
+            }
         }
     }
 }
@@ -194,8 +467,19 @@ const RUNNING: u8 = 1;
 const DONE: u8 = 2;
 const ABANDONED: u8 = 3;
 
-/// Check the store's format, creating the schema first if the store is new. An existing
-/// store is only read here, so readers never wait for (or take) the write lock.
+/// A lock wait or an interrupted statement ended a call at its deadline: say which deadline.
+fn with_deadline(e: Error, timeout: Duration) -> Error {
+    match e {
+        Error::Timeout { op, shard, written, .. } => Error::Timeout {
+            op,
+            after: timeout,
+            shard,
+            written,
+        },
+        other => other,
+    }
+}
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -203,117 +487,212 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// One attempt to open the file in WAL mode with the schema in place.
-fn open_once(path: &Path, flags: OpenFlags, create: bool, timeout: Duration) -> rusqlite::Result<Connection> {
+/// Why one attempt to open did not give a connection.
+enum OpenError {
+    Sql(rusqlite::Error),
+    /// The file turned out to be something else once locked for writing.
+    Refused(Holds),
+    /// SQLite would not switch the store to WAL mode (it answered with this mode).
+    NoWal(String),
+}
+
+impl From<rusqlite::Error> for OpenError {
+    fn from(e: rusqlite::Error) -> Self {
+        OpenError::Sql(e)
+    }
+}
+
+/// One attempt to open the connection; for writers, with the schema in place and WAL mode.
+fn open_once(path: &Path, access: Access, create: bool) -> std::result::Result<Connection, OpenError> {
+    if access == Access::Read {
+        return Ok(read_only(path)?);
+    }
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
     let mut conn = Connection::open_with_flags(path, flags)?;
-    // The busy handler waits for other processes' locks. It outlasts the deadline on
-    // purpose: a lock wait that outlives the deadline is cut by the deadline (and the
-    // statement interrupted), so a BUSY error always means "gave up before writing".
-    conn.busy_timeout(timeout + Duration::from_secs(1))?;
-    let mut mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        mode = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-    }
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(rusqlite::Error::InvalidParameterName(format!(
-            "cannot use WAL journal mode (got {mode})"
-        )));
-    }
+    install_handlers(&conn)?;
     // FULL: an acknowledged commit survives power loss, not only a process crash.
     conn.pragma_update(None, "synchronous", "FULL")?;
-    ensure_schema(&mut conn, create)?;
+    if create {
+        create_schema(&mut conn)?;
+    }
+    // Only now is the file known to be ours: WAL mode is a persistent change.
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(OpenError::NoWal(mode));
+        }
+    }
     Ok(conn)
 }
 
-fn ensure_schema(conn: &mut Connection, create: bool) -> rusqlite::Result<()> {
-    let has_meta: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'ctxlog_meta'",
-        [],
-        |r| r.get(0),
-    )?;
-    let existing: Option<String> = if has_meta {
-        conn.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
-            .optional()?
-    } else {
-        None
-    };
-    let format = match existing {
-        Some(f) => f,
-        None if !create => {
-            return Err(rusqlite::Error::InvalidParameterName(
-                "a SQLite database, but not a ctxlog store".into(),
-            ));
-        }
-        None => {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute_batch(SCHEMA)?;
-            tx.execute(
-                "INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1) ON CONFLICT (key) DO NOTHING",
-                [FORMAT],
-            )?;
-            let format: String =
-                tx.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))?;
-            tx.commit()?;
-            format
-        }
-    };
-    if format != FORMAT {
-        return Err(rusqlite::Error::InvalidParameterName(format!(
-            "store format {format}, this build reads format {FORMAT}"
-        )));
+/// Create the schema, under the write lock, unless another creator did; refuse (writing
+/// nothing) if the file gained other tables meanwhile.
+fn create_schema(conn: &mut Connection) -> std::result::Result<(), OpenError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    match holds(&tx)? {
+        Holds::Store => return Ok(()),
+        Holds::NoSchema => {}
+        refused => return Err(OpenError::Refused(refused)),
     }
+    tx.execute_batch(SCHEMA)?;
+    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [FORMAT])?;
+    tx.commit()?;
     Ok(())
 }
 
-fn open_error(path: &Path, e: rusqlite::Error) -> Error {
+fn open_error(path: &Path, timeout: Duration, e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase) => Error::Corrupt {
-            shard: None,
-            what: format!("{} is not a SQLite database", path.display()),
-        },
+        Some(ErrorCode::NotADatabase) => not_a_store(path, "not a SQLite database"),
         Some(ErrorCode::CannotOpen) => Error::NotFound {
-            what: format!("cannot open a ctxlog store at {}", path.display()),
+            what: format!("cannot open a ctxlog store at {}: {e}", path.display()),
         },
-        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => Error::Timeout {
-            op: "open",
-            after: Duration::ZERO,
-            shard: None,
-            written: Written::Nothing,
-        },
-        _ => match e {
-            rusqlite::Error::InvalidParameterName(what) => Error::Corrupt {
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) | Some(ErrorCode::OperationInterrupted) => {
+            Error::Timeout {
+                op: "open",
+                after: timeout,
                 shard: None,
-                what: format!("{}: {what}", path.display()),
-            },
-            e => Error::backend(BACKEND, "open", None, Written::Nothing, with_path(path, e)),
+                written: Written::Nothing,
+            }
+        }
+        Some(ErrorCode::DatabaseCorrupt) => Error::Corrupt {
+            shard: None,
+            what: format!("{}: {e}", path.display()),
         },
+        _ => Error::backend(BACKEND, "open", None, Written::Nothing, with_path(path, e)),
     }
 }
 
-fn with_path(path: &Path, e: rusqlite::Error) -> String {
+fn with_path(path: &Path, e: impl std::fmt::Display) -> String {
     format!("{}: {e}", path.display())
 }
 
 /// Map a SQLite error of operation `op`. `written` is what the caller knows: `Nothing`
-/// before COMMIT was attempted, `Unknown` once it was.
+/// before COMMIT was attempted, `Unknown` once it was. A lock wait or a statement that
+/// reached the deadline is a `Timeout` (its real deadline is filled in by [`Conn::run_by`]).
 pub(crate) fn sql_error(op: &'static str, shard: Option<ShardId>, written: Written, e: rusqlite::Error) -> Error {
+    // A stored value of the wrong type or range: the store holds what ctxlog never writes.
+    if matches!(
+        e,
+        rusqlite::Error::IntegralValueOutOfRange(..)
+            | rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::FromSqlConversionFailure(..)
+    ) {
+        return Error::Corrupt {
+            shard,
+            what: format!("{op}: a stored value is out of range or of the wrong type: {e}"),
+        };
+    }
     match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => Error::Timeout {
-            op,
-            after: Duration::ZERO,
-            shard,
-            written,
-        },
-        Some(ErrorCode::OperationInterrupted) => Error::Timeout {
-            op,
-            after: Duration::ZERO,
-            shard,
-            written,
-        },
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) | Some(ErrorCode::OperationInterrupted) => {
+            Error::Timeout {
+                op,
+                after: Duration::ZERO,
+                shard,
+                written,
+            }
+        }
         Some(ErrorCode::DatabaseCorrupt) | Some(ErrorCode::NotADatabase) => Error::Corrupt {
             shard,
             what: e.to_string(),
         },
         _ => Error::backend(BACKEND, op, shard, written, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deadline(after: Duration) -> std::time::Instant {
+        std::time::Instant::now() + after
+    }
+
+    /// A store with a second, raw connection holding its write lock.
+    fn locked_store(dir: &Path) -> (std::path::PathBuf, Connection) {
+        let path = dir.join("s.db");
+        Conn::open(
+            &path,
+            Access::Create,
+            Duration::from_secs(5),
+            deadline(Duration::from_secs(5)),
+        )
+        .unwrap();
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch("BEGIN IMMEDIATE").unwrap();
+        (path, raw)
+    }
+
+    /// A call that misses its deadline in a lock wait has let go of the connection by the
+    /// time its error returns (the busy wait ends at the deadline, not at a busy timeout).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timed_out_lock_wait_frees_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, raw) = locked_store(dir.path());
+        let timeout = Duration::from_millis(300);
+        let conn = Conn::open(&path, Access::Write, timeout, deadline(Duration::from_secs(5))).unwrap();
+        let err = conn
+            .run("write", None, Written::Nothing, |c| {
+                c.execute_batch("BEGIN IMMEDIATE; COMMIT")
+                    .map_err(|e| sql_error("write", None, Written::Nothing, e))
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout { after, written: Written::Nothing, .. } if after == timeout),
+            "{err:?}"
+        );
+        assert!(
+            conn.conn.try_lock().is_ok(),
+            "the connection is free when the error returns"
+        );
+        drop(raw);
+        conn.run("write", None, Written::Nothing, |c| {
+            c.execute_batch("BEGIN IMMEDIATE; COMMIT")
+                .map_err(|e| sql_error("write", None, Written::Nothing, e))
+        })
+        .await
+        .unwrap();
+    }
+
+    /// A long statement is stopped at its deadline, and only it: the next call on the same
+    /// connection runs undisturbed, every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missed_deadline_stops_only_its_own_statement() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let conn = Conn::open(
+            &path,
+            Access::Create,
+            Duration::from_millis(40),
+            deadline(Duration::from_secs(5)),
+        )
+        .unwrap();
+        for round in 0..20 {
+            let err = conn
+                .run("spin", None, Written::Nothing, |c| {
+                    c.query_row(
+                        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n",
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .map_err(|e| sql_error("spin", None, Written::Nothing, e))
+                })
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Timeout { .. }), "round {round}: {err:?}");
+            assert!(conn.conn.try_lock().is_ok(), "round {round}: connection still busy");
+            let n: i64 = conn
+                .run("count", None, Written::Nothing, |c| {
+                    c.query_row("SELECT count(*) FROM shards", [], |r| r.get(0))
+                        .map_err(|e| sql_error("count", None, Written::Nothing, e))
+                })
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: the next call was hit: {e:?}"));
+            assert_eq!(n, 0);
+        }
     }
 }

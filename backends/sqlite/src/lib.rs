@@ -22,50 +22,83 @@ use ctxlog_core::{
     StoreOptions, WriterId, Written,
 };
 
-use crate::conn::{BACKEND, Conn, sql_error};
+use crate::conn::{Access, BACKEND, Conn, sql_error};
 use crate::read::{SqliteHistory, SqliteIndex, read_shard};
 
 /// A ctxlog store in one SQLite file.
 pub struct SqliteStore {
     path: PathBuf,
     options: StoreOptions,
-    /// For store-level calls (`shards`, `read_shard`, `compact`).
+    /// A read-only connection for store-level reads (`shards`, `read_shard`).
     conn: Conn,
 }
 
 impl SqliteStore {
-    /// Open the store at `path`, creating it when `options.create_if_missing`.
+    /// Open the store at `path`, creating it when `options.create_if_missing` and nothing
+    /// (or an empty file) is there. A file that is not a ctxlog store is refused with
+    /// [`ctxlog_core::Error::NotAStore`] and left exactly as it was.
     pub async fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
+        options.validate()?;
         let path = path.as_ref().to_path_buf();
-        let conn = open_conn(&path, &options, tokio::time::Instant::now() + options.timeout).await?;
+        let deadline = tokio::time::Instant::now() + options.timeout;
+        if options.create_if_missing {
+            Conn::open_by(&path, Access::Create, options.timeout, deadline).await?;
+        }
+        let conn = Conn::open_by(&path, Access::Read, options.timeout, deadline).await?;
         Ok(SqliteStore { path, options, conn })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// How shard handles open their connection.
+    fn write_access(&self) -> Access {
+        if self.options.create_if_missing {
+            Access::Create
+        } else {
+            Access::Write
+        }
+    }
 }
 
-/// Open a connection on the blocking pool, by `deadline`.
-async fn open_conn(path: &Path, options: &StoreOptions, deadline: tokio::time::Instant) -> Result<Conn> {
-    let (p, create, timeout) = (path.to_path_buf(), options.create_if_missing, options.timeout);
-    let task = tokio::task::spawn_blocking(move || Conn::open(&p, create, timeout));
-    match tokio::time::timeout_at(deadline, task).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(join)) => Err(ctxlog_core::Error::backend(
-            BACKEND,
-            "open",
-            None,
-            Written::Nothing,
-            join,
-        )),
-        Err(_) => Err(ctxlog_core::Error::Timeout {
-            op: "open",
-            after: options.timeout,
-            shard: None,
-            written: Written::Nothing,
-        }),
+/// Copy the store at `src` into a new file `dst` (which must not exist): one consistent
+/// snapshot through SQLite's online backup API, read through a read-only connection. Writers
+/// may go on (and checkpoint) meanwhile; the copy is never torn, and `src` is never written.
+/// Returns the pages copied. A blocking call: bounded by `timeout`.
+pub fn copy_store(src: &Path, dst: &Path, timeout: std::time::Duration) -> Result<u64> {
+    let deadline = std::time::Instant::now() + timeout;
+    let io = |e: std::io::Error| ctxlog_core::Error::backend(BACKEND, "copy", None, Written::Nothing, e);
+    let sql = |e: rusqlite::Error| sql_error("copy", None, Written::Nothing, e);
+    let source = Conn::open(src, Access::Read, timeout, deadline)?;
+    if std::fs::symlink_metadata(dst).is_ok() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} exists: a copy never overwrites", dst.display()),
+        )));
     }
+    let mut target = rusqlite::Connection::open(dst).map_err(sql)?;
+    conn::within(deadline, || {
+        source.with(|from| {
+            let backup = rusqlite::backup::Backup::new(from, &mut target).map_err(sql)?;
+            loop {
+                // All pages in one step: one read transaction, one snapshot.
+                match backup.step(-1).map_err(sql)? {
+                    rusqlite::backup::StepResult::Done => return Ok(backup.progress().pagecount as u64),
+                    // Locked for a moment (a checkpoint, a writer's lock on the target).
+                    _ if conn::pause(std::time::Duration::from_millis(5)) => continue,
+                    _ => {
+                        return Err(ctxlog_core::Error::Timeout {
+                            op: "copy",
+                            after: timeout,
+                            shard: None,
+                            written: Written::Nothing,
+                        });
+                    }
+                }
+            }
+        })
+    })
 }
 
 #[async_trait]
@@ -82,8 +115,8 @@ impl Store for SqliteStore {
         // Each shard handle owns its connection: appends of different writers in one
         // process do not queue behind one mutex. One deadline for opening and claiming.
         let deadline = tokio::time::Instant::now() + self.options.timeout;
-        let conn = open_conn(&self.path, &self.options, deadline).await?;
-        let shard = shard::SqliteShard::claim(conn, writer.clone(), &self.options, deadline).await?;
+        let conn = Conn::open_by(&self.path, self.write_access(), self.options.timeout, deadline).await?;
+        let shard = shard::SqliteShard::claim(conn, self.path.clone(), writer.clone(), &self.options, deadline).await?;
         Ok(Box::new(shard))
     }
 
@@ -117,27 +150,35 @@ impl Store for SqliteStore {
         ))))
     }
 
-    /// SQLite has nothing to fold: a compaction checkpoints and truncates the WAL file.
+    /// SQLite has nothing to fold: a compaction copies the WAL file's committed pages back
+    /// into the database file. PASSIVE checkpoints only: they never take the write lock and
+    /// never wait for a reader, so no writer or reader is ever blocked (rule 14). Pages a
+    /// reader still needs stay in the WAL; the pass retries briefly, then reports them.
     async fn compact(&self, _options: &CompactOptions) -> Result<CompactReport> {
-        self.conn
-            .run("compact", None, Written::Nothing, |c| {
-                let (busy, log, done): (i64, i64, i64) = c
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                    })
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
+        conn.run_by(deadline, "compact", None, Written::Nothing, |c| {
+            let mut step = std::time::Duration::from_millis(2);
+            let (mut log, mut done) = (0i64, 0i64);
+            for _ in 0..8 {
+                (log, done) = c
+                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(1)?, r.get(2)?)))
                     .map_err(|e| sql_error("compact", None, Written::Nothing, e))?;
-                Ok(CompactReport {
-                    note: format!(
-                        "sqlite WAL checkpoint: {done} of {log} pages copied{}",
-                        if busy != 0 {
-                            " (readers kept it from finishing)"
-                        } else {
-                            ""
-                        }
-                    ),
-                    ..Default::default()
-                })
+                if done >= log || !conn::pause(step) {
+                    break;
+                }
+                step = (step * 2).min(std::time::Duration::from_millis(100));
+            }
+            let note = if done >= log {
+                format!("sqlite WAL checkpoint: all {log} pages copied into the database file")
+            } else {
+                format!("sqlite WAL checkpoint: {done} of {log} pages copied; readers still use the rest (run again)")
+            };
+            Ok(CompactReport {
+                note,
+                ..Default::default()
             })
-            .await
+        })
+        .await
     }
 }

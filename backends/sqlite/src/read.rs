@@ -15,7 +15,7 @@ use ctxlog_core::{
 };
 use rusqlite::{Connection, Row, params};
 
-use crate::conn::{Conn, sql_error};
+use crate::conn::{Access, Conn, sql_error};
 
 pub(crate) fn shards(c: &mut Connection) -> rusqlite::Result<Vec<ShardInfo>> {
     let mut stmt = c.prepare(
@@ -141,29 +141,9 @@ impl ReadConn {
         if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
             return Ok(c.clone());
         }
-        let (path, timeout) = (self.path.clone(), self.options.timeout);
-        // Readers never create a store: a missing file is NotFound.
-        let task = tokio::task::spawn_blocking(move || Conn::open(&path, false, timeout));
-        let conn = match tokio::time::timeout(timeout, task).await {
-            Ok(Ok(r)) => r?,
-            Ok(Err(join)) => {
-                return Err(Error::backend(
-                    crate::conn::BACKEND,
-                    "open",
-                    None,
-                    Written::Nothing,
-                    join,
-                ));
-            }
-            Err(_) => {
-                return Err(Error::Timeout {
-                    op: "open",
-                    after: timeout,
-                    shard: None,
-                    written: Written::Nothing,
-                });
-            }
-        };
+        // Readers never create a store (a missing file is NotFound) and never write to one.
+        let timeout = self.options.timeout;
+        let conn = Conn::open_by(&self.path, Access::Read, timeout, tokio::time::Instant::now() + timeout).await?;
         *self.conn.lock().expect("not poisoned") = Some(conn.clone());
         Ok(conn)
     }
@@ -239,7 +219,14 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
         let mut rows = stmt.query([cursor.max_session_no])?;
         while let Some(r) = rows.next()? {
             let no: i64 = r.get(0)?;
-            let slot = usize::try_from(no).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, no))?;
+            // Session numbers are rowids handed out densely from 1 and never deleted. The
+            // table is indexed by them, so an implausible number (a damaged or crafted
+            // store) is refused before it can size an allocation.
+            let plausible = cursor.sessions.len().max(1).saturating_mul(2) + MAX_SESSION_SLACK;
+            let slot = usize::try_from(no)
+                .ok()
+                .filter(|s| *s < plausible)
+                .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, no))?;
             if cursor.sessions.len() <= slot {
                 cursor.sessions.resize(slot + 1, None);
             }
@@ -248,10 +235,11 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
         }
     }
     if index.entries() == 0 {
-        // A first scan: make room for every id at once instead of growing (and moving)
-        // the index as it fills.
+        // A first scan: make room for the ids at once instead of growing (and moving) the
+        // index as it fills. The stored counts are only a hint, and may be damaged: the
+        // reservation is capped, and the index grows past it as rows arrive.
         let entries: i64 = tx.query_row("SELECT coalesce(sum(last_seq), 0) FROM shards", [], |r| r.get(0))?;
-        index.reserve(entries.max(0) as usize);
+        index.reserve(usize::try_from(entries).unwrap_or(0).min(MAX_RESERVE));
     }
     // Two threads: this one reads rows (SQLite), a second applies them to the index. They
     // take about as long as each other, so on two cores the scan costs about one of them.
@@ -284,6 +272,11 @@ struct Raw {
 }
 
 const CHUNK: usize = 1024;
+
+/// Most ids a first scan reserves room for up front (about 250 MiB of index at most).
+const MAX_RESERVE: usize = 2_000_000;
+/// How far past twice the sessions read so far a session number may be.
+const MAX_SESSION_SLACK: usize = 1 << 20;
 
 /// Read every entry past each shard's position, in chunks, into `send`.
 fn read_rows(

@@ -14,6 +14,8 @@ use crate::conn::{Conn, sql_error};
 
 pub(crate) struct SqliteShard {
     conn: Conn,
+    /// The store file (for the test-only commit stall).
+    path: std::path::PathBuf,
     writer: WriterId,
     shard: ShardId,
     shard_no: i64,
@@ -30,6 +32,7 @@ impl SqliteShard {
     /// Claim the shard with a new epoch and recover its last seq and HLC.
     pub(crate) async fn claim(
         conn: Conn,
+        path: std::path::PathBuf,
         writer: WriterId,
         options: &StoreOptions,
         deadline: tokio::time::Instant,
@@ -39,16 +42,19 @@ impl SqliteShard {
         // A claim that misses its deadline may still commit (and fence the incumbent).
         let (shard_no, epoch, max_hlc) = conn
             .run_by(deadline, "open shard", Some(shard), Written::Unknown, move |c| {
-                claim(c, shard, &w).map_err(|e| sql_error("open shard", Some(shard), Written::Unknown, e))
+                claim(c, shard, &w)
             })
             .await?;
+        let mut clock = HlcClock::new(options.clock.clone(), Hlc::ZERO);
+        clock.resume_after(Hlc(max_hlc));
         Ok(SqliteShard {
             conn,
+            path,
             writer,
             shard,
             shard_no,
             epoch,
-            clock: HlcClock::new(options.clock.clone(), Hlc(max_hlc)),
+            clock,
             limits: options.limits.clone(),
             sessions: HashMap::new(),
             poisoned: false,
@@ -56,27 +62,37 @@ impl SqliteShard {
     }
 }
 
-fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> rusqlite::Result<(i64, Epoch, u64)> {
-    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+/// Take the next epoch. Everything before COMMIT is definite (rolled back on failure).
+fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> Result<(i64, Epoch, u64)> {
+    let before = |e| sql_error("open shard", Some(shard), Written::Nothing, e);
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(before)?;
     tx.execute(
         "INSERT INTO shards (shard, writer, epoch, last_seq, max_hlc) VALUES (?1, ?2, 0, 0, 0)
          ON CONFLICT (shard) DO NOTHING",
         params![&shard.as_bytes()[..], writer.as_str()],
-    )?;
-    let row = tx.query_row(
-        "UPDATE shards SET epoch = epoch + 1, writer = ?2 WHERE shard = ?1
-         RETURNING shard_no, epoch, max_hlc",
-        params![&shard.as_bytes()[..], writer.as_str()],
-        |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)? as u64,
-                r.get::<_, i64>(2)? as u64,
-            ))
-        },
-    )?;
-    tx.commit()?;
-    Ok(row)
+    )
+    .map_err(before)?;
+    let row = tx
+        .query_row(
+            "UPDATE shards SET epoch = epoch + 1, writer = ?2 WHERE shard = ?1
+             RETURNING shard_no, epoch, max_hlc",
+            params![&shard.as_bytes()[..], writer.as_str()],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)),
+        )
+        .map_err(before)?;
+    let (shard_no, epoch, max_hlc) = row;
+    if epoch < 1 {
+        return Err(Error::Corrupt {
+            shard: Some(shard),
+            what: format!("the shard row holds epoch {epoch}"),
+        });
+    }
+    tx.commit()
+        .map_err(|e| sql_error("open shard", Some(shard), Written::Unknown, e))?;
+    // HLCs are stored as the bits of a u64 in SQLite's i64.
+    Ok((shard_no, epoch as u64, max_hlc as u64))
 }
 
 /// One row ready to insert: everything computed before the transaction starts.
@@ -100,8 +116,8 @@ impl Shard for SqliteShard {
         self.epoch
     }
 
-    fn observe(&mut self, hlc: Hlc) {
-        self.clock.observe(hlc);
+    fn observe(&mut self, hlc: Hlc) -> Result<()> {
+        self.clock.observe(hlc)
     }
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
@@ -120,10 +136,12 @@ impl Shard for SqliteShard {
         let (shard, shard_no, epoch, writer) = (self.shard, self.shard_no, self.epoch, self.writer.to_string());
         let mut clock = self.clock.clone();
         let mut sessions = self.sessions.clone();
+        let path = self.path.clone();
         let result = self
             .conn
             .run("append", Some(shard), Written::Unknown, move |c| {
                 let ack = append_tx(c, shard, shard_no, epoch, &writer, &mut clock, &mut sessions, prepared)?;
+                crate::testing::after_commit(&path);
                 Ok((ack, clock, sessions))
             })
             .await;
@@ -192,31 +210,35 @@ fn append_tx(
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .map_err(before)?;
-    if current as u64 != epoch {
+    if current != epoch as i64 {
         // A newer claim exists: nothing of this batch is written (rule 3).
         return Err(Error::Fenced {
             shard,
             writer: writer.to_string(),
             epoch,
-            current: Some(current as u64),
+            current: u64::try_from(current).ok(),
             written: Written::Nothing,
         });
     }
-    clock.observe(Hlc(max_hlc as u64));
-    let first_seq = last_seq as u64 + 1;
-    let mut seq = last_seq as u64;
+    let Ok(last_seq) = u64::try_from(last_seq) else {
+        return Err(Error::Corrupt {
+            shard: Some(shard),
+            what: format!("the shard row holds last seq {last_seq}"),
+        });
+    };
+    // HLCs are stored as the bits of a u64 in SQLite's i64.
+    let max_hlc = max_hlc as u64;
+    // The shard's own highest HLC (another handle of this writer may have written since
+    // this one read it): the next entries follow it whatever it is.
+    clock.resume_after(Hlc(max_hlc));
+    let first_seq = last_seq + 1;
+    let mut seq = last_seq;
     let mut first_hlc = Hlc::ZERO;
     let mut last_hlc = Hlc::ZERO;
     let mut ids = Vec::with_capacity(batch.len());
     let mut new_sessions = Vec::new();
     {
-        let mut insert = tx
-            .prepare_cached(
-                "INSERT INTO entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id, role,
-                                      content_type, body_text, body_bytes, metadata, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-            )
-            .map_err(before)?;
+        let mut insert = tx.prepare_cached(crate::conn::INSERT_ENTRY).map_err(before)?;
         for p in batch {
             let r = &p.record;
             let key = (r.bot_id.clone(), r.session_id.clone());
@@ -228,8 +250,20 @@ fn append_tx(
                     n
                 }
             };
-            seq += 1;
-            let hlc = clock.tick();
+            seq = seq
+                .checked_add(1)
+                .filter(|s| *s <= i64::MAX as u64)
+                .ok_or_else(|| Error::Corrupt {
+                    shard: Some(shard),
+                    what: format!("the shard's last seq {last_seq} leaves no room for this batch"),
+                })?;
+            let hlc = clock.tick().map_err(|e| match e {
+                Error::Corrupt { what, .. } => Error::Corrupt {
+                    shard: Some(shard),
+                    what,
+                },
+                other => other,
+            })?;
             if first_hlc == Hlc::ZERO {
                 first_hlc = hlc;
             }

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
     let err = |e: rusqlite::Error| Error::backend("sqlite", "inject", None, Written::Unknown, e);
-    let mut c = Connection::open(path).map_err(err)?;
+    let mut c = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(err)?;
     c.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
     let tx = c.transaction().map_err(err)?;
     let shard = &e.shard.as_bytes()[..];
@@ -47,9 +47,7 @@ pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
         Body::Bytes(b) => (None, Some(b.as_slice())),
     };
     tx.execute(
-        "INSERT INTO entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id, role, content_type,
-                              body_text, body_bytes, metadata, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        crate::conn::INSERT_ENTRY,
         params![
             shard_no,
             e.seq as i64,
@@ -71,22 +69,64 @@ pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
     tx.commit().map_err(err)
 }
 
-/// Hold SQLite's write lock until the guard drops, so that appends stall past their
-/// deadline (an indeterminate outcome, rule 4).
+// ---- a commit whose acknowledgement is lost ------------------------------------------------
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Stores whose appends stall after their commit, and a fast check that there are any.
+static STALLED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static WOKEN: Condvar = Condvar::new();
+static ANY_STALLED: AtomicBool = AtomicBool::new(false);
+
+/// Longest a stalled append waits for its guard to drop: nothing hangs, even a test.
+const MOST_STALL: Duration = Duration::from_secs(120);
+
+/// While alive, every append to the store at `path` commits and then stalls, as if the
+/// acknowledgement were lost on its way: the caller's deadline fires with an
+/// indeterminate error although the batch landed (rule 4). Dropping the guard releases the
+/// stalled appends.
 pub struct WriteStall {
-    conn: Connection,
+    path: PathBuf,
 }
 
 impl Drop for WriteStall {
     fn drop(&mut self) {
-        let _ = self.conn.execute_batch("ROLLBACK");
+        let mut stalled = STALLED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = stalled.iter().position(|p| *p == self.path) {
+            stalled.swap_remove(i);
+        }
+        ANY_STALLED.store(!stalled.is_empty(), Ordering::Release);
+        WOKEN.notify_all();
     }
 }
 
 pub fn stall_writes(path: &Path) -> Result<WriteStall> {
-    let err = |e: rusqlite::Error| Error::backend("sqlite", "stall", None, Written::Nothing, e);
-    let conn = Connection::open(path).map_err(err)?;
-    conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
-    conn.execute_batch("BEGIN EXCLUSIVE").map_err(err)?;
-    Ok(WriteStall { conn })
+    let path = std::fs::canonicalize(path).map_err(|e| Error::backend("sqlite", "stall", None, Written::Nothing, e))?;
+    let mut stalled = STALLED.lock().unwrap_or_else(|p| p.into_inner());
+    stalled.push(path.clone());
+    ANY_STALLED.store(true, Ordering::Release);
+    Ok(WriteStall { path })
+}
+
+/// Called by an append after its commit: waits while the store is stalled.
+pub(crate) fn after_commit(path: &Path) {
+    if !ANY_STALLED.load(Ordering::Acquire) {
+        return;
+    }
+    let Ok(path) = std::fs::canonicalize(path) else { return };
+    let until = Instant::now() + MOST_STALL;
+    let mut stalled = STALLED.lock().unwrap_or_else(|p| p.into_inner());
+    while stalled.contains(&path) {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        stalled = WOKEN
+            .wait_timeout(stalled, until - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
 }

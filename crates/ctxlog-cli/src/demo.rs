@@ -94,7 +94,7 @@ async fn replica_a(
     let _ = to_b.send(hlc).await;
     // B answers turns 4-5; A continues after observing B's last write.
     if let Some(seen) = from_b.recv().await {
-        r.shard.observe(seen);
+        r.shard.observe(seen)?;
     }
     r.write(vec![
         msg(t, 6, "user", "Great. Also, my number changed: it's +1 555 0100."),
@@ -135,7 +135,7 @@ async fn replica_b(
     ])
     .await?;
     if let Some(seen) = from_a.recv().await {
-        r.shard.observe(seen);
+        r.shard.observe(seen)?;
     }
     let refund = msg(
         t,
@@ -200,7 +200,9 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
         }
     };
     let store = ctxlog::open(&uri, options).await?;
-    println!("ctxlog demo — store {uri} ({} backend)\n", store.backend());
+    // Never print a URI's query string: it carries storage options (credentials).
+    let shown = ctxlog::redact::redact_uri(&uri);
+    println!("ctxlog demo — store {shown} ({} backend)\n", store.backend());
 
     let started = Instant::now();
     let (a_to_b, b_from_a) = mpsc::channel(1);
@@ -305,8 +307,11 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
             "STILL VISIBLE (bug!)"
         }
     );
+    // `cargo run` puts no `ctxlog` on the PATH: show commands that work as printed.
     println!(
-        "\nTry it yourself:\n  ctxlog --store {uri} session --bot {BOT} --session ticket-1042\n  ctxlog --store {uri} conflicts"
+        "\nTry it yourself (from the repository; or `cargo install --path crates/ctxlog-cli` and use `ctxlog`):\n  \
+         cargo run --release -- --store {shown} session --bot {BOT} --session ticket-1042\n  \
+         cargo run --release -- --store {shown} conflicts"
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -22,9 +22,10 @@ struct Cli {
     #[arg(long, global = true, env = "CTXLOG_STORE")]
     store: Option<String>,
 
-    /// Deadline in seconds: for the whole operation, and for each storage call of `append`.
-    #[arg(long, global = true, default_value_t = 60.0)]
-    timeout: f64,
+    /// Deadline in seconds (0.001 to 86400): for the whole operation, and for each storage
+    /// call of `append`.
+    #[arg(long, global = true, default_value = "60", value_parser = parse_timeout)]
+    timeout: Duration,
 
     /// A storage option for object stores (repeatable), e.g. `region=eu-west-1`.
     #[arg(long = "storage-option", global = true, value_name = "KEY=VALUE", value_parser = parse_kv)]
@@ -41,9 +42,9 @@ enum Command {
         /// This process's writer identity (instance id, host name, ordinal).
         #[arg(long)]
         writer: String,
-        /// Records per batch.
-        #[arg(long, default_value_t = 100)]
-        batch: usize,
+        /// Records per batch (1 to 10000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
+        batch: u64,
     },
     /// Print the live record with this id, or exit 1.
     Get { id: String },
@@ -76,6 +77,29 @@ enum Command {
     Demo,
 }
 
+/// The largest `--batch`: the default limit of records per append.
+const MAX_BATCH: u64 = 10_000;
+
+/// A deadline in seconds, within what every backend can wait for.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let (min, max) = (StoreOptions::MIN_TIMEOUT, StoreOptions::MAX_TIMEOUT);
+    let range = || {
+        format!(
+            "the allowed range is {} to {} seconds",
+            min.as_secs_f64(),
+            max.as_secs_f64()
+        )
+    };
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds; {}", range()))?;
+    if !secs.is_finite() || secs < min.as_secs_f64() || secs > max.as_secs_f64() {
+        return Err(format!("{s} seconds is out of range; {}", range()));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -84,10 +108,6 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !(cli.timeout.is_finite() && cli.timeout > 0.0) {
-        eprintln!("error: --timeout must be a positive number of seconds");
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -102,7 +122,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> ExitCode {
-    let timeout = Duration::from_secs_f64(cli.timeout);
+    let timeout = cli.timeout;
     let options = |create: bool| StoreOptions {
         create_if_missing: create,
         timeout,
@@ -160,13 +180,18 @@ impl From<Error> for Failure {
 fn exit_code(e: &Error) -> u8 {
     match e {
         Error::NotFound { .. } => 1,
-        Error::InvalidInput { .. } | Error::UnknownScheme { .. } | Error::BackendNotCompiled { .. } => 2,
+        Error::InvalidInput { .. }
+        | Error::UnknownScheme { .. }
+        | Error::BackendNotCompiled { .. }
+        | Error::NotAStore { .. } => 2,
         Error::Fenced { .. } => 3,
         Error::Poisoned { .. }
         | Error::Closed { .. }
         | Error::Timeout { .. }
         | Error::Backend { .. }
-        | Error::Corrupt { .. } => 4,
+        | Error::Corrupt { .. }
+        | Error::AccessDenied { .. }
+        | Error::Unavailable { .. } => 4,
     }
 }
 
@@ -188,16 +213,20 @@ impl Failure {
     }
 }
 
-async fn append(uri: &str, options: StoreOptions, writer: &str, batch: usize) -> Result<ExitCode, Failure> {
-    if batch == 0 {
-        return Err(Error::invalid("batch", None, "must be at least 1").into());
-    }
+async fn append(uri: &str, options: StoreOptions, writer: &str, batch: u64) -> Result<ExitCode, Failure> {
+    let batch = usize::try_from(batch).unwrap_or(usize::MAX);
     let writer = WriterId::new(writer)?;
+    // The longest line a valid record can take: every byte of it escaped as `\u00XX`.
+    let max_line = options
+        .limits
+        .max_record_bytes
+        .saturating_mul(6)
+        .saturating_add(64 * 1024);
     let store = ctxlog::open(uri, options).await?;
     let mut shard = store.open_shard(&writer).await?;
     let mut written = 0u64;
     let mut pending: Vec<Record> = Vec::with_capacity(batch);
-    let mut lines = stdin_lines();
+    let mut lines = stdin_lines(max_line);
     let mut line_no = 0;
     let mut stdout = std::io::stdout();
     loop {
@@ -207,7 +236,7 @@ async fn append(uri: &str, options: StoreOptions, writer: &str, batch: usize) ->
             Some(Err(e)) => {
                 return Err(Failure::Input {
                     line: line_no + 1,
-                    error: Error::invalid("record", None, format!("cannot read stdin: {e}")),
+                    error: Error::invalid("record", None, e.to_string()),
                     written,
                 });
             }
@@ -227,6 +256,7 @@ async fn append(uri: &str, options: StoreOptions, writer: &str, batch: usize) ->
                 .options()
                 .limits
                 .validate(&record)
+                .map(|_size| ())
                 .map_err(|error| Failure::Input {
                     line: line_no,
                     error,
@@ -260,18 +290,64 @@ async fn append(uri: &str, options: StoreOptions, writer: &str, batch: usize) ->
     Ok(ExitCode::SUCCESS)
 }
 
+/// Why a line of stdin could not be read.
+#[derive(Debug, thiserror::Error)]
+enum LineError {
+    #[error("cannot read stdin: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the line is longer than {0} bytes, more than any valid record needs; it was not read whole")]
+    TooLong(usize),
+    #[error("the line is not UTF-8")]
+    NotUtf8,
+}
+
 /// Lines of stdin, read on a thread of their own so that a slow producer never blocks the
-/// runtime's workers (the storage engine's background tasks run there).
-fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
+/// runtime's workers (the storage engine's background tasks run there). A line longer than
+/// `max_line` bytes ends the stream with an error, without being read into memory whole.
+fn stdin_lines(max_line: usize) -> tokio::sync::mpsc::Receiver<Result<String, LineError>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            if tx.blocking_send(line).is_err() {
+        let mut input = std::io::stdin().lock();
+        loop {
+            let line = match read_line(&mut input, max_line) {
+                Ok(None) => break,
+                Ok(Some(bytes)) => String::from_utf8(bytes).map_err(|_| LineError::NotUtf8),
+                Err(e) => Err(e),
+            };
+            let stop = line.is_err();
+            if tx.blocking_send(line).is_err() || stop {
                 break;
             }
         }
     });
     rx
+}
+
+/// One line (without its newline), or `None` at the end of input.
+fn read_line(input: &mut impl BufRead, max_line: usize) -> Result<Option<Vec<u8>>, LineError> {
+    let mut line = Vec::new();
+    loop {
+        let available = input.fill_buf()?;
+        if available.is_empty() {
+            return Ok((!line.is_empty()).then_some(line));
+        }
+        let (chunk, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (&available[..i], Some(i + 1)),
+            None => (available, None),
+        };
+        if line.len() + chunk.len() > max_line {
+            return Err(LineError::TooLong(max_line));
+        }
+        line.extend_from_slice(chunk);
+        let used = done.unwrap_or(available.len());
+        input.consume(used);
+        if done.is_some() {
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Ok(Some(line));
+        }
+    }
 }
 
 async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result<ExitCode, Failure> {
@@ -349,4 +425,33 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
         Command::Append { .. } | Command::Demo => unreachable!("handled in run"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_longer_than_the_cap_are_refused_without_reading_them_whole() {
+        let input = format!("short\r\n{}\nnever read\n", "x".repeat(100));
+        let mut reader = std::io::BufReader::with_capacity(8, input.as_bytes());
+        assert_eq!(read_line(&mut reader, 50).unwrap(), Some(b"short".to_vec()));
+        assert!(matches!(read_line(&mut reader, 50), Err(LineError::TooLong(50))));
+        let mut exact = std::io::BufReader::with_capacity(8, "12345\n123456".as_bytes());
+        assert_eq!(read_line(&mut exact, 5).unwrap(), Some(b"12345".to_vec()));
+        assert!(matches!(read_line(&mut exact, 5), Err(LineError::TooLong(5))));
+        let mut last = std::io::BufReader::new("a\nb".as_bytes());
+        assert_eq!(read_line(&mut last, 5).unwrap(), Some(b"a".to_vec()));
+        assert_eq!(read_line(&mut last, 5).unwrap(), Some(b"b".to_vec()));
+        assert_eq!(read_line(&mut last, 5).unwrap(), None);
+    }
+
+    #[test]
+    fn timeouts_outside_the_range_are_refused_not_panicked_on() {
+        for bad in ["0", "-1", "1e20", "1e308", "inf", "NaN", "86400.5", "x", ""] {
+            assert!(parse_timeout(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_timeout("0.001").unwrap(), Duration::from_millis(1));
+        assert_eq!(parse_timeout("86400").unwrap(), Duration::from_secs(86400));
+    }
 }

@@ -188,3 +188,95 @@ async fn demo_runs_the_quickstart_on_a_fresh_store() {
     .await;
     assert_eq!(lines(&out).len(), 4);
 }
+
+/// An over-long input line is refused with exit 2 and its line number, without being read
+/// whole (the input below is longer than any valid record can be, and never ends).
+#[tokio::test]
+async fn an_over_long_line_is_refused_with_its_line_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxlog"))
+        .args(["--store", &store, "--timeout", "20", "append", "--writer", "w1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ctxlog");
+    let mut input = child.stdin.take().unwrap();
+    let feeder = tokio::spawn(async move {
+        let first = br#"{"id":"m1","bot_id":"b","session_id":"s","text":"fine"}"#;
+        input.write_all(first).await?;
+        input.write_all(b"\n{\"id\":\"m2\",\"text\":\"").await?;
+        let chunk = vec![b'x'; 1 << 20];
+        // Up to 1 GiB: far past the cap; the reader stops long before (broken pipe here).
+        for _ in 0..1024 {
+            input.write_all(&chunk).await?;
+        }
+        std::io::Result::Ok(())
+    });
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+        .await
+        .expect("ctxlog hung on an over-long line")
+        .unwrap();
+    let _ = feeder.await;
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert!(stderr.contains("longer than"), "{stderr}");
+}
+
+/// Options out of range are usage errors (exit 2) naming the range, never a panic.
+#[tokio::test]
+async fn out_of_range_options_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    for args in [
+        vec!["--timeout", "1e20", "stats"],
+        vec!["--timeout", "0", "stats"],
+        vec!["--timeout", "NaN", "stats"],
+        vec!["--timeout", "-5", "stats"],
+        vec!["append", "--writer", "w", "--batch", "0"],
+        vec!["append", "--writer", "w", "--batch", "18446744073709551615"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ctxlog"))
+            .args(["--store", &store])
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn ctxlog");
+        let _ = child.stdin.take();
+        let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
+            .await
+            .expect("hung")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// A file that is not a ctxlog store: exit 2, the path named, the file untouched.
+#[tokio::test]
+async fn a_foreign_file_is_refused_and_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.db");
+    {
+        let store = format!("sqlite:{}", path.display());
+        let out = ctxlog(&store, &["stats"], "").await;
+        assert_eq!(out.status.code(), Some(1), "a missing store is not found");
+    }
+    std::fs::write(&path, b"SQLite format 3\0 but then garbage, not a database").unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let store = format!("sqlite:{}", path.display());
+    for args in [vec!["stats"], vec!["conflicts"], vec!["append", "--writer", "w1"]] {
+        let out = ctxlog(&store, &args, r#"{"id":"m1","bot_id":"b","session_id":"s","text":"x"}"#).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("other.db"), "{args:?} names the file: {stderr}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}

@@ -162,6 +162,14 @@ impl HistoryChecker {
             return;
         }
         self.positions.entry(e.shard).or_default().push((e.seq, e.epoch));
+        if e.hlc.millis() > Hlc::PLAUSIBLE_MILLIS {
+            self.corrupt.push(Conflict::ImplausibleHlc {
+                shard: e.shard,
+                seq: e.seq,
+                epoch: e.epoch,
+                hlc: e.hlc,
+            });
+        }
         let actual = ContentHash::of(&e.record);
         if actual != e.content_hash {
             self.corrupt.push(Conflict::Corrupt {
@@ -287,11 +295,13 @@ mod tests {
                         record.body = Body::Bytes(vec![text; 3]);
                         content_hash = record.content_hash();
                     }
+                    // A damaged clock: far past the plausible horizon, still ordered.
+                    let hlc = if op == 3 { Hlc(u64::MAX - hlc) } else { Hlc(hlc) };
                     Entry {
                         shard,
                         seq,
                         epoch,
-                        hlc: Hlc(hlc),
+                        hlc,
                         record,
                         content_hash,
                     }

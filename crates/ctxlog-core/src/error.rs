@@ -42,11 +42,12 @@ pub enum Error {
         reason: String,
     },
 
-    /// The URI names a scheme no backend understands.
+    /// The URI names a scheme no backend understands. `uri` is redacted (no query string,
+    /// no credentials): errors are printed.
     #[error("unknown store URI scheme `{scheme}` in `{uri}`; nothing was written")]
     UnknownScheme { uri: String, scheme: String },
 
-    /// The URI names a backend this build does not include.
+    /// The URI names a backend this build does not include. `uri` is redacted.
     #[error(
         "store `{uri}` needs the {backend} backend, which is not compiled in: enable cargo feature `{feature}`; nothing was written"
     )]
@@ -55,6 +56,12 @@ pub enum Error {
         backend: &'static str,
         feature: &'static str,
     },
+
+    /// The location holds something that is not a ctxlog store this build can open (another
+    /// SQLite database, another Lance dataset, a foreign file, a newer store format). It was
+    /// left exactly as it was.
+    #[error("{location} is not a ctxlog store this build can open: {reason}; nothing was written")]
+    NotAStore { location: String, reason: String },
 
     /// A newer `open_shard` of the same writer claimed the shard (rule 3).
     #[error("shard {shard} (writer `{writer}`) is fenced: epoch {epoch} was superseded{}; {written}", newer(*.current))]
@@ -103,6 +110,43 @@ pub enum Error {
     /// Stored data is not what ctxlog wrote (or can read).
     #[error("corrupt store{}: {what}", on_shard(*.shard))]
     Corrupt { shard: Option<ShardId>, what: String },
+
+    /// The storage refused this process access (credentials, permissions).
+    #[error("{op}: access denied{}: {what}; {written}", on_shard(*.shard))]
+    AccessDenied {
+        op: &'static str,
+        shard: Option<ShardId>,
+        what: String,
+        written: Written,
+    },
+
+    /// The storage service throttled the request or could not be reached.
+    #[error("{op}: the storage service {reason}{}: {what}; {written}", on_shard(*.shard))]
+    Unavailable {
+        op: &'static str,
+        shard: Option<ShardId>,
+        reason: Unavailability,
+        what: String,
+        written: Written,
+    },
+}
+
+/// Why a storage service did not serve a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unavailability {
+    /// It answered "slow down" / "service unavailable" (HTTP 429, 503) until retries ran out.
+    Throttled,
+    /// It could not be reached (connection refused, name not resolved, connection reset).
+    Unreachable,
+}
+
+impl std::fmt::Display for Unavailability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unavailability::Throttled => "is throttling requests",
+            Unavailability::Unreachable => "cannot be reached",
+        })
+    }
 }
 
 fn at(index: Option<usize>) -> String {
@@ -145,10 +189,15 @@ impl Error {
     /// Whether anything may have been written (rule 4).
     pub fn written(&self) -> Written {
         match self {
-            Error::Fenced { written, .. } | Error::Timeout { written, .. } | Error::Backend { written, .. } => *written,
+            Error::Fenced { written, .. }
+            | Error::Timeout { written, .. }
+            | Error::Backend { written, .. }
+            | Error::AccessDenied { written, .. }
+            | Error::Unavailable { written, .. } => *written,
             Error::InvalidInput { .. }
             | Error::UnknownScheme { .. }
             | Error::BackendNotCompiled { .. }
+            | Error::NotAStore { .. }
             | Error::Poisoned { .. }
             | Error::Closed { .. }
             | Error::NotFound { .. }
@@ -167,46 +216,6 @@ impl Error {
             self,
             Error::InvalidInput { .. } | Error::UnknownScheme { .. } | Error::BackendNotCompiled { .. }
         )
-    }
-
-    /// The same error with `written` turned indeterminate (used when a failure strikes
-    /// after the write may have reached storage).
-    pub fn indeterminate(self) -> Self {
-        match self {
-            Error::Fenced {
-                shard,
-                writer,
-                epoch,
-                current,
-                ..
-            } => Error::Fenced {
-                shard,
-                writer,
-                epoch,
-                current,
-                written: Written::Unknown,
-            },
-            Error::Timeout { op, after, shard, .. } => Error::Timeout {
-                op,
-                after,
-                shard,
-                written: Written::Unknown,
-            },
-            Error::Backend {
-                backend,
-                op,
-                shard,
-                source,
-                ..
-            } => Error::Backend {
-                backend,
-                op,
-                shard,
-                written: Written::Unknown,
-                source,
-            },
-            other => other,
-        }
     }
 }
 

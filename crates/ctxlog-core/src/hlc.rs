@@ -7,7 +7,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
+
 const LOGICAL_BITS: u32 = 16;
+/// The largest physical part an HLC can carry (48 bits).
+const MAX_MILLIS: u64 = (1 << (64 - LOGICAL_BITS)) - 1;
 
 /// A hybrid logical clock value. Ordered as a plain integer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -17,8 +21,20 @@ pub struct Hlc(pub u64);
 impl Hlc {
     pub const ZERO: Hlc = Hlc(0);
 
+    /// The last millisecond of physical time an HLC may plausibly carry: 2200-01-01T00:00Z.
+    /// An entry past it was stamped by a broken clock or damaged; the history checker
+    /// reports it (`implausible_hlc`). A fixed horizon, not "now", so that the check is a
+    /// pure function of the entries (rule 9).
+    pub const PLAUSIBLE_MILLIS: u64 = 7_258_118_400_000;
+
+    /// How far ahead of this machine's physical clock a value may be for a writer to
+    /// [`HlcClock::observe`] it: one day. Clocks of healthy servers differ by milliseconds;
+    /// a value further ahead would drag every writer that reads it into its future.
+    pub const MAX_OBSERVE_AHEAD_MILLIS: u64 = 24 * 3600 * 1000;
+
+    /// `millis` past 48 bits saturates at the largest representable millisecond.
     pub fn from_parts(millis: u64, logical: u16) -> Self {
-        Hlc((millis << LOGICAL_BITS) | u64::from(logical))
+        Hlc((millis.min(MAX_MILLIS) << LOGICAL_BITS) | u64::from(logical))
     }
 
     pub fn millis(self) -> u64 {
@@ -67,10 +83,6 @@ impl SkewedClock {
             offset_millis: AtomicI64::new(offset_millis),
         })
     }
-
-    pub fn set_offset(&self, offset_millis: i64) {
-        self.offset_millis.store(offset_millis, Ordering::Relaxed);
-    }
 }
 
 impl PhysicalClock for SkewedClock {
@@ -118,22 +130,51 @@ impl HlcClock {
         HlcClock { last, physical }
     }
 
-    /// The next timestamp: greater than every earlier tick and every observed value.
-    pub fn tick(&mut self) -> Hlc {
-        let physical = Hlc::from_parts(self.physical.now_millis(), 0);
+    /// The next timestamp: greater than every earlier tick and every observed value. Fails
+    /// (and stays where it is) only when the clock has no larger value left, which only a
+    /// damaged store can bring about.
+    pub fn tick(&mut self) -> Result<Hlc> {
+        let physical = Hlc::from_parts(self.physical.now_millis().min(MAX_MILLIS), 0);
         let next = if physical > self.last {
             physical
         } else {
-            Hlc(self.last.0 + 1)
+            Hlc(self.last.0.checked_add(1).ok_or_else(|| Error::Corrupt {
+                shard: None,
+                what: format!(
+                    "the writer's clock is at {} and has no larger value left: the shard holds a damaged HLC",
+                    self.last
+                ),
+            })?)
         };
         self.last = next;
-        next
+        Ok(next)
     }
 
-    /// Move past a value read from the log, so that the next tick orders after it.
-    pub fn observe(&mut self, seen: Hlc) {
-        if seen > self.last {
-            self.last = seen;
+    /// Move past a value read from the log, so that the next tick orders after it (rule 8).
+    /// A value more than [`Hlc::MAX_OBSERVE_AHEAD_MILLIS`] ahead of the physical clock is
+    /// refused (the clock does not move): one damaged entry must not drag every writer that
+    /// reads it into the far future. The history checker reports such entries.
+    pub fn observe(&mut self, seen: Hlc) -> Result<()> {
+        let limit = self.physical.now_millis().saturating_add(Hlc::MAX_OBSERVE_AHEAD_MILLIS);
+        if seen.millis() > limit {
+            return Err(Error::invalid(
+                "hlc",
+                None,
+                format!(
+                    "{seen} is more than a day ahead of this machine's clock ({} ms): not observed",
+                    self.physical.now_millis()
+                ),
+            ));
+        }
+        self.resume_after(seen);
+        Ok(())
+    }
+
+    /// Move past `hlc` unconditionally: for the writer's own shard's highest stored value,
+    /// which its next entries must follow whatever it is (rule 8 across reopen).
+    pub fn resume_after(&mut self, hlc: Hlc) {
+        if hlc > self.last {
+            self.last = hlc;
         }
     }
 
@@ -157,8 +198,8 @@ mod tests {
     #[test]
     fn ticks_strictly_increase_when_physical_time_stands_still() {
         let mut c = HlcClock::new(Arc::new(Fixed(1000)), Hlc::ZERO);
-        let a = c.tick();
-        let b = c.tick();
+        let a = c.tick().unwrap();
+        let b = c.tick().unwrap();
         assert_eq!(a, Hlc::from_parts(1000, 0));
         assert_eq!(b, Hlc::from_parts(1000, 1));
     }
@@ -166,23 +207,49 @@ mod tests {
     #[test]
     fn never_goes_backwards_when_physical_time_does() {
         let mut c = HlcClock::new(Arc::new(Fixed(10)), Hlc::from_parts(5000, 7));
-        assert_eq!(c.tick(), Hlc::from_parts(5000, 8));
+        assert_eq!(c.tick().unwrap(), Hlc::from_parts(5000, 8));
     }
 
     #[test]
     fn observe_moves_past_what_was_read() {
         let mut c = HlcClock::new(Arc::new(Fixed(10)), Hlc::ZERO);
-        c.observe(Hlc::from_parts(99_999, 3));
-        assert!(c.tick() > Hlc::from_parts(99_999, 3));
+        c.observe(Hlc::from_parts(99_999, 3)).unwrap();
+        assert!(c.tick().unwrap() > Hlc::from_parts(99_999, 3));
         // observing something older changes nothing
         let before = c.last();
-        c.observe(Hlc::from_parts(1, 0));
+        c.observe(Hlc::from_parts(1, 0)).unwrap();
         assert_eq!(c.last(), before);
     }
 
     #[test]
     fn physical_time_wins_when_ahead() {
         let mut c = HlcClock::new(Arc::new(Fixed(2000)), Hlc::from_parts(1000, 9));
-        assert_eq!(c.tick(), Hlc::from_parts(2000, 0));
+        assert_eq!(c.tick().unwrap(), Hlc::from_parts(2000, 0));
+    }
+
+    #[test]
+    fn refuses_to_observe_values_far_ahead_of_physical_time() {
+        let now = 1_780_000_000_000;
+        let mut c = HlcClock::new(Arc::new(Fixed(now)), Hlc::ZERO);
+        let day = Hlc::MAX_OBSERVE_AHEAD_MILLIS;
+        c.observe(Hlc::from_parts(now + day, 5)).unwrap();
+        assert_eq!(c.last(), Hlc::from_parts(now + day, 5));
+        let err = c.observe(Hlc::from_parts(now + day + 1, 0)).unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { field: "hlc", .. }), "{err}");
+        let err = c.observe(Hlc(u64::MAX)).unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { field: "hlc", .. }), "{err}");
+        assert_eq!(c.last(), Hlc::from_parts(now + day, 5), "a refused value moves nothing");
+    }
+
+    #[test]
+    fn a_clock_at_its_maximum_fails_instead_of_wrapping() {
+        let mut c = HlcClock::new(Arc::new(Fixed(10)), Hlc(u64::MAX - 1));
+        assert_eq!(c.tick().unwrap(), Hlc(u64::MAX));
+        let err = c.tick().unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert_eq!(c.last(), Hlc(u64::MAX), "never goes backwards");
+        // Physical time beyond 48 bits saturates rather than overflowing the shift.
+        let mut far = HlcClock::new(Arc::new(Fixed(u64::MAX)), Hlc::ZERO);
+        assert_eq!(far.tick().unwrap().millis(), MAX_MILLIS);
     }
 }

@@ -9,11 +9,12 @@ pub mod hlc;
 pub mod index;
 pub mod model;
 pub mod projection;
+pub mod redact;
 pub mod traits;
 pub mod types;
 pub mod validate;
 
-pub use error::{Error, Result, Written, with_deadline};
+pub use error::{Error, Result, Unavailability, Written, with_deadline};
 pub use hash::ContentHash;
 pub use hlc::{Hlc, HlcClock, ManualClock, PhysicalClock, SkewedClock, SystemClock};
 pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats};

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::hash::ContentHash;
+use crate::hlc::Hlc;
 use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats, canonical_conflicts};
 use crate::types::{Entry, Kind, ShardId};
 
@@ -202,6 +203,17 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
             }
             expected = s + 1;
         }
+        // Implausible clock: an HLC past the fixed horizon.
+        for e in &entries {
+            if e.hlc.millis() > Hlc::PLAUSIBLE_MILLIS {
+                out.push(Conflict::ImplausibleHlc {
+                    shard,
+                    seq: e.seq,
+                    epoch: e.epoch,
+                    hlc: e.hlc,
+                });
+            }
+        }
         // Corrupt: the stored hash is not the hash of the stored content.
         for e in &entries {
             let actual = ContentHash::of(&e.record);
@@ -223,7 +235,6 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hlc::Hlc;
     use crate::projection::ConflictKind;
     use crate::types::{Record, WriterId};
 

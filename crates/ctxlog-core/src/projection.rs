@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::canonical::to_canonical_json;
 use crate::hash::ContentHash;
+use crate::hlc::Hlc;
 use crate::types::{Checkpoint, Epoch, OrderKey, Seq, ShardId};
 
 /// The kinds of [`Conflict`], as printed by `ctxlog conflicts`.
@@ -16,6 +17,7 @@ pub enum ConflictKind {
     StaleEpoch,
     SeqGap,
     Corrupt,
+    ImplausibleHlc,
 }
 
 impl ConflictKind {
@@ -26,6 +28,7 @@ impl ConflictKind {
             ConflictKind::StaleEpoch => "stale_epoch",
             ConflictKind::SeqGap => "seq_gap",
             ConflictKind::Corrupt => "corrupt",
+            ConflictKind::ImplausibleHlc => "implausible_hlc",
         }
     }
 }
@@ -72,6 +75,14 @@ pub enum Conflict {
         stored_hash: ContentHash,
         actual_hash: ContentHash,
     },
+    /// An entry whose HLC lies past [`Hlc::PLAUSIBLE_MILLIS`]: stamped by a broken clock, or
+    /// damaged. Writers refuse to observe such values; its order is kept as stored.
+    ImplausibleHlc {
+        shard: ShardId,
+        seq: Seq,
+        epoch: Epoch,
+        hlc: Hlc,
+    },
 }
 
 impl Conflict {
@@ -82,6 +93,7 @@ impl Conflict {
             Conflict::StaleEpoch { .. } => ConflictKind::StaleEpoch,
             Conflict::SeqGap { .. } => ConflictKind::SeqGap,
             Conflict::Corrupt { .. } => ConflictKind::Corrupt,
+            Conflict::ImplausibleHlc { .. } => ConflictKind::ImplausibleHlc,
         }
     }
 
@@ -94,9 +106,9 @@ impl Conflict {
             Conflict::WriteAfterDelete { tombstone, entry, .. } => {
                 checkpoint.is_after(tombstone.shard, tombstone.seq) || checkpoint.is_after(entry.shard, entry.seq)
             }
-            Conflict::StaleEpoch { shard, seq, .. } | Conflict::Corrupt { shard, seq, .. } => {
-                checkpoint.is_after(*shard, *seq)
-            }
+            Conflict::StaleEpoch { shard, seq, .. }
+            | Conflict::Corrupt { shard, seq, .. }
+            | Conflict::ImplausibleHlc { shard, seq, .. } => checkpoint.is_after(*shard, *seq),
             // The gap shows when the entry after it arrives.
             Conflict::SeqGap { shard, missing_to, .. } => checkpoint.is_after(*shard, missing_to + 1),
         }

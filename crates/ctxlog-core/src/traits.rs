@@ -13,7 +13,7 @@ use crate::types::{AppendAck, Checkpoint, Entry, Epoch, Record, SessionSummary, 
 use crate::validate::Limits;
 
 /// How a store is opened. Every field has a sensible default.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct StoreOptions {
     /// Create the store when it does not exist (safe when many processes race, rule 12).
     pub create_if_missing: bool,
@@ -24,6 +24,44 @@ pub struct StoreOptions {
     pub clock: Arc<dyn PhysicalClock>,
     /// Backend-specific settings (object-store credentials, endpoints, ...).
     pub storage_options: Vec<(String, String)>,
+}
+
+/// Storage option values are credentials more often than not: never print them.
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&str> = self.storage_options.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("StoreOptions")
+            .field("create_if_missing", &self.create_if_missing)
+            .field("timeout", &self.timeout)
+            .field("limits", &self.limits)
+            .field("clock", &self.clock)
+            .field("storage_options (values redacted)", &keys)
+            .finish()
+    }
+}
+
+impl StoreOptions {
+    /// The longest deadline an operation may have: one day.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+    /// The shortest: one millisecond.
+    pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+    /// Check the options before a store is opened with them.
+    pub fn validate(&self) -> Result<()> {
+        if !(Self::MIN_TIMEOUT..=Self::MAX_TIMEOUT).contains(&self.timeout) {
+            return Err(crate::Error::invalid(
+                "timeout",
+                None,
+                format!(
+                    "{:?} is outside the allowed range {:?} to {:?}",
+                    self.timeout,
+                    Self::MIN_TIMEOUT,
+                    Self::MAX_TIMEOUT
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for StoreOptions {
@@ -120,8 +158,9 @@ pub trait Shard: Send + Sync {
     fn epoch(&self) -> Epoch;
 
     /// Move this writer's clock past `hlc` (something it has read), so that its next
-    /// entries order after it (rule 8).
-    fn observe(&mut self, hlc: Hlc);
+    /// entries order after it (rule 8). A value more than a day ahead of this machine's clock
+    /// is refused with `InvalidInput { field: "hlc" }` and moves nothing.
+    fn observe(&mut self, hlc: Hlc) -> Result<()>;
 
     /// Append a batch, atomically and durably: Ok means every entry survives a crash
     /// (rules 1, 2). Validates the whole batch before writing (rule 11).

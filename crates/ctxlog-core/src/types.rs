@@ -248,11 +248,6 @@ impl Checkpoint {
     pub fn is_after(&self, shard: ShardId, seq: Seq) -> bool {
         seq > self.get(shard)
     }
-
-    /// Total entries covered, assuming dense seqs.
-    pub fn total(&self) -> u64 {
-        self.0.values().sum()
-    }
 }
 
 /// What a store knows about one shard.

@@ -7,14 +7,24 @@ use crate::error::{Error, Result};
 use crate::types::Record;
 
 /// Configurable input limits.
+///
+/// The defaults keep every stored column of every backend far from its limits: Lance keeps
+/// ids, metadata and other short strings in columns with 32-bit offsets (2 GiB per batch),
+/// and a batch is bounded to 64 MiB in all.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
-    /// Longest record id, bot id and session id, in bytes.
+    /// Longest record id, bot id, session id, role and content type, in bytes.
     pub max_id_bytes: usize,
     /// Largest body, in bytes.
     pub max_body_bytes: usize,
+    /// Largest metadata, in bytes of its canonical JSON.
+    pub max_metadata_bytes: usize,
+    /// Largest record: every id, the body and the metadata together, in bytes.
+    pub max_record_bytes: usize,
     /// Most records in one append.
     pub max_batch_records: usize,
+    /// Largest append: the bytes of all its records together.
+    pub max_batch_bytes: usize,
 }
 
 impl Default for Limits {
@@ -22,12 +32,17 @@ impl Default for Limits {
         Limits {
             max_id_bytes: 512,
             max_body_bytes: 16 * 1024 * 1024,
+            max_metadata_bytes: 1024 * 1024,
+            max_record_bytes: 18 * 1024 * 1024,
             max_batch_records: 10_000,
+            max_batch_bytes: 64 * 1024 * 1024,
         }
     }
 }
 
 impl Limits {
+    /// Check a whole batch before anything of it is written (rule 11): every record, then the
+    /// batch's count and total size. The error names the field and the record.
     pub fn validate_batch(&self, records: &[Record]) -> Result<()> {
         if records.is_empty() {
             return Err(Error::invalid("records", None, "an append needs at least one record"));
@@ -43,8 +58,9 @@ impl Limits {
                 ),
             ));
         }
+        let mut total = 0usize;
         for (i, r) in records.iter().enumerate() {
-            self.validate(r).map_err(|e| match e {
+            let size = self.validate(r).map_err(|e| match e {
                 Error::InvalidInput { field, reason, .. } => Error::InvalidInput {
                     field,
                     index: Some(i),
@@ -52,11 +68,23 @@ impl Limits {
                 },
                 other => other,
             })?;
+            total = total.saturating_add(size);
+            if total > self.max_batch_bytes {
+                return Err(Error::invalid(
+                    "records",
+                    Some(i),
+                    format!(
+                        "the batch reaches {total} bytes at this record, the limit is {} bytes per append",
+                        self.max_batch_bytes
+                    ),
+                ));
+            }
         }
         Ok(())
     }
 
-    pub fn validate(&self, r: &Record) -> Result<()> {
+    /// Check one record; returns its size in bytes (ids, body and metadata).
+    pub fn validate(&self, r: &Record) -> Result<usize> {
         self.check_id("id", &r.id)?;
         self.check_id("bot_id", &r.bot_id)?;
         self.check_id("session_id", &r.session_id)?;
@@ -66,14 +94,26 @@ impl Limits {
         if r.content_type.len() > self.max_id_bytes {
             return Err(too_long("content_type", r.content_type.len(), self.max_id_bytes));
         }
-        if let Some(m) = &r.metadata
-            && !m.is_object()
-        {
-            return Err(Error::invalid(
-                "metadata",
-                None,
-                format!("must be a JSON object, got {}", json_kind(m)),
-            ));
+        let mut metadata_bytes = 0;
+        if let Some(m) = &r.metadata {
+            if !m.is_object() {
+                return Err(Error::invalid(
+                    "metadata",
+                    None,
+                    format!("must be a JSON object, got {}", json_kind(m)),
+                ));
+            }
+            metadata_bytes = json_len(m, self.max_metadata_bytes);
+            if metadata_bytes > self.max_metadata_bytes {
+                return Err(Error::invalid(
+                    "metadata",
+                    None,
+                    format!(
+                        "is more than {} bytes as JSON, the limit is {}",
+                        self.max_metadata_bytes, self.max_metadata_bytes
+                    ),
+                ));
+            }
         }
         if r.body.len() > self.max_body_bytes {
             return Err(too_long("body", r.body.len(), self.max_body_bytes));
@@ -88,7 +128,23 @@ impl Limits {
                 format!("{t} is outside the storable range (years 1677 to 2262)"),
             ));
         }
-        Ok(())
+        let size = [&r.id, &r.bot_id, &r.session_id, &r.role, &r.content_type]
+            .iter()
+            .map(|s| s.len())
+            .sum::<usize>()
+            + r.body.len()
+            + metadata_bytes;
+        if size > self.max_record_bytes {
+            return Err(Error::invalid(
+                "record",
+                None,
+                format!(
+                    "is {size} bytes (ids, body and metadata), the limit is {}",
+                    self.max_record_bytes
+                ),
+            ));
+        }
+        Ok(size)
     }
 
     fn check_id(&self, field: &'static str, v: &str) -> Result<()> {
@@ -100,6 +156,32 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// The length of `v` as compact JSON (the canonical form has the same length: only its key
+/// order differs), counted without building the string; serialising stops at the first
+/// write past `cap`.
+fn json_len(v: &serde_json::Value, cap: usize) -> usize {
+    struct Count {
+        n: usize,
+        cap: usize,
+    }
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.n += buf.len();
+            if self.n > self.cap {
+                // Stop serialising: the answer is "too long" whatever follows.
+                return Err(std::io::Error::other("over the cap"));
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count { n: 0, cap };
+    let _ = serde_json::to_writer(&mut count, v);
+    count.n
 }
 
 fn too_long(field: &'static str, len: usize, limit: usize) -> Error {
@@ -163,5 +245,51 @@ mod tests {
         r.created_at = chrono::DateTime::from_timestamp(-20_000_000_000, 0);
         assert_eq!(field_of(l.validate(&r).unwrap_err()).0, "created_at");
         l.validate(&ok).unwrap();
+    }
+
+    #[test]
+    fn metadata_record_and_batch_sizes_are_bounded() {
+        let l = Limits {
+            max_metadata_bytes: 32,
+            max_record_bytes: 64,
+            max_batch_bytes: 100,
+            ..Limits::default()
+        };
+        let mut r = Record::text("a", "b", "s", "user", "x");
+        // {"k":"vvvvvvvvvvvvvvvvvvvvvvvvv"} is 33 bytes: one over.
+        r.metadata = Some(serde_json::json!({"k": "v".repeat(25)}));
+        assert_eq!(field_of(l.validate(&r).unwrap_err()).0, "metadata");
+        r.metadata = Some(serde_json::json!({"k": "v".repeat(24)}));
+        assert_eq!(l.validate(&r).unwrap(), 1 + 1 + 1 + 4 + 10 + 1 + 32);
+
+        let mut big = Record::text("a", "b", "s", "user", "x".repeat(50));
+        assert_eq!(field_of(l.validate(&big).unwrap_err()).0, "record");
+        big.body = Body::Text("x".repeat(47));
+        assert_eq!(l.validate(&big).unwrap(), 64);
+
+        // Two records of 64 bytes: the second pushes the batch over 100.
+        let err = l.validate_batch(&[big.clone(), big.clone()]).unwrap_err();
+        assert_eq!(field_of(err), ("records", Some(1)));
+        l.validate_batch(std::slice::from_ref(&big)).unwrap();
+
+        let many = vec![Record::text("a", "b", "s", "r", ""); 3];
+        let few = Limits {
+            max_batch_records: 2,
+            ..Limits::default()
+        };
+        assert_eq!(field_of(few.validate_batch(&many).unwrap_err()).0, "records");
+        few.validate_batch(&many[..2]).unwrap();
+    }
+
+    #[test]
+    fn metadata_length_stops_counting_past_the_cap() {
+        // Many values: serialising stops at the first write past the cap.
+        let many = serde_json::Value::Object((0..10_000).map(|i| (format!("k{i}"), serde_json::json!(i))).collect());
+        let n = json_len(&many, 100);
+        assert!(n > 100 && n < 1000, "{n}");
+        assert_eq!(
+            json_len(&serde_json::json!({"a": [1, 2]}), 1000),
+            r#"{"a":[1,2]}"#.len()
+        );
     }
 }

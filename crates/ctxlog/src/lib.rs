@@ -18,10 +18,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ctxlog_core::redact::redact_uri;
+
 pub use ctxlog_core::*;
 
 /// Which backend a URI names, and where.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Location {
     Sqlite(PathBuf),
     /// A Lance dataset URI (local path, `file://`, `memory://`, or an object store) and the
@@ -30,6 +32,23 @@ pub enum Location {
         uri: String,
         storage_options: Vec<(String, String)>,
     },
+}
+
+/// Storage option values (credentials) are never printed.
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Sqlite(p) => f.debug_tuple("Sqlite").field(p).finish(),
+            Location::Lance { uri, storage_options } => f
+                .debug_struct("Lance")
+                .field("uri", &ctxlog_core::redact::redact_uri(uri))
+                .field(
+                    "storage_options (values redacted)",
+                    &storage_options.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+                )
+                .finish(),
+        }
+    }
 }
 
 impl Location {
@@ -62,14 +81,16 @@ impl Location {
             return match scheme {
                 "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "memory" | "shared-memory" => Ok(lance_location(uri)),
                 "file" => {
+                    // The query (storage options) is not part of the path.
                     let path = uri.trim_start_matches("file://");
+                    let path = path.split(['?', '#']).next().unwrap_or(path);
                     Location::parse(path).map(|l| match l {
                         Location::Lance { .. } => lance_location(uri),
                         other => other,
                     })
                 }
                 _ => Err(Error::UnknownScheme {
-                    uri: uri.to_string(),
+                    uri: redact_uri(uri),
                     scheme: scheme.to_string(),
                 }),
             };
@@ -85,7 +106,8 @@ impl Location {
                     None,
                     format!(
                         "cannot tell the backend of `{uri}`: name a file `*.db` or a directory `*.lance`, \
-                         or write `sqlite:{uri}` or `lance:{uri}`"
+                         or write `sqlite:{uri}` or `lance:{uri}`",
+                        uri = redact_uri(uri)
                     ),
                 )
             }),
@@ -105,22 +127,34 @@ fn lance_location(uri: &str) -> Location {
 }
 
 /// An existing store without a telling name: a SQLite file starts with its magic string,
-/// a Lance dataset is a directory with `_versions`.
+/// a Lance dataset is a directory with `_versions`. Links are not followed, and nothing but
+/// a regular file is ever opened (a FIFO would block the reader).
 fn sniff(path: &std::path::Path) -> Option<Location> {
-    if path.is_dir() {
-        return path
-            .join("_versions")
-            .is_dir()
-            .then(|| lance_location(&path.to_string_lossy()));
+    Location::detect(path)
+}
+
+impl Location {
+    /// The store at `path` on the local disk, told by its contents rather than its name;
+    /// `None` for anything else (including a symbolic link, a FIFO or a device).
+    pub fn detect(path: &std::path::Path) -> Option<Location> {
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        if meta.is_dir() {
+            let versions = std::fs::symlink_metadata(path.join("_versions")).ok()?;
+            return versions.is_dir().then(|| lance_location(&path.to_string_lossy()));
+        }
+        if !meta.is_file() {
+            return None;
+        }
+        let mut magic = [0u8; 16];
+        let mut f = std::fs::File::open(path).ok()?;
+        std::io::Read::read_exact(&mut f, &mut magic).ok()?;
+        (&magic == b"SQLite format 3\0").then(|| Location::Sqlite(path.to_path_buf()))
     }
-    let mut magic = [0u8; 16];
-    let mut f = std::fs::File::open(path).ok()?;
-    std::io::Read::read_exact(&mut f, &mut magic).ok()?;
-    (&magic == b"SQLite format 3\0").then(|| Location::Sqlite(path.to_path_buf()))
 }
 
 /// Open (or create, per `options.create_if_missing`) the store at `uri`.
 pub async fn open(uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    options.validate()?;
     open_location(Location::parse(uri)?, uri, options).await
 }
 
@@ -131,15 +165,16 @@ pub fn check_compiled(location: &Location, uri: &str, compiled: &[&str]) -> Resu
         Ok(())
     } else {
         Err(Error::BackendNotCompiled {
-            uri: uri.to_string(),
+            uri: redact_uri(uri),
             backend,
             feature: backend,
         })
     }
 }
 
-/// Open a parsed [`Location`]; `uri` is only used in error messages.
+/// Open a parsed [`Location`]; `uri` is only used (redacted) in error messages.
 pub async fn open_location(location: Location, uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    options.validate()?;
     check_compiled(&location, uri, &compiled_backends())?;
     match location {
         Location::Sqlite(path) => open_sqlite(path, uri, options).await,
@@ -230,6 +265,23 @@ mod tests {
             Location::parse(""),
             Err(Error::InvalidInput { field: "uri", .. })
         ));
+    }
+
+    #[test]
+    fn errors_and_debug_output_never_show_storage_options() {
+        let uri = "s3://bucket/log.lance?aws_secret_access_key=SECRET&region=eu";
+        let loc = Location::parse(uri).unwrap();
+        let err = check_compiled(&loc, uri, &["sqlite"]).unwrap_err();
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+        assert!(!format!("{err:?}").contains("SECRET"), "{err:?}");
+        assert!(!format!("{loc:?}").contains("SECRET"), "{loc:?}");
+        let err = Location::parse("ftp://user:SECRET@host/x?token=SECRET").unwrap_err();
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+        let options = StoreOptions {
+            storage_options: vec![("aws_secret_access_key".into(), "SECRET".into())],
+            ..StoreOptions::default()
+        };
+        assert!(!format!("{options:?}").contains("SECRET"));
     }
 
     #[test]

@@ -1,0 +1,302 @@
+//! What only the SQLite backend can get wrong: files that are not stores, readers that must
+//! not write, compaction beside live writers and readers, damaged stored values, and copies
+//! of a live store. Each test has its own directory and deadlines.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctxlog_core::{CompactOptions, Error, Record, Store, StoreOptions, WriterId};
+use ctxlog_sqlite::SqliteStore;
+use rusqlite::Connection;
+
+fn options(timeout: Duration) -> StoreOptions {
+    StoreOptions {
+        timeout,
+        ..StoreOptions::default()
+    }
+}
+
+fn reading() -> StoreOptions {
+    StoreOptions {
+        create_if_missing: false,
+        ..options(Duration::from_secs(10))
+    }
+}
+
+fn recs(prefix: &str, n: usize) -> Vec<Record> {
+    (0..n)
+        .map(|i| Record::text(format!("{prefix}-{i}"), "bot", "s", "user", format!("message {i}")))
+        .collect()
+}
+
+fn w(name: &str) -> WriterId {
+    WriterId::new(name).unwrap()
+}
+
+/// Every file in `dir` with its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+/// A store with `n` entries, every handle closed.
+async fn store_with_entries(path: &Path, n: usize) {
+    let store = SqliteStore::open(path, options(Duration::from_secs(10))).await.unwrap();
+    let mut shard = store.open_shard(&w("writer")).await.unwrap();
+    for chunk in recs("e", n).chunks(500) {
+        shard.append(chunk.to_vec()).await.unwrap();
+    }
+    shard.close().await.unwrap();
+}
+
+/// A reader in the middle of a long scan, and `compact` meanwhile: a writer with a short
+/// deadline keeps appending, every append succeeds, and `compact` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compact_never_stalls_writers_beside_a_long_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    store_with_entries(&path, 2000).await;
+
+    // A reader holding one read transaction, as a long scan does.
+    let reader = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2000);
+
+    let store = Arc::new(
+        SqliteStore::open(&path, options(Duration::from_millis(800)))
+            .await
+            .unwrap(),
+    );
+    let mut shard = store.open_shard(&w("live")).await.unwrap();
+    // More WAL for the checkpoint to wait on.
+    shard.append(recs("before", 200)).await.unwrap();
+
+    let compactor = {
+        let path = path.clone();
+        tokio::spawn(async move {
+            let store = SqliteStore::open(&path, options(Duration::from_secs(4))).await?;
+            store.compact(&CompactOptions::default()).await
+        })
+    };
+    let mut appends = 0;
+    while appends < 20 || !compactor.is_finished() {
+        bounded("append", shard.append(recs(&format!("during-{appends}"), 5)))
+            .await
+            .unwrap_or_else(|e| panic!("append {appends} beside compact failed: {e}"));
+        appends += 1;
+        assert!(appends < 100_000, "compact never finished");
+    }
+    let report = bounded("compact", compactor).await.unwrap().unwrap();
+    assert!(report.note.contains("checkpoint"), "{report:?}");
+    // The reader still sees its snapshot, and a new reader sees everything.
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2000);
+    reader.execute_batch("COMMIT").unwrap();
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    assert_eq!(p.stats().live as usize, 2000 + 200 + 5 * appends);
+    shard.close().await.unwrap();
+}
+
+/// Opening anything that is not a ctxlog store — another SQLite database (in rollback or
+/// WAL mode), a file of other bytes, a directory — fails with `NotAStore` naming the path,
+/// and leaves every byte as it was, also with create-if-missing.
+#[tokio::test]
+async fn foreign_files_are_refused_and_left_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let rollback = dir.path().join("app.db");
+    let c = Connection::open(&rollback).unwrap();
+    c.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users (name) VALUES ('ada');")
+        .unwrap();
+    drop(c);
+    let junk = dir.path().join("notes.db");
+    std::fs::write(&junk, b"these are notes, not a database at all").unwrap();
+    let before = snapshot(dir.path());
+
+    for path in [&rollback, &junk] {
+        for create in [true, false] {
+            let opts = StoreOptions {
+                create_if_missing: create,
+                ..options(Duration::from_secs(5))
+            };
+            match SqliteStore::open(path, opts).await {
+                Err(Error::NotAStore { location, .. }) => {
+                    assert!(
+                        location.contains(&*path.to_string_lossy()),
+                        "names the path: {location}"
+                    )
+                }
+                Err(other) => panic!("{}: expected NotAStore, got {other}", path.display()),
+                Ok(_) => panic!("{}: opened a foreign file as a store", path.display()),
+            }
+        }
+    }
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "a foreign file was changed or a file was added"
+    );
+
+    // A foreign database in WAL mode: its file stays byte for byte as it was.
+    let wal_dir = tempfile::tempdir().unwrap();
+    let wal = wal_dir.path().join("wal.db");
+    let c = Connection::open(&wal).unwrap();
+    c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    drop(c);
+    let bytes = std::fs::read(&wal).unwrap();
+    for create in [true, false] {
+        let opts = StoreOptions {
+            create_if_missing: create,
+            ..options(Duration::from_secs(5))
+        };
+        assert!(matches!(
+            SqliteStore::open(&wal, opts).await,
+            Err(Error::NotAStore { .. })
+        ));
+    }
+    assert_eq!(std::fs::read(&wal).unwrap(), bytes);
+
+    // A directory is not a store either; an empty file is where a store may be created.
+    assert!(matches!(
+        SqliteStore::open(dir.path(), options(Duration::from_secs(5))).await,
+        Err(Error::NotAStore { .. })
+    ));
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(
+        SqliteStore::open(&empty, reading()).await,
+        Err(Error::NotFound { .. })
+    ));
+    SqliteStore::open(&empty, options(Duration::from_secs(5)))
+        .await
+        .unwrap();
+}
+
+/// Reading never writes to the store's file: open, first scan, views, conflicts and shard
+/// listings leave it byte for byte as it was.
+#[tokio::test]
+async fn readers_never_write_the_store_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    store_with_entries(&path, 300).await;
+    // A writer that died with committed pages still in the WAL: the next connection to close
+    // last would checkpoint them into the store file — unless it is a reader.
+    let crashed = Connection::open(&path).unwrap();
+    crashed
+        .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .unwrap();
+    crashed
+        .execute_batch("PRAGMA wal_autocheckpoint = 0; INSERT INTO ctxlog_meta (key, value) VALUES ('note', 'x');")
+        .unwrap();
+    drop(crashed);
+    let wal = std::fs::metadata(format!("{}-wal", path.display())).unwrap().len();
+    assert!(wal > 0, "the WAL holds pages");
+    let before = std::fs::read(&path).unwrap();
+    {
+        let store = SqliteStore::open(&path, reading()).await.unwrap();
+        let mut p = store.projector();
+        p.refresh().await.unwrap();
+        assert_eq!(p.stats().live, 300);
+        assert_eq!(p.session("bot", "s").await.unwrap().len(), 300);
+        assert!(store.conflict_discovery().conflicts(None).await.unwrap().is_empty());
+        assert_eq!(store.shards().await.unwrap().len(), 1);
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before, "a reader changed the store file");
+}
+
+/// Damaged stored values (a crafted `--restore` source) are typed errors or harmless,
+/// never an abort: a huge `last_seq` only caps a reservation; a huge session number is
+/// `Corrupt`.
+#[tokio::test]
+async fn implausible_stored_values_never_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    store_with_entries(&path, 10).await;
+    let c = Connection::open(&path).unwrap();
+    c.execute("UPDATE shards SET last_seq = 100000000000", []).unwrap();
+    drop(c);
+    let store = SqliteStore::open(&path, reading()).await.unwrap();
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    assert_eq!(p.stats().live, 10);
+
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch(
+        "INSERT INTO sessions (session_no, bot_id, session_id) VALUES (100000000000, 'bot', 'far');
+         UPDATE entries SET session_no = 100000000000 WHERE seq = 3;",
+    )
+    .unwrap();
+    drop(c);
+    let store = SqliteStore::open(&path, reading()).await.unwrap();
+    match store.projector().refresh().await {
+        Err(Error::Corrupt { .. }) => {}
+        other => panic!("an implausible session number: expected Corrupt, got {other:?}"),
+    }
+}
+
+/// A copy of a live store — writers appending and checkpointing all along — is one
+/// consistent snapshot: it opens, and its history checks find nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_of_a_live_store_are_never_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("live.db");
+    store_with_entries(&path, 100).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (path.clone(), stop.clone());
+        tokio::spawn(async move {
+            let store = SqliteStore::open(&path, options(Duration::from_secs(10)))
+                .await
+                .unwrap();
+            let mut shard = store.open_shard(&w("live")).await.unwrap();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                shard.append(recs(&format!("l{n}"), 20)).await.unwrap();
+                if n % 3 == 0 {
+                    store.compact(&CompactOptions::default()).await.unwrap();
+                }
+                n += 1;
+            }
+            shard.close().await.unwrap();
+            n
+        })
+    };
+    for i in 0..15 {
+        let copy = dir.path().join(format!("copy-{i}.db"));
+        let (src, dst) = (path.clone(), copy.clone());
+        tokio::task::spawn_blocking(move || ctxlog_sqlite::copy_store(&src, &dst, Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap();
+        let store = SqliteStore::open(&copy, reading()).await.unwrap();
+        let conflicts = store.conflict_discovery().conflicts(None).await.unwrap();
+        assert!(conflicts.is_empty(), "copy {i} is torn: {conflicts:?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = bounded("writer", writer).await.unwrap();
+    assert!(rounds > 0);
+    // A copy never overwrites.
+    let err = ctxlog_sqlite::copy_store(&path, &dir.path().join("copy-0.db"), Duration::from_secs(5)).unwrap_err();
+    assert!(!err.is_invalid_input() && err.is_definite(), "{err}");
+}

@@ -1,0 +1,292 @@
+//! Lance-only hardening cases: how a failed open is classified, what a fenced append
+//! reports once its batch reached the memtable, WAL holes, and recovery when folded
+//! generations are gone. Interleavings are forced with gates of the fault-injecting object
+//! store, never with sleeps. Each case has a fresh root and a deadline.
+#![cfg(feature = "lance")]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use ctxlog::{CompactOptions, Conflict, Error, Store, Written};
+use ctxlog_conformance::backends::LANCE;
+use ctxlog_conformance::cases::w;
+use ctxlog_conformance::{CaseFn, Ctx, recs, run_case};
+use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
+use ctxlog_lance::{LanceStore, WriterTuning};
+
+fn run(name: &str, case: CaseFn) {
+    if let Err(e) = run_case(LANCE, name, case) {
+        panic!("{e}");
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn faulted(ctx: &Ctx, faults: &Arc<Faults>) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(Arc::new(
+        LanceStore::open_with_faults(&ctx.uri, ctx.options(), Some(faults.clone())).await?,
+    ))
+}
+
+async fn ids(ctx: &Ctx, session: &str) -> anyhow::Result<Vec<String>> {
+    let store = ctx.store().await?;
+    let view = store.projector().session("bot", session).await?;
+    Ok(view.into_iter().map(|e| e.record.id).collect())
+}
+
+/// Rule 3 and 4: an open that fails after a claim landed cannot know whether the claim was
+/// its own. Two openers race; the later one's replay fails on I/O after a third claimed:
+/// its error is indeterminate, not a definite `Fenced`.
+#[test]
+fn a_failed_open_after_a_claim_is_indeterminate() {
+    run("a_failed_open_after_a_claim_is_indeterminate", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let mut first = store.open_shard(&w("same")).await?;
+            first.append(recs("a", "s", 3)).await?;
+
+            // B's WAL reads (its replay) wait at the gate, then fail.
+            let faults = Faults::new(1);
+            let gate = Gate::new();
+            faults.add(Rule::new(&[Op::Get], Action::Pause(gate.clone())).path("/wal/"));
+            let b_store = faulted(&ctx, &faults).await?;
+            let b = tokio::spawn(async move { b_store.open_shard(&w("same")).await.map(|_| ()) });
+            ensure!(gate.arrivals(1, WAIT).await, "B never reached its replay");
+            // Meanwhile C claims the shard (past B's claim).
+            let mut c = ctx.store().await?.open_shard(&w("same")).await?;
+            gate.release(Verdict::Fail);
+            let err = tokio::time::timeout(WAIT, b).await.context("B's open hung")??.err();
+            let err = err.context("B's open must fail: its replay could not read the WAL")?;
+            ensure!(
+                !matches!(err, Error::Fenced { .. }) && err.written() == Written::Unknown,
+                "expected an indeterminate error (B's claim landed, unproven whose it was), got {err:?}"
+            );
+            match first.append(recs("late", "s", 1)).await {
+                Err(Error::Fenced { .. }) => {}
+                other => bail!("the first writer must be fenced, got {other:?}"),
+            }
+            let ack = c.append(recs("c", "s", 2)).await?;
+            ensure!(ack.first_seq == 4, "C continues the shard: {ack:?}");
+            c.close().await?;
+            ensure!(ids(&ctx, "s").await? == ["a-0", "a-1", "a-2", "c-0", "c-1"]);
+            Ok(())
+        })
+    });
+}
+
+/// Rule 3: a writer fenced after its batch reached the memtable but before its WAL entry
+/// was stored: the successor's sentinel took the slot, so the batch can never land — the
+/// append says `Fenced` with nothing written, and nothing of it is ever visible.
+#[test]
+fn fenced_before_the_wal_put_is_definite() {
+    run("fenced_before_the_wal_put_is_definite", |ctx| {
+        Box::pin(async move {
+            let faults = Faults::new(2);
+            let a_store = faulted(&ctx, &faults).await?;
+            let mut a = a_store.open_shard(&w("same")).await?;
+            a.append(recs("a", "s", 2)).await?;
+            let gate = Gate::new();
+            faults.add(Rule::new(&[Op::PutIfAbsent], Action::Pause(gate.clone())).path("/wal/"));
+            let appending = tokio::spawn(async move {
+                let r = a.append(recs("lost", "s", 3)).await;
+                (a, r)
+            });
+            ensure!(gate.arrivals(1, WAIT).await, "A's WAL put never started");
+            // The batch is in A's memtable; its WAL put waits. B takes the shard over.
+            let mut b = ctx.store().await?.open_shard(&w("same")).await?;
+            gate.release(Verdict::Proceed);
+            let (_a, r) = tokio::time::timeout(WAIT, appending)
+                .await
+                .context("A's append hung")??;
+            match r {
+                Err(Error::Fenced {
+                    written: Written::Nothing,
+                    ..
+                }) => {}
+                other => bail!("expected a definite Fenced (the successor's sentinel proves it), got {other:?}"),
+            }
+            b.append(recs("b", "s", 1)).await?;
+            b.close().await?;
+            ensure!(ids(&ctx, "s").await? == ["a-0", "a-1", "b-0"]);
+            let conflicts = ctx.store().await?.conflict_discovery().conflicts(None).await?;
+            ensure!(conflicts.is_empty(), "{conflicts:?}");
+            Ok(())
+        })
+    });
+}
+
+/// Rule 1 and 3: a writer fenced after its WAL entry was stored (only the answer was lost):
+/// the batch is durable and was replayed by the successor, so the append is acknowledged,
+/// and the batch is visible exactly once.
+#[test]
+fn fenced_after_the_wal_put_landed_is_acknowledged() {
+    run("fenced_after_the_wal_put_landed_is_acknowledged", |ctx| {
+        Box::pin(async move {
+            let faults = Faults::new(3);
+            let a_store = faulted(&ctx, &faults).await?;
+            let mut a = a_store.open_shard(&w("same")).await?;
+            a.append(recs("a", "s", 2)).await?;
+            let gate = Gate::new();
+            faults.add(Rule::new(&[Op::PutIfAbsent], Action::PauseAfter(gate.clone())).path("/wal/"));
+            let appending = tokio::spawn(async move {
+                let r = a.append(recs("kept", "s", 3)).await;
+                (a, r)
+            });
+            ensure!(gate.arrivals(1, WAIT).await, "A's WAL put never completed");
+            let mut b = ctx.store().await?.open_shard(&w("same")).await?;
+            gate.release(Verdict::Fail);
+            let (_a, r) = tokio::time::timeout(WAIT, appending)
+                .await
+                .context("A's append hung")??;
+            let ack = r.context("the batch is durable: the append must be acknowledged")?;
+            ensure!((ack.first_seq, ack.last_seq) == (3, 5), "{ack:?}");
+            let next = b.append(recs("b", "s", 1)).await?;
+            ensure!(
+                next.first_seq == 6,
+                "the successor continues after the landed batch: {next:?}"
+            );
+            b.close().await?;
+            ensure!(ids(&ctx, "s").await? == ["a-0", "a-1", "kept-0", "kept-1", "kept-2", "b-0"]);
+            let conflicts = ctx.store().await?.conflict_discovery().conflicts(None).await?;
+            ensure!(conflicts.is_empty(), "{conflicts:?}");
+            Ok(())
+        })
+    });
+}
+
+/// Rule 1 and 10: a lost WAL entry below later ones is a hole, not the end. Readers see the
+/// entries after it and report the missing seqs as a gap; a successor neither reuses their
+/// seqs nor lets a flush hide them.
+#[test]
+fn a_wal_hole_hides_nothing_after_it() {
+    run("a_wal_hole_hides_nothing_after_it", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let mut a = store.open_shard(&w("holey")).await?;
+            for b in 0..5 {
+                a.append(recs(&format!("b{b}"), "s", 2)).await?;
+            }
+            // Crash without a flush: every entry is only in the WAL (positions 1..=5).
+            drop(a);
+            drop(store);
+            let lost = ctxlog_lance::testing::wal_entry_file(&ctx.uri, w("holey").shard_id(), 3)?;
+            std::fs::remove_file(&lost).with_context(|| format!("remove {}", lost.display()))?;
+
+            let expected: Vec<String> = ["b0", "b1", "b3", "b4"]
+                .iter()
+                .flat_map(|b| [format!("{b}-0"), format!("{b}-1")])
+                .collect();
+            ensure!(ids(&ctx, "s").await? == expected, "readers stopped at the hole");
+            let conflicts = ctx.store().await?.conflict_discovery().conflicts(None).await?;
+            ensure!(
+                matches!(
+                    conflicts.as_slice(),
+                    [Conflict::SeqGap {
+                        missing_from: 5,
+                        missing_to: 6,
+                        ..
+                    }]
+                ),
+                "the hole's seqs are a gap: {conflicts:?}"
+            );
+
+            let store = ctx.store().await?;
+            let mut b = store.open_shard(&w("holey")).await?;
+            let ack = b.append(recs("after", "s", 1)).await?;
+            ensure!(ack.first_seq == 11, "a successor reused seqs past the hole: {ack:?}");
+            // Its close flushes: what was past the hole must still be there afterwards.
+            b.close().await?;
+            compact_all(store.as_ref()).await?;
+            let mut after = expected.clone();
+            after.push("after-0".into());
+            ensure!(ids(&ctx, "s").await? == after, "a flush hid entries past the hole");
+            Ok(())
+        })
+    });
+}
+
+async fn compact_all(store: &dyn Store) -> anyhow::Result<()> {
+    for _ in 0..64 {
+        if store.compact(&CompactOptions::default()).await?.generations_remaining == 0 {
+            return Ok(());
+        }
+    }
+    bail!("compaction did not converge")
+}
+
+/// Removing folded generations (an operator's cleanup, a future reclaim) takes nothing a
+/// writer or reader needs: a reopened writer keeps its seqs and clock (from the base
+/// table), and a long-lived projector that first meets a shard then reads it whole.
+#[test]
+fn folded_generations_can_go() {
+    run("folded_generations_can_go", |ctx| {
+        Box::pin(async move {
+            let tuning = WriterTuning {
+                max_memtable_rows: 40,
+                max_memtable_batches: 4,
+                ..WriterTuning::default()
+            };
+            let open = |tuning: WriterTuning| {
+                let (uri, mut options) = (ctx.uri.clone(), ctx.options());
+                options.limits.max_batch_records = tuning.max_memtable_rows;
+                async move {
+                    anyhow::Ok(
+                        Arc::new(LanceStore::open_store(&uri, options).await?.with_tuning(tuning)) as Arc<dyn Store>,
+                    )
+                }
+            };
+            let store = open(tuning.clone()).await?;
+            let mut early = store.open_shard(&w("early")).await?;
+            early.append(recs("e", "s", 10)).await?;
+            // A reader that scanned before the late writer existed.
+            let mut reader = store.projector();
+            reader.refresh().await?;
+
+            let mut late = store.open_shard(&w("late")).await?;
+            let mut last = None;
+            for b in 0..12 {
+                last = Some(late.append(recs(&format!("l{b}"), "s", 10)).await?);
+            }
+            let last = last.context("appended")?;
+            late.close().await?;
+            early.close().await?;
+            compact_all(store.as_ref()).await?;
+            let gens = ctxlog_lance::testing::generation_dirs(&ctx.uri)?;
+            ensure!(gens.len() >= 4, "{} generations", gens.len());
+            for g in &gens {
+                std::fs::remove_dir_all(g)?;
+            }
+
+            reader.refresh().await?;
+            let seen: BTreeSet<String> = reader
+                .session("bot", "s")
+                .await?
+                .into_iter()
+                .map(|e| e.record.id)
+                .collect();
+            ensure!(
+                seen.len() == 130,
+                "a long-lived reader missed entries: {} of 130",
+                seen.len()
+            );
+
+            let store = open(tuning).await?;
+            let mut again = store.open_shard(&w("late")).await?;
+            let ack = again.append(recs("again", "s", 1)).await?;
+            ensure!(
+                ack.first_seq == 121,
+                "seqs restart after folded generations went: {ack:?}"
+            );
+            ensure!(
+                ack.first_hlc > last.last_hlc,
+                "the clock went back: {ack:?} after {last:?}"
+            );
+            again.close().await?;
+            let conflicts = store.conflict_discovery().conflicts(None).await?;
+            ensure!(conflicts.is_empty(), "{conflicts:?}");
+            Ok(())
+        })
+    });
+}
