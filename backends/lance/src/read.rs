@@ -189,17 +189,9 @@ async fn scan_table(
     Ok(())
 }
 
-/// What reading a WAL tail found.
-#[derive(Debug, Default)]
-pub(crate) struct WalRead {
-    /// The first position not read (where the next read starts).
-    pub next: u64,
-    /// Missing positions with entries after them.
-    pub holes: Vec<u64>,
-}
-
 /// Read a shard's WAL from `from` to its end, fetching `WAL_READ_AHEAD` entries at a time;
-/// `f` sees entries in position order.
+/// `f` sees entries in position order. Returns the first position not read (where the next
+/// read starts).
 ///
 /// The end is the first missing position with nothing after it. A missing position with an
 /// entry after it — later in the same read-ahead window, or at or below `known` (a position
@@ -213,14 +205,11 @@ async fn read_wal(
     from: u64,
     known: u64,
     mut f: impl FnMut(&WalReadEntry) -> Result<()>,
-) -> Result<WalRead> {
+) -> Result<u64> {
     let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
-    let mut read = WalRead {
-        next: from,
-        holes: Vec::new(),
-    };
+    let mut next = from;
     loop {
-        let start = read.next;
+        let start = next;
         let window: Vec<Option<WalReadEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
             .map(|pos| tailer.read_entry(pos))
             .buffered(WAL_READ_AHEAD)
@@ -234,15 +223,11 @@ async fn read_wal(
                 Some(e) => f(&e)?,
                 None if last_present.is_some_and(|l| i < l) || pos <= known => {
                     tracing::warn!(%shard, position = pos, "a WAL entry is missing below later entries (a hole); reading on");
-                    read.holes.push(pos);
                 }
-                None => {
-                    read.next = pos;
-                    return Ok(read);
-                }
+                None => return Ok(pos),
             }
         }
-        read.next = start + WAL_READ_AHEAD as u64;
+        next = start + WAL_READ_AHEAD as u64;
     }
 }
 
@@ -398,10 +383,6 @@ pub(crate) async fn shards(inner: &Inner) -> Result<Vec<ShardInfo>> {
 pub(crate) struct Recovered {
     pub last_seq: u64,
     pub max_hlc: u64,
-    /// Entries past a hole in the WAL tail. Lance's own replay stops at the first missing
-    /// position, so they are in no memtable: the writer writes them again (same keys), or a
-    /// flush would move the replay position past them and hide them for good.
-    pub past_holes: Vec<Entry>,
 }
 
 /// The highest seq and HLC a shard holds, from what is authoritative whatever was folded
@@ -429,24 +410,12 @@ pub(crate) async fn recover(inner: &Inner, shard: ShardId) -> Result<Recovered> 
         let ds = inner.open_dataset(&g.uri).await.map_err(read_err)?;
         scan_table(&ds, Some(&POSITION_COLUMNS), false, None, |b| table_rows(b, &mut see)).await?;
     }
-    let mut last_position = tier.wal_from.saturating_sub(1);
-    let mut past_hole = false;
-    let mut past_holes = Vec::new();
     read_wal(&t.store, &t.base_path, shard, tier.wal_from, tier.wal_known, |e| {
-        past_hole |= e.entry_position > last_position + 1;
-        last_position = e.entry_position;
-        wal_rows(e, |c, _, i| {
-            see(c, i)?;
-            if past_hole {
-                past_holes.push(c.entry(i)?);
-            }
-            Ok(())
-        })
+        wal_rows(e, |c, _, i| see(c, i))
     })
     .await?;
     out.last_seq = seq;
     out.max_hlc = hlc;
-    out.past_holes = past_holes;
     Ok(out)
 }
 
@@ -567,7 +536,7 @@ async fn apply_wal(
     index: &mut ProjectionIndex,
     done: &mut CatchUp,
 ) -> Result<u64> {
-    let read = read_wal(tiers_store, base_path, shard, from, known, |e| {
+    read_wal(tiers_store, base_path, shard, from, known, |e| {
         wal_rows(e, |c, b, i| {
             let at = Location::Wal {
                 position: e.entry_position,
@@ -577,8 +546,7 @@ async fn apply_wal(
             index_row(&c.index_view()?, i, at, index, done)
         })
     })
-    .await?;
-    Ok(read.next)
+    .await
 }
 
 #[async_trait]

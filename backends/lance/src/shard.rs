@@ -138,57 +138,9 @@ impl LanceShard {
             let recovered = read::recover(&inner, shard).await?;
             handle.last_seq = recovered.last_seq;
             handle.clock.resume_after(Hlc(recovered.max_hlc));
-            if !recovered.past_holes.is_empty() {
-                // Write the entries Lance's replay could not reach (past a WAL hole) again,
-                // unchanged, so that they reach a generation before any flush moves the replay
-                // position past them. Same keys: readers apply each entry once.
-                handle.rewrite(&writer, &recovered.past_holes).await?;
-            }
             Ok(handle)
         })
         .await
-    }
-
-    /// Write stored entries again, exactly as they are (keys, HLCs, hashes), durably.
-    async fn rewrite(&self, writer: &ShardWriter, entries: &[ctxlog_core::Entry]) -> Result<()> {
-        tracing::warn!(
-            shard = %self.shard,
-            entries = entries.len(),
-            "entries past a WAL hole are written again so that no flush hides them"
-        );
-        for chunk in entries.chunks(self.inner.tuning.max_memtable_rows.max(1)) {
-            let stamped: Vec<Stamped<'_>> = chunk
-                .iter()
-                .map(|e| Stamped {
-                    shard: e.shard,
-                    epoch: e.epoch,
-                    seq: e.seq,
-                    hlc: e.hlc,
-                    hash: e.content_hash,
-                    record: &e.record,
-                })
-                .collect();
-            let batch = to_batch(self.writer_id.as_str(), &stamped)?;
-            let (_, watcher) = writer.put_no_wait(vec![batch]).await.map_err(|e| {
-                lance_err(
-                    "open shard (rewrite past a WAL hole)",
-                    Some(self.shard),
-                    Written::Unknown,
-                    e,
-                )
-            })?;
-            if let Some(mut w) = watcher {
-                w.wait().await.map_err(|e| {
-                    lance_err(
-                        "open shard (rewrite past a WAL hole)",
-                        Some(self.shard),
-                        Written::Unknown,
-                        e,
-                    )
-                })?;
-            }
-        }
-        Ok(())
     }
 
     fn fenced(&self, current: Option<Epoch>, written: Written) -> Error {
