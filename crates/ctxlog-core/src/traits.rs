@@ -118,16 +118,41 @@ pub struct RefreshReport {
     pub first_scan: bool,
 }
 
-/// A store: one log made of many shards.
+/// A store: one log made of many shards, one shard per writer id.
+///
+/// # Contract
+///
+/// The whole contract is in `docs/contract.md`; what each method promises is on the method.
+/// Every backend is checked against it by the shared conformance suite.
+///
+/// - **Safe creation (rule 12).** Many processes opening a missing store with
+///   `create_if_missing` at the same moment all succeed and share one store. Only a missing
+///   location (or an empty file) is ever created; anything else that is not a ctxlog store
+///   is refused with [`Error::NotAStore`](crate::Error::NotAStore) and left exactly as it
+///   was. Opening to read never writes to the store.
+/// - **No hangs (rule 13).** Every method finishes or fails within
+///   [`StoreOptions::timeout`]; a missed deadline is a typed
+///   [`Error::Timeout`](crate::Error::Timeout) that says whether anything may have been written.
+/// - **Typed errors (rules 4, 5).** Every error says whether it is definite
+///   ([`Error::written`](crate::Error::written)) and names the field, shard or location at
+///   fault; none shows a storage option's value.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// `"sqlite"`, `"lance"`.
+    /// `"sqlite"`, `"lance"`, `"memory"`.
     fn backend(&self) -> &'static str;
 
+    /// The options the store was opened with.
     fn options(&self) -> &StoreOptions;
 
-    /// Claim the shard of `writer` with a new epoch, fencing any previous holder (rule 3),
-    /// and recover its next seq and HLC.
+    /// Claim the shard of `writer` and recover its next seq and clock.
+    ///
+    /// # Contract
+    ///
+    /// **Fencing (rule 3).** The returned handle's epoch is greater than every earlier epoch
+    /// of the shard, and every append through an older handle that starts afterwards fails
+    /// with [`Error::Fenced`](crate::Error::Fenced). The new handle continues the shard: its
+    /// first seq follows every stored one and its clock follows every stored HLC (rule 8).
+    /// A failed open says whether its claim may have landed (and fenced the previous holder).
     async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>>;
 
     /// Every shard of the store, sorted by shard id.
@@ -140,37 +165,78 @@ pub trait Store: Send + Sync + 'static {
     /// A projector that starts with a first scan.
     fn projector(&self) -> Box<dyn Projector>;
 
+    /// A history checker over the whole log.
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery>;
 
-    /// Fold what readers would otherwise merge at read time into the base storage,
-    /// bounded by `options`; never fences a live writer.
+    /// Fold what readers would otherwise merge at read time into the base storage, bounded
+    /// by `options`.
+    ///
+    /// # Contract
+    ///
+    /// **Maintenance never gets in the way (rule 14).** A pass never fences, blocks or fails
+    /// a live writer or reader; an interrupted pass changes nothing a reader can see, and the
+    /// next pass converges. No entry is lost or duplicated.
     async fn compact(&self, options: &CompactOptions) -> Result<CompactReport>;
 }
 
-/// A claimed, writable shard. Long-lived: one per writer per process.
+/// A claimed, writable shard. Long-lived: one per writer per process, never one per call.
+///
+/// # Contract
+///
+/// - **Durable acknowledgement (rule 1).** [`Shard::append`] returning Ok means every entry
+///   survives a crash of the writer and is visible to every reader that opens or refreshes
+///   afterwards, in any process.
+/// - **Atomic batches (rule 2).** An append becomes visible all together or not at all.
+/// - **Fencing (rule 3).** Once a newer handle claimed the shard, an append through this one
+///   fails with [`Error::Fenced`](crate::Error::Fenced) — definite unless the backend cannot
+///   prove it, and then it says so. Neither `append` nor `close` of a fenced handle hangs.
+/// - **Poisoning (rule 4).** After an indeterminate error every append fails with
+///   [`Error::Poisoned`](crate::Error::Poisoned): reopen the shard and retry with the same
+///   record ids (safe by rule 6).
+/// - **Bad input (rule 11).** The whole batch is validated against [`Limits`] before anything
+///   is written; the error names the field and the record, and no seq is consumed.
 #[async_trait]
 pub trait Shard: Send + Sync {
+    /// The shard this handle writes.
     fn shard_id(&self) -> ShardId;
 
+    /// The writer id that owns the shard.
     fn writer(&self) -> &WriterId;
 
     /// The epoch this handle claimed.
     fn epoch(&self) -> Epoch;
 
     /// Move this writer's clock past `hlc` (something it has read), so that its next
-    /// entries order after it (rule 8). A value more than a day ahead of this machine's clock
-    /// is refused with `InvalidInput { field: "hlc" }` and moves nothing.
+    /// entries order after it.
+    ///
+    /// # Contract
+    ///
+    /// **Order (rule 8).** The next entry's HLC is greater than `hlc`. A value more than a day
+    /// ahead of this machine's clock is refused with `InvalidInput { field: "hlc" }` and
+    /// moves nothing: one damaged entry must not drag every writer into the far future.
     fn observe(&mut self, hlc: Hlc) -> Result<()>;
 
-    /// Append a batch, atomically and durably: Ok means every entry survives a crash
-    /// (rules 1, 2). Validates the whole batch before writing (rule 11).
+    /// Append a batch, atomically and durably (rules 1, 2, 3, 4, 11 above). Seqs are dense
+    /// from the shard's last one; HLCs strictly increase.
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck>;
 
-    /// Release the shard. Never hangs, also when fenced.
+    /// Release the shard. Never hangs, also when fenced; a fenced handle's close says so.
     async fn close(self: Box<Self>) -> Result<()>;
 }
 
 /// The deterministic view over all shards.
+///
+/// # Contract
+///
+/// - **First writer wins (rule 6).** The live record of an id is its `Put` earliest in the
+///   order `(hlc, shard, seq, epoch)`; later puts never replace it.
+/// - **Tombstones are final (rule 7).** A tombstone hides its id for good.
+/// - **Order (rule 8).** A session lists its live records in the order of their winning
+///   entries.
+/// - **Determinism (rule 9).** [`Projector::projection`] is a pure function of the set of
+///   entries: byte-identical canonical JSON on every backend.
+/// - **Durable acknowledgement (rule 1).** A refresh sees every append acknowledged before it
+///   started; a failed or abandoned refresh never leaves a partial view behind.
 #[async_trait]
 pub trait Projector: Send + Sync {
     /// Catch up with the store: the first call scans everything, later calls read only
@@ -186,8 +252,10 @@ pub trait Projector: Send + Sync {
     /// Sessions of a bot with live records.
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>>;
 
+    /// Counts of what the projection holds.
     fn stats(&self) -> ProjectionStats;
 
+    /// How far the projection has read, per shard.
     fn checkpoint(&self) -> Checkpoint;
 
     /// The canonical projection (rule 9).
@@ -198,6 +266,18 @@ pub trait Projector: Send + Sync {
 }
 
 /// The history checker.
+///
+/// # Contract
+///
+/// - **Conflicts (rules 6, 7).** Every later put of an id with other content than its winner
+///   is a `DivergentPut`; every put ordered after a tombstone of its id is a
+///   `WriteAfterDelete`.
+/// - **History checks (rule 10).** Entries whose epoch is below one already seen at the same
+///   or an earlier seq of their shard (`StaleEpoch`), missing seqs (`SeqGap`), content that
+///   does not match its hash (`Corrupt`), and clocks past the plausible horizon
+///   (`ImplausibleHlc`) are reported.
+/// - **Determinism (rule 9).** The list is a pure function of the set of entries, in
+///   canonical order, byte-identical on every backend.
 #[async_trait]
 pub trait ConflictDiscovery: Send + Sync {
     /// Every conflict in the log, in canonical order; with `after`, only those involving an
