@@ -5,8 +5,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use ctxlog_core::index::{IndexRow, ProjectionIndex};
-use ctxlog_core::{Entry, Hlc, HlcClock, Record, Store, StoreOptions, SystemClock, WriterId, model};
+use ctxlog_core::backend::HlcClock;
+use ctxlog_core::backend::index::{IndexRow, ProjectionIndex};
+use ctxlog_core::testing::model;
+use ctxlog_core::{Entry, Hlc, Record, Store, StoreOptions, SystemClock, WriterId};
 
 fn record(i: usize) -> Record {
     let mut r = Record::text(

@@ -7,13 +7,12 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, ensure};
-use ctxlog::model;
-use ctxlog::{AppendAck, Projector, Record, Shard, Store};
+use ctxlog_core::testing::model;
+use ctxlog_core::{AppendAck, Projector, Record, Shard, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-use crate::Ctx;
-use crate::cases::w;
+use crate::{Ctx, w};
 
 const WRITERS: u8 = 3;
 
@@ -170,7 +169,7 @@ pub async fn differential_against_reference_model(ctx: Ctx) -> anyhow::Result<()
             let uri = ctx.other_uri(&format!("case-{}", counter.fetch_add(1, Ordering::Relaxed)));
             handle
                 .block_on(async {
-                    let store = ctxlog::open(&uri, ctx.options()).await?;
+                    let store = ctx.open(&uri, ctx.options()).await?;
                     check_history(store.as_ref(), &history).await
                 })
                 .map_err(|e| TestCaseError::fail(format!("{e:#}")))

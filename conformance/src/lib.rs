@@ -1,29 +1,50 @@
-//! The shared conformance suite: every rule of the contract in `DESIGN.md`, as plain public
-//! async case functions over the ctxlog traits, run against every backend.
+//! The shared conformance suite: every rule of the contract (`docs/contract.md`) as plain
+//! public async case functions over the `ctxlog-core` traits, run against every backend.
 //!
-//! A backend is described by a [`Backend`]: how to name a fresh store, and — as explicit
-//! parameters, never silent skips — the few ways backends really differ. The
-//! [`conformance_suite!`] macro turns every case into a test named `<backend>::<case>`,
-//! each with a fresh root directory and a deadline; `ctxlog-conformance` (the binary) runs
-//! the same cases and prints a table.
+//! The suite depends on `ctxlog-core` only. Each backend crate owns a `tests/conformance.rs`
+//! (`harness = false`) that describes itself with a [`Backend`] — how to name and open a
+//! fresh store, and, as explicit fields, never silent skips, the few ways backends really
+//! differ (how to inject a raw entry, how to make writes fail) — and hands it to [`main`],
+//! which runs every case as a test named `<backend>::<case>`, each with a fresh root
+//! directory and a deadline.
+//!
+//! The cases live in [`rules`], one module per rule or group of rules, each listing its own
+//! cases next to their functions. Every failing step says which step failed and with what
+//! values.
 
-pub mod backends;
-pub mod cases;
 pub mod differential;
-pub mod process;
+pub mod rules;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ctxlog::{Entry, Record, Store, StoreOptions};
+use ctxlog_core::{Entry, Record, Store, StoreOptions, WriterId};
+
+/// What every case module uses.
+pub mod prelude {
+    pub use std::collections::BTreeSet;
+    pub use std::sync::Arc;
+    pub use std::time::{Duration, Instant};
+
+    pub use anyhow::{Context, anyhow, bail, ensure};
+    pub use ctxlog_core::testing::{SkewedClock, model};
+    pub use ctxlog_core::{
+        Body, CompactOptions, Conflict, ConflictKind, Entry, Error, Hlc, Record, Store, StoreOptions, WriterId, Written,
+    };
+
+    pub use crate::{Case, Ctx, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
+}
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A guard that keeps a fault in place until dropped.
 pub type FaultGuard = Box<dyn std::any::Any + Send>;
+
+/// How a backend opens the store at a URI.
+pub type OpenFn = fn(uri: String, options: StoreOptions) -> BoxFuture<ctxlog_core::Result<Arc<dyn Store>>>;
 
 /// How the suite reaches one backend, and how that backend really differs.
 #[derive(Clone, Copy)]
@@ -31,6 +52,8 @@ pub struct Backend {
     pub name: &'static str,
     /// A store URI for a new store inside `root` (which is empty and unique per case).
     pub store_uri: fn(root: &Path) -> String,
+    /// Open (or create) the store at a URI of [`Backend::store_uri`].
+    pub open: OpenFn,
     /// Deadline of each store operation during the suite.
     pub op_timeout: Duration,
     /// Deadline of a whole case.
@@ -79,7 +102,14 @@ impl Ctx {
     }
 
     pub async fn store_with(&self, options: StoreOptions) -> anyhow::Result<Arc<dyn Store>> {
-        Ok(ctxlog::open(&self.uri, options).await?)
+        self.open(&self.uri, options).await
+    }
+
+    /// Open the store at another URI of this backend.
+    pub async fn open(&self, uri: &str, options: StoreOptions) -> anyhow::Result<Arc<dyn Store>> {
+        (self.backend.open)(uri.to_string(), options)
+            .await
+            .map_err(|e| anyhow::anyhow!("opening {uri}: {e}"))
     }
 
     /// A second, independent store at another URI under the same root.
@@ -92,6 +122,32 @@ impl Ctx {
 
 /// A case: an async function of a [`Ctx`].
 pub type CaseFn = fn(Ctx) -> BoxFuture<anyhow::Result<()>>;
+
+/// One case of the suite: its name, the rule(s) it checks, its function.
+#[derive(Clone, Copy)]
+pub struct Case {
+    pub name: &'static str,
+    pub rule: &'static str,
+    pub run: CaseFn,
+}
+
+/// A [`Case`] for an async function `f(ctx) -> anyhow::Result<()>` of a rule module (which
+/// defines `RULE`).
+#[macro_export]
+macro_rules! case {
+    ($f:ident) => {
+        $crate::Case {
+            name: stringify!($f),
+            rule: RULE,
+            run: |ctx| Box::pin($f(ctx)),
+        }
+    };
+}
+
+/// Every case of the suite, grouped by rule, in the contract's order.
+pub fn cases() -> Vec<Case> {
+    rules::all()
+}
 
 /// Run one case on a fresh runtime and root, under the backend's case deadline. A panic,
 /// an error and a missed deadline are all failures, and the message names the case.
@@ -128,76 +184,70 @@ pub fn run_case(backend: Backend, name: &str, case: CaseFn) -> Result<Duration, 
         .map_err(|e| format!("{}::{name}: {e}", backend.name))
 }
 
-/// Calls `callback!(args; case, case, ...)` with every case of the suite: the one list.
-/// Invoked as `for_each_case!([path::to::callback] (args))`.
-#[macro_export]
-macro_rules! for_each_case {
-    ([$($callback:tt)*] ($($args:tt)*)) => {
-        $($callback)*!($($args)* ;
-            durable_ack_visible_to_new_readers,
-            atomic_batch_all_or_nothing,
-            atomic_batch_never_half_visible,
-            fencing_epochs_strictly_increase,
-            fencing_stale_handle_fails_definitely,
-            fencing_close_of_fenced_handle_returns,
-            indeterminate_error_poisons_until_reopen,
-            cancelled_append_never_reuses_seqs,
-            idempotent_retry_counts_once,
-            first_writer_wins_divergent_put,
-            tombstone_is_final,
-            session_order_follows_hlc_across_skew,
-            hlc_never_goes_backwards_across_reopen,
-            determinism_across_read_orders,
-            history_checks_find_stale_gap_corrupt,
-            conflicts_after_checkpoint,
-            refresh_reads_only_new_entries,
-            abandoned_refresh_leaves_reads_complete,
-            bad_input_rejected_before_write,
-            bad_uri_rejected,
-            concurrent_create_in_process,
-            differential_against_reference_model,
-            multiprocess_writers_exactly_once,
-            multiprocess_sigkill_keeps_acked,
-            multiprocess_same_writer_fences_older,
-            multiprocess_concurrent_create
-        );
-    };
+/// Where a run writes its results for `cargo xtask conformance` (JSON lines, appended).
+pub const REPORT_ENV: &str = "CTXLOG_CONFORMANCE_REPORT";
+
+/// The test runner of a backend's `tests/conformance.rs` (`harness = false`): every case
+/// for every backend given, as tests named `<backend>::<case>`, through libtest-mimic (so
+/// `cargo test` and nextest filters, listing and timeouts work as usual).
+pub fn main(backends: &[Backend]) -> std::process::ExitCode {
+    run_trials(backends, &cases())
 }
 
-/// The case table, for runners.
-macro_rules! case_table {
-    (; $($case:ident),* $(,)?) => {
-        /// Every case, by name.
-        pub const CASES: &[(&str, CaseFn)] = &[
-            $((stringify!($case), |ctx| Box::pin($crate::cases::$case(ctx))),)*
-        ];
-    };
+/// [`main`] for any list of cases (a backend's own extra cases, say).
+pub fn run_trials(backends: &[Backend], cases: &[Case]) -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let results: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let mut trials = Vec::new();
+    for backend in backends {
+        for case in cases {
+            let (backend, case, results) = (*backend, *case, results.clone());
+            trials.push(libtest_mimic::Trial::test(
+                format!("{}::{}", backend.name, case.name),
+                move || {
+                    let outcome = run_case(backend, case.name, case.run);
+                    results.lock().expect("not poisoned").push(serde_json::json!({
+                        "backend": backend.name,
+                        "rule": case.rule,
+                        "case": case.name,
+                        "passed": outcome.is_ok(),
+                        "seconds": outcome.as_ref().map(|d| d.as_secs_f64()).unwrap_or(0.0),
+                        "error": outcome.as_ref().err(),
+                    }));
+                    outcome.map(|_| ()).map_err(libtest_mimic::Failed::from)
+                },
+            ));
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(path) = std::env::var_os(REPORT_ENV) {
+        use std::io::Write;
+        let lines: String = results
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|r| format!("{r}\n"))
+            .collect();
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(lines.as_bytes()));
+        if let Err(e) = written {
+            eprintln!(
+                "cannot write the conformance report {}: {e}",
+                PathBuf::from(path).display()
+            );
+        }
+    }
+    conclusion.exit_code()
 }
-for_each_case!([case_table]());
 
-/// Instantiate every case as a `#[test]` for one backend. Put it in a module named after
-/// the backend so that tests read `<backend>::<case>`.
-#[macro_export]
-macro_rules! conformance_suite {
-    ($backend:expr) => {
-        $crate::for_each_case!([$crate::__conformance_tests]($backend));
-    };
-}
+// ---- helpers the cases share -------------------------------------------------------------
 
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __conformance_tests {
-    ($backend:expr ; $($case:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $case() {
-                let case: $crate::CaseFn = |ctx| Box::pin($crate::cases::$case(ctx));
-                if let Err(e) = $crate::run_case($backend, stringify!($case), case) {
-                    panic!("{e}");
-                }
-            }
-        )*
-    };
+/// A writer id, for names the cases choose.
+pub fn w(name: &str) -> WriterId {
+    WriterId::new(name).expect("valid writer id")
 }
 
 /// A realistic text record.
@@ -212,6 +262,28 @@ pub fn recs(prefix: &str, session: &str, n: usize) -> Vec<Record> {
         .collect()
 }
 
+/// The record ids of entries, in order.
+pub fn ids(entries: &[Entry]) -> Vec<String> {
+    entries.iter().map(|e| e.record.id.clone()).collect()
+}
+
+/// The ids of records, in order.
+pub fn ids_of(records: &[Record]) -> Vec<String> {
+    records.iter().map(|r| r.id.clone()).collect()
+}
+
+/// The kinds of conflicts, in order.
+pub fn kinds(conflicts: &[ctxlog_core::Conflict]) -> Vec<ctxlog_core::ConflictKind> {
+    conflicts.iter().map(ctxlog_core::Conflict::kind).collect()
+}
+
+/// Run `fut` under `after`, naming `what` when it hangs (rule 13).
+pub async fn bounded<T>(what: &str, after: Duration, fut: impl Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(after, fut)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} hung past {after:?}"))
+}
+
 /// Every entry of every shard, as stored.
 pub async fn all_entries(store: &dyn Store) -> anyhow::Result<Vec<Entry>> {
     let mut out = Vec::new();
@@ -219,4 +291,39 @@ pub async fn all_entries(store: &dyn Store) -> anyhow::Result<Vec<Entry>> {
         out.extend(store.read_shard(s.shard, 0, usize::MAX).await?);
     }
     Ok(out)
+}
+
+/// The suite on the in-memory reference store: a backend descriptor for it.
+pub mod memory {
+    use super::*;
+    use ctxlog_core::testing::MemoryStore;
+
+    /// The in-memory store of `ctxlog-core`'s `testing` module, named by the case's root.
+    pub const MEMORY: Backend = Backend {
+        name: "memory",
+        store_uri: |root| root.display().to_string(),
+        open: |uri, options| Box::pin(async move { Ok(Arc::new(MemoryStore::open(&uri, options)?) as Arc<dyn Store>) }),
+        op_timeout: Duration::from_secs(5),
+        case_timeout: Duration::from_secs(60),
+        proptest_cases: 32,
+        inject_raw_entry: |uri, entry| {
+            Box::pin(async move {
+                let store = MemoryStore::open(
+                    &uri,
+                    StoreOptions {
+                        create_if_missing: false,
+                        ..StoreOptions::default()
+                    },
+                )?;
+                store.inject_raw_entry(entry);
+                Ok(())
+            })
+        },
+        stall_writes: |uri| {
+            Box::pin(async move {
+                let store = MemoryStore::open(&uri, StoreOptions::default())?;
+                Ok(Box::new(store.stall_writes()) as FaultGuard)
+            })
+        },
+    };
 }

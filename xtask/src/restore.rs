@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use ctxlog::Location;
-use ctxlog::redact::redact_uri;
+use ctxlog::redact_uri;
 use serde_json::{Value, json};
 
 use crate::bench::Row;

@@ -3,39 +3,35 @@
 use ctxlog_core::{Result, StoreOptions, Written};
 
 use crate::LanceStore;
-use crate::error::lance_err;
-use crate::read::{self, tiers};
 use crate::schema::INDEX_COLUMNS;
+use crate::tiers::{Walk, tiers, walk_all};
 
 /// The raw-scan floor: the projection's columns from every tier (base table, unfolded
 /// generations, WAL tails), with plain Lance scans and no processing. Returns rows read.
 pub async fn raw_scan(uri: &str, options: StoreOptions) -> Result<u64> {
     let store = LanceStore::open_store(uri, options).await?;
-    let t = tiers(&store.inner, None).await?;
+    let t = tiers(&store.shared, None).await?;
     let mut rows = 0u64;
-    rows += read::count_rows(&t.base, &INDEX_COLUMNS).await?;
-    for shard in &t.shards {
-        for g in &shard.generations {
-            let ds = store
-                .inner
-                .open_dataset(&g.uri)
-                .await
-                .map_err(|e| lance_err("floor", None, Written::Nothing, e))?;
-            rows += read::count_rows(&ds, &INDEX_COLUMNS).await?;
-        }
-        rows += read::count_wal_rows(&t.store, &t.base_path, shard).await?;
-    }
+    let how = Walk {
+        columns: Some(&INDEX_COLUMNS),
+        row_ids: false,
+    };
+    walk_all(&store.shared, &t, how, |r| {
+        rows += r.batch().num_rows() as u64;
+        Ok(())
+    })
+    .await?;
     Ok(rows)
 }
 
 /// `(shards, generations not yet folded, generations)`.
 pub async fn layout(uri: &str, options: StoreOptions) -> Result<(usize, usize, usize)> {
     let store = LanceStore::open_store(uri, options).await?;
-    let t = tiers(&store.inner, None).await?;
+    let t = tiers(&store.shared, None).await?;
     Ok((
         t.shards.len(),
         t.shards.iter().map(|s| s.generations.len()).sum(),
-        t.shards.iter().map(|s| s.all_generations.len()).sum(),
+        t.shards.iter().map(|s| s.flushed).sum(),
     ))
 }
 
@@ -43,8 +39,8 @@ impl LanceStore {
     /// Object-store read requests this handle has made so far (all its datasets, WAL and
     /// manifests share the store's session).
     pub async fn read_requests(&self) -> Result<u64> {
-        let ds = self.inner.latest().await?;
-        let (store, _) = self.inner.io(&ds).await?;
+        let ds = self.shared.latest().await?;
+        let (store, _) = self.shared.io(&ds).await?;
         Ok(store.io_stats_snapshot().read_iops)
     }
 }
@@ -66,8 +62,8 @@ pub async fn copy_to_local(
         ..StoreOptions::default()
     };
     let store = LanceStore::open_store(uri, options).await?;
-    let ds = store.inner.latest().await?;
-    let (objects, base) = store.inner.io(&ds).await?;
+    let ds = store.shared.latest().await?;
+    let (objects, base) = store.shared.io(&ds).await?;
     let listed: Vec<object_store::ObjectMeta> = objects.inner.list(Some(&base)).try_collect().await.map_err(os)?;
     let (mut n, mut bytes) = (0u64, 0u64);
     let prefix = base.as_ref().trim_end_matches('/');

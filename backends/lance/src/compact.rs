@@ -23,10 +23,10 @@ use ctxlog_core::{CompactOptions, CompactReport, Error, Result, Written};
 use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched};
 use lance_index::mem_wal::CompactedSsTable;
 
-use crate::Inner;
 use crate::error::lance_err;
-use crate::read::{Generation, tiers};
 use crate::schema::{PRIMARY_KEY, schema};
+use crate::store::Shared;
+use crate::tiers::{Generation, tiers};
 
 /// Where a test may stop a pass, to prove an interrupted pass loses and duplicates nothing.
 #[doc(hidden)]
@@ -43,7 +43,7 @@ fn compact_err(e: lance::Error) -> Error {
 }
 
 pub(crate) async fn compact(
-    inner: &Arc<Inner>,
+    inner: &Arc<Shared>,
     opts: &CompactOptions,
     stop: Option<StopPoint>,
 ) -> Result<CompactReport> {
@@ -66,7 +66,7 @@ pub(crate) async fn compact(
     }
 }
 
-async fn pass(inner: &Arc<Inner>, opts: &CompactOptions, stop: Option<StopPoint>) -> Result<CompactReport> {
+async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint>) -> Result<CompactReport> {
     let t = tiers(inner, None).await?;
     // 2. Plan: round-robin over shards, each shard's oldest generations first (the marker
     //    says "folded up to g", so a shard's chosen generations are a prefix), within both
@@ -176,7 +176,7 @@ fn interrupted(at: StopPoint) -> Error {
 }
 
 /// The size of a generation's data files.
-async fn generation_bytes(inner: &Inner, g: &Generation) -> Result<u64> {
+async fn generation_bytes(inner: &Shared, g: &Generation) -> Result<u64> {
     let ds = inner.open_dataset(&g.uri).await.map_err(compact_err)?;
     let mut total = 0u64;
     for f in ds.get_fragments() {

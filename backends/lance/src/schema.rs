@@ -15,8 +15,8 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Int64Type, UInt8Type, UInt64Type};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use ctxlog_core::canonical::canonical_json;
-use ctxlog_core::index::IndexRow;
+use ctxlog_core::backend::canonical_json;
+use ctxlog_core::backend::index::{IndexRow, RowRef};
 use ctxlog_core::{Body, ContentHash, Entry, Epoch, Error, Hlc, Kind, OrderKey, Record, Result, ShardId};
 use uuid::Uuid;
 
@@ -402,7 +402,15 @@ impl<'a> IndexView<'_, 'a> {
                 .ok_or_else(|| corrupt("content hash is not 32 bytes".into()))?,
             bot_id: self.bot.value(i),
             session_id: self.session.value(i),
-            loc: ctxlog_core::index::Loc::default(),
+            at: RowRef::default(),
         })
     }
+}
+
+/// The row ids of a scanned batch (`_rowid`).
+pub(crate) fn row_ids(batch: &RecordBatch) -> Result<&arrow_array::UInt64Array> {
+    batch
+        .column_by_name("_rowid")
+        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+        .ok_or_else(|| corrupt("scan returned no row ids".into()))
 }

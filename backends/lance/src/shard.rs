@@ -6,18 +6,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use async_trait::async_trait;
-use ctxlog_core::{
-    AppendAck, Epoch, Error, Hlc, HlcClock, Limits, Record, Result, Shard, ShardId, WriterId, Written, with_deadline,
-};
+use ctxlog_core::backend::writer::{Staged, WriterState};
+use ctxlog_core::backend::{HlcClock, with_deadline};
+use ctxlog_core::{AppendAck, Epoch, Error, Hlc, Record, Result, Shard, ShardId, WriterId, Written};
 use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore, ShardWriter, ShardWriterConfig, WalTailer};
 use lance_core::FenceReason;
 use lance_io::object_store::ObjectStore;
 use object_store::path::Path;
 
-use crate::Inner;
 use crate::error::lance_err;
-use crate::read;
+use crate::open::ensure_mem_wal;
 use crate::schema::{Stamped, to_batch};
+use crate::store::Shared;
+use crate::{tiers, writers};
 
 /// How a writer sizes its memtables. A memtable becomes a flushed generation when it
 /// reaches any limit, and on close. Smaller memtables mean shorter WAL tails for readers
@@ -45,30 +46,22 @@ impl Default for WriterTuning {
 }
 
 pub(crate) struct LanceShard {
-    inner: Arc<Inner>,
-    writer_id: WriterId,
-    shard: ShardId,
-    epoch: Epoch,
+    shared: Arc<Shared>,
+    state: WriterState,
     writer: Option<Arc<ShardWriter>>,
     store: Arc<ObjectStore>,
     base_path: Path,
-    last_seq: u64,
-    clock: HlcClock,
-    limits: Limits,
-    poisoned: bool,
-    /// A successor claimed the shard; every append fails fast.
-    fenced_by: Option<Option<Epoch>>,
 }
 
 impl LanceShard {
-    pub(crate) async fn open(inner: Arc<Inner>, writer_id: WriterId) -> Result<Self> {
+    pub(crate) async fn open(inner: Arc<Shared>, writer_id: WriterId) -> Result<Self> {
         let shard = writer_id.shard_id();
         // A claim that misses its deadline may still land (and fence the incumbent).
         with_deadline("open shard", inner.timeout(), Some(shard), Written::Unknown, async {
             let mut ds = inner.latest().await?;
-            crate::ensure_mem_wal(&mut ds).await?;
+            ensure_mem_wal(&mut ds).await?;
             let (store, base_path) = inner.io(&ds).await?;
-            read::remember_writer(&store, &base_path, shard, &writer_id).await?;
+            writers::remember(&store, &base_path, shard, &writer_id).await?;
             let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
             let epoch_before = current_epoch(&manifests, shard).await?;
             let t = &inner.tuning;
@@ -118,47 +111,39 @@ impl LanceShard {
                 }
             };
             inner.register_writer(&writer);
+            let clock = || HlcClock::new(inner.options.clock.clone(), Hlc::ZERO);
+            let limits = inner.options.limits.clone();
             // The handle owns the writer from here: if anything below fails, or the
             // deadline drops this future, its `Drop` stops the writer's tasks.
             let mut handle = LanceShard {
-                clock: HlcClock::new(inner.options.clock.clone(), Hlc::ZERO),
-                limits: inner.options.limits.clone(),
-                inner: inner.clone(),
-                writer_id,
-                shard,
-                epoch: writer.epoch(),
+                state: WriterState::new(writer_id.clone(), writer.epoch(), clock(), limits.clone(), 0, Hlc::ZERO),
+                shared: inner.clone(),
                 writer: Some(writer.clone()),
                 store,
                 base_path,
-                last_seq: 0,
-                poisoned: false,
-                fenced_by: None,
             };
             // Seqs and HLCs are ctxlog's: recover them from what the shard holds.
-            let recovered = read::recover(&inner, shard).await?;
-            handle.last_seq = recovered.last_seq;
-            handle.clock.resume_after(Hlc(recovered.max_hlc));
+            let recovered = tiers::recover(&inner, shard).await?;
+            handle.state = WriterState::new(
+                writer_id,
+                writer.epoch(),
+                clock(),
+                limits,
+                recovered.last_seq,
+                Hlc(recovered.max_hlc),
+            );
             Ok(handle)
         })
         .await
-    }
-
-    fn fenced(&self, current: Option<Epoch>, written: Written) -> Error {
-        Error::Fenced {
-            shard: self.shard,
-            writer: self.writer_id.to_string(),
-            epoch: self.epoch,
-            current,
-            written,
-        }
     }
 
     /// After a peer fence hit a put that was already in the memtable: did its WAL entry
     /// land? `Some(false)` only with proof: the successor's fence sentinel sits after our
     /// last entry, so no entry of ours can land any more. `None` when it cannot tell.
     async fn landed(&self, first_seq: u64) -> Result<Option<bool>> {
-        let err = |e| lance_err("check a fenced append", Some(self.shard), Written::Unknown, e);
-        let tailer = WalTailer::new(self.store.clone(), self.base_path.clone(), self.shard.0);
+        let shard = self.state.shard();
+        let err = |e| lance_err("check a fenced append", Some(shard), Written::Unknown, e);
+        let tailer = WalTailer::new(self.store.clone(), self.base_path.clone(), shard.0);
         let mut pos = tailer.next_position().await.map_err(err)?;
         let mut successor_sentinel = false;
         while pos > 1 {
@@ -166,11 +151,11 @@ impl LanceShard {
             let Some(entry) = tailer.read_entry(pos).await.map_err(err)? else {
                 continue;
             };
-            if entry.writer_epoch > self.epoch {
+            if entry.writer_epoch > self.state.epoch() {
                 successor_sentinel |= entry.batches.is_empty();
                 continue;
             }
-            if entry.writer_epoch == self.epoch && !entry.batches.is_empty() {
+            if entry.writer_epoch == self.state.epoch() && !entry.batches.is_empty() {
                 // Our newest entry: our appends are sequential, so ours is this one or none.
                 let mut max_seq = 0;
                 for b in &entry.batches {
@@ -207,130 +192,42 @@ async fn abort_quietly(writer: &ShardWriter, timeout: Duration) {
 #[async_trait]
 impl Shard for LanceShard {
     fn shard_id(&self) -> ShardId {
-        self.shard
+        self.state.shard()
     }
 
     fn writer(&self) -> &WriterId {
-        &self.writer_id
+        self.state.writer()
     }
 
     fn epoch(&self) -> Epoch {
-        self.epoch
+        self.state.epoch()
     }
 
     fn observe(&mut self, hlc: Hlc) -> Result<()> {
-        self.clock.observe(hlc)
+        self.state.observe(hlc)
     }
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
-        if self.poisoned {
-            return Err(Error::Poisoned { shard: self.shard });
-        }
-        if let Some(current) = self.fenced_by {
-            return Err(self.fenced(current, Written::Nothing));
-        }
+        self.state.check_usable()?;
         let Some(writer) = self.writer.clone() else {
-            return Err(Error::Closed { shard: self.shard });
+            return Err(Error::Closed {
+                shard: self.state.shard(),
+            });
         };
-        self.limits.validate_batch(&records)?;
-        let mut clock = self.clock.clone();
-        let first_seq = self.last_seq + 1;
-        let shard = self.shard;
-        let stamped: Vec<Stamped<'_>> = records
-            .iter()
-            .enumerate()
-            .map(|(i, record)| {
-                let hlc = clock.tick().map_err(|e| match e {
-                    Error::Corrupt { what, .. } => Error::Corrupt {
-                        shard: Some(shard),
-                        what,
-                    },
-                    other => other,
-                })?;
-                Ok(Stamped {
-                    shard,
-                    epoch: self.epoch,
-                    seq: first_seq + i as u64,
-                    hlc,
-                    hash: record.content_hash(),
-                    record,
-                })
-            })
-            .collect::<Result<_>>()?;
-        let (first_hlc, last_hlc) = (stamped[0].hlc, stamped[stamped.len() - 1].hlc);
-        let batch = to_batch(self.writer_id.as_str(), &stamped)?;
-        let last_seq = first_seq + records.len() as u64 - 1;
-
-        // From here until an outcome is known, the handle counts as poisoned: if the caller
+        let staged = self.state.stage(records)?;
+        // From here until an outcome is known the handle counts as poisoned: if the caller
         // drops this future after the batch reached the memtable, the batch still becomes
         // durable, and the next append must not reuse its seqs.
-        self.poisoned = true;
-        let deadline = Instant::now() + self.inner.timeout();
-        // `inserted` says whether the batch reached the memtable (and so may reach the WAL).
-        let put = async {
-            let (_, watcher) = writer.put_no_wait(vec![batch]).await.map_err(|e| (e, false))?;
-            if let Some(mut watcher) = watcher {
-                watcher.wait().await.map_err(|e| (e, true))?;
-            }
-            Ok::<(), (lance::Error, bool)>(())
-        };
-        let outcome = match tokio::time::timeout_at(deadline, put).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err((e, inserted))) => match e.fence_reason() {
-                Some(FenceReason::PeerClaimedEpoch) => {
-                    self.fenced_by = Some(None);
-                    if !inserted {
-                        Err(self.fenced(None, Written::Nothing))
-                    } else {
-                        match tokio::time::timeout_at(deadline, self.landed(first_seq)).await {
-                            Ok(Ok(Some(true))) => Ok(()), // durable before the successor's claim
-                            Ok(Ok(Some(false))) => Err(self.fenced(None, Written::Nothing)),
-                            _ => Err(self.fenced(None, Written::Unknown)),
-                        }
-                    }
-                }
-                // Our own WAL write failed (or any other failure after the batch reached
-                // the memtable): it may have landed. Reopen replays the WAL.
-                _ if inserted => Err(lance_err("append", Some(self.shard), Written::Unknown, e)),
-                // Refused before the memtable: nothing written. A writer poisoned by its own
-                // earlier failure never recovers, though: the handle stays poisoned.
-                Some(FenceReason::PersistenceFailure) => {
-                    return Err(lance_err("append", Some(self.shard), Written::Nothing, e));
-                }
-                None if matches!(e.find_root(), lance::Error::InvalidInput { .. }) || e.is_backpressure() => {
-                    Err(lance_err("append", Some(self.shard), Written::Nothing, e))
-                }
-                // `put_no_wait` can also fail after the insert (starting the index apply).
-                None => Err(lance_err("append", Some(self.shard), Written::Unknown, e)),
-            },
-            Err(_) => Err(Error::Timeout {
-                op: "append",
-                after: self.inner.timeout(),
-                shard: Some(self.shard),
-                written: Written::Unknown,
-            }),
-        };
-        match outcome {
-            Ok(()) => {
-                self.poisoned = false;
-                self.clock = clock;
-                self.last_seq = last_seq;
-                Ok(AppendAck {
-                    shard: self.shard,
-                    epoch: self.epoch,
-                    first_seq,
-                    last_seq,
-                    first_hlc,
-                    last_hlc,
-                    ids: records.into_iter().map(|r| r.id).collect(),
-                })
-            }
-            Err(e) => {
-                // Definite: nothing landed, the seqs are free again.
-                self.poisoned = !e.is_definite();
-                Err(e)
-            }
+        self.state.begin();
+        let outcome = self.put(&writer, &staged).await;
+        let writer_dead = matches!(outcome, Err(Refusal::WriterPoisoned(_)));
+        let result = self.state.settle(outcome.map_err(Refusal::into_error).map(|()| staged));
+        if writer_dead {
+            // Refused before the memtable (nothing written), but Lance's writer itself is
+            // poisoned by an earlier failure of its own and never recovers: so is the handle.
+            self.state.poison();
         }
+        result
     }
 
     /// Flush the memtable into a generation (so readers need not read its WAL tail), then
@@ -342,38 +239,118 @@ impl Shard for LanceShard {
         let Some(writer) = self.writer.clone() else {
             return Ok(());
         };
+        let shard = self.state.shard();
         // One deadline for the whole close; the flush leaves a reserve for stopping tasks.
-        let timeout = self.inner.timeout();
+        let timeout = self.shared.timeout();
         let deadline = Instant::now() + timeout;
         let flush_by = deadline - (timeout / 4).min(Duration::from_secs(2));
         let timed_out = |op| Error::Timeout {
             op,
-            after: self.inner.timeout(),
-            shard: Some(self.shard),
+            after: timeout,
+            shard: Some(shard),
             written: Written::Nothing,
         };
-        let flushed = if let Some(current) = self.fenced_by {
-            Err(self.fenced(current, Written::Nothing))
-        } else if self.poisoned {
+        let flushed = if let Some(current) = self.state.fenced_by() {
+            Err(self.state.fenced(current, Written::Nothing))
+        } else if self.state.is_poisoned() {
             Ok(())
         } else {
             match tokio::time::timeout_at(flush_by, async { writer.force_freeze_active().await?.wait().await }).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) if e.fence_reason() == Some(FenceReason::PeerClaimedEpoch) => {
-                    Err(self.fenced(None, Written::Nothing))
+                    Err(self.state.fenced(None, Written::Nothing))
                 }
-                Ok(Err(e)) => Err(lance_err("close", Some(self.shard), Written::Nothing, e)),
+                Ok(Err(e)) => Err(lance_err("close", Some(shard), Written::Nothing, e)),
                 Err(_) => Err(timed_out("close (flush)")),
             }
         };
         // Whatever the flush did, the tasks stop.
         let stopped = match tokio::time::timeout_at(deadline, writer.abort()).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(lance_err("close (stop tasks)", Some(self.shard), Written::Nothing, e)),
+            Ok(Err(e)) => Err(lance_err("close (stop tasks)", Some(shard), Written::Nothing, e)),
             Err(_) => Err(timed_out("close (stop tasks)")),
         };
         self.writer = None; // stopped (or given up on): nothing left for Drop to do
+        self.state.mark_closed();
         flushed.and(stopped)
+    }
+}
+
+/// Why a put failed, as far as the handle's state is concerned.
+enum Refusal {
+    /// Any failure, already classified.
+    Failed(Error),
+    /// Refused before the memtable because Lance's writer is poisoned for good.
+    WriterPoisoned(Error),
+}
+
+impl Refusal {
+    fn into_error(self) -> Error {
+        match self {
+            Refusal::Failed(e) | Refusal::WriterPoisoned(e) => e,
+        }
+    }
+}
+
+impl LanceShard {
+    /// One durable put of the staged batch, under the deadline, its outcome classified: a
+    /// definite error only with proof that nothing can land.
+    async fn put(&self, writer: &ShardWriter, staged: &Staged) -> std::result::Result<(), Refusal> {
+        let shard = self.state.shard();
+        let stamped: Vec<Stamped<'_>> = staged
+            .entries
+            .iter()
+            .map(|e| Stamped {
+                shard,
+                epoch: self.state.epoch(),
+                seq: e.seq,
+                hlc: e.hlc,
+                hash: e.hash,
+                record: &e.record,
+            })
+            .collect();
+        let batch = to_batch(self.state.writer().as_str(), &stamped).map_err(Refusal::Failed)?;
+        let first_seq = staged.first_seq();
+        let deadline = Instant::now() + self.shared.timeout();
+        // `inserted` says whether the batch reached the memtable (and so may reach the WAL).
+        let put = async {
+            let (_, watcher) = writer.put_no_wait(vec![batch]).await.map_err(|e| (e, false))?;
+            if let Some(mut watcher) = watcher {
+                watcher.wait().await.map_err(|e| (e, true))?;
+            }
+            Ok::<(), (lance::Error, bool)>(())
+        };
+        let fenced = |written| self.state.fenced(None, written);
+        match tokio::time::timeout_at(deadline, put).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((e, inserted))) => Err(match e.fence_reason() {
+                Some(FenceReason::PeerClaimedEpoch) if !inserted => Refusal::Failed(fenced(Written::Nothing)),
+                Some(FenceReason::PeerClaimedEpoch) => {
+                    match tokio::time::timeout_at(deadline, self.landed(first_seq)).await {
+                        Ok(Ok(Some(true))) => return Ok(()), // durable before the successor's claim
+                        Ok(Ok(Some(false))) => Refusal::Failed(fenced(Written::Nothing)),
+                        _ => Refusal::Failed(fenced(Written::Unknown)),
+                    }
+                }
+                // Our own WAL write failed (or any other failure after the batch reached
+                // the memtable): it may have landed. Reopen replays the WAL.
+                _ if inserted => Refusal::Failed(lance_err("append", Some(shard), Written::Unknown, e)),
+                Some(FenceReason::PersistenceFailure) => {
+                    Refusal::WriterPoisoned(lance_err("append", Some(shard), Written::Nothing, e))
+                }
+                None if matches!(e.find_root(), lance::Error::InvalidInput { .. }) || e.is_backpressure() => {
+                    Refusal::Failed(lance_err("append", Some(shard), Written::Nothing, e))
+                }
+                // `put_no_wait` can also fail after the insert (starting the index apply).
+                None => Refusal::Failed(lance_err("append", Some(shard), Written::Unknown, e)),
+            }),
+            Err(_) => Err(Refusal::Failed(Error::Timeout {
+                op: "append",
+                after: self.shared.timeout(),
+                shard: Some(shard),
+                written: Written::Unknown,
+            })),
+        }
     }
 }
 
@@ -384,7 +361,7 @@ impl Drop for LanceShard {
         if let Some(writer) = self.writer.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
-            let timeout = self.inner.timeout();
+            let timeout = self.shared.timeout();
             rt.spawn(async move { abort_quietly(&writer, timeout).await });
         }
     }

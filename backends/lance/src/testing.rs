@@ -72,7 +72,7 @@ pub async fn compact_interrupted(
     stop: StopPoint,
 ) -> Result<()> {
     let store = LanceStore::open_store(uri, options).await?;
-    match crate::compact::compact(&store.inner, opts, Some(stop)).await {
+    match crate::compact::compact(&store.shared, opts, Some(stop)).await {
         Err(_) => Ok(()),
         Ok(r) => Err(Error::backend(
             "lance",
@@ -87,7 +87,7 @@ pub async fn compact_interrupted(
 /// One compaction pass through a store handle of its own.
 pub async fn compact(uri: &str, options: StoreOptions, opts: &CompactOptions) -> Result<CompactReport> {
     let store = LanceStore::open_store(uri, options).await?;
-    crate::compact::compact(&store.inner, opts, None).await
+    crate::compact::compact(&store.shared, opts, None).await
 }
 
 /// The dataset directory of a local store URI.

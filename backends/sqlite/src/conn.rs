@@ -21,60 +21,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use ctxlog_core::{Error, Result, ShardId, Written};
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+
+use crate::schema::{FORMAT, Holds, SchemaError, create_schema, holds};
 
 pub(crate) const BACKEND: &str = "sqlite";
-/// Bumped when the schema changes incompatibly.
-const FORMAT: &str = "1";
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS ctxlog_meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS shards (
-    shard_no INTEGER PRIMARY KEY,
-    shard    BLOB NOT NULL UNIQUE,
-    writer   TEXT NOT NULL,
-    epoch    INTEGER NOT NULL,
-    last_seq INTEGER NOT NULL,
-    max_hlc  INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sessions (
-    session_no INTEGER PRIMARY KEY,
-    bot_id     TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    UNIQUE (bot_id, session_id)
-);
-CREATE TABLE IF NOT EXISTS entries (
-    shard_no     INTEGER NOT NULL,
-    seq          INTEGER NOT NULL,
-    epoch        INTEGER NOT NULL,
-    hlc          INTEGER NOT NULL,
-    kind         INTEGER NOT NULL,
-    session_no   INTEGER NOT NULL,
-    content_hash BLOB NOT NULL,
-    id           TEXT NOT NULL,
-    role         TEXT NOT NULL,
-    content_type TEXT NOT NULL,
-    body_text    TEXT,
-    body_bytes   BLOB,
-    metadata     TEXT,
-    created_at   INTEGER
-);
--- The projection's covering index: a first scan reads this b-tree only, never bodies.
--- Its (shard_no, seq, epoch) prefix is unique: appends take seqs inside the epoch-checked
--- transaction.
-CREATE INDEX IF NOT EXISTS entries_projection
-    ON entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id);
-";
-
-/// The one way an entry row is written (appends, and the test-only injection).
-pub(crate) const INSERT_ENTRY: &str =
-    "INSERT INTO entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id, role, content_type,
-                          body_text, body_bytes, metadata, created_at)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
-
 /// What a connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Access {
@@ -198,14 +149,6 @@ enum Found {
     Sqlite,
 }
 
-/// What a SQLite file holds, read through a read-only connection.
-enum Holds {
-    Store,
-    NoSchema,
-    OtherTables(Vec<String>),
-    OtherFormat(String),
-}
-
 fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
     Error::NotAStore {
         location: path.display().to_string(),
@@ -264,31 +207,7 @@ fn read_only(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// The names of the database's own objects (tables, indexes, views, triggers).
-fn objects(c: &Connection) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = c.prepare("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name")?;
-    stmt.query_map([], |r| r.get(0))?.collect()
-}
-
-fn holds(c: &Connection) -> rusqlite::Result<Holds> {
-    let names = objects(c)?;
-    if names.iter().any(|n| n == "ctxlog_meta") {
-        let format: Option<String> = c
-            .query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
-            .optional()?;
-        return Ok(match format {
-            Some(f) if f == FORMAT => Holds::Store,
-            Some(f) => Holds::OtherFormat(f),
-            None => Holds::OtherFormat("none".into()),
-        });
-    }
-    Ok(if names.is_empty() {
-        Holds::NoSchema
-    } else {
-        Holds::OtherTables(names)
-    })
-}
-
+/// The error for a file that is not a ctxlog store this build can open.
 fn refuse(path: &Path, h: Holds) -> Error {
     match h {
         Holds::OtherTables(names) => {
@@ -516,7 +435,11 @@ fn open_once(path: &Path, access: Access, create: bool) -> std::result::Result<C
     // FULL: an acknowledged commit survives power loss, not only a process crash.
     conn.pragma_update(None, "synchronous", "FULL")?;
     if create {
-        create_schema(&mut conn)?;
+        match create_schema(&mut conn) {
+            Ok(()) => {}
+            Err(SchemaError::Sql(e)) => return Err(OpenError::Sql(e)),
+            Err(SchemaError::Refused(h)) => return Err(OpenError::Refused(h)),
+        }
     }
     // Only now is the file known to be ours: WAL mode is a persistent change.
     let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
@@ -527,21 +450,6 @@ fn open_once(path: &Path, access: Access, create: bool) -> std::result::Result<C
         }
     }
     Ok(conn)
-}
-
-/// Create the schema, under the write lock, unless another creator did; refuse (writing
-/// nothing) if the file gained other tables meanwhile.
-fn create_schema(conn: &mut Connection) -> std::result::Result<(), OpenError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    match holds(&tx)? {
-        Holds::Store => return Ok(()),
-        Holds::NoSchema => {}
-        refused => return Err(OpenError::Refused(refused)),
-    }
-    tx.execute_batch(SCHEMA)?;
-    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [FORMAT])?;
-    tx.commit()?;
-    Ok(())
 }
 
 fn open_error(path: &Path, timeout: Duration, e: rusqlite::Error) -> Error {

@@ -8,15 +8,18 @@
 
 mod conn;
 mod read;
+mod schema;
 mod shard;
-#[doc(hidden)]
+mod stall;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ctxlog_core::engine::{IndexedProjector, ScanConflictDiscovery};
+use ctxlog_core::backend::history::ScanConflictDiscovery;
+use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::{
     CompactOptions, CompactReport, ConflictDiscovery, Entry, Projector, Result, Shard, ShardId, ShardInfo, Store,
     StoreOptions, WriterId, Written,

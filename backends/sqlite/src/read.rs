@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::DateTime;
-use ctxlog_core::engine::{CatchUp, HistoryChecker, HistorySource, IndexSource};
-use ctxlog_core::index::{IndexRow, Loc, ProjectionIndex};
+use ctxlog_core::backend::history::{HistoryChecker, HistorySource};
+use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
+use ctxlog_core::backend::projector::{CatchUp, IndexSource};
 use ctxlog_core::{
     Body, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions, WriterId,
     Written,
@@ -192,7 +193,7 @@ impl IndexSource for SqliteIndex {
         n.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
     }
 
-    async fn fetch(&self, _cursor: &Cursor, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>> {
+    async fn fetch(&self, _cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
         let conn = self.conn.get().await?;
         let keys = keys.to_vec();
         conn.run("read entries", None, Written::Nothing, move |c| fetch(c, &keys))
@@ -351,7 +352,7 @@ fn apply_rows(
                 hash: raw.hash,
                 bot_id,
                 session_id,
-                loc: Loc::default(),
+                at: RowRef::default(),
             };
             done.read += 1;
             if index.apply_owned(row, raw.id) {
@@ -362,7 +363,7 @@ fn apply_rows(
     Ok(done)
 }
 
-fn fetch(c: &mut Connection, keys: &[(OrderKey, Loc)]) -> Result<Vec<Entry>> {
+fn fetch(c: &mut Connection, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
     let err = |e| sql_error("read entries", None, Written::Nothing, e);
     let tx = c.transaction().map_err(err)?;
     let mut out = Vec::with_capacity(keys.len());

@@ -201,7 +201,7 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
     };
     let store = ctxlog::open(&uri, options).await?;
     // Never print a URI's query string: it carries storage options (credentials).
-    let shown = ctxlog::redact::redact_uri(&uri);
+    let shown = ctxlog::redact_uri(&uri);
     println!("ctxlog demo — store {shown} ({} backend)\n", store.backend());
 
     let started = Instant::now();
@@ -281,11 +281,7 @@ pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitC
                 who(entry),
                 who(tombstone)
             ),
-            other => println!(
-                "  {:<19} {}",
-                other.kind().as_str(),
-                serde_json::to_string(other).unwrap_or_default()
-            ),
+            other => println!("  {:<19} {}", other.kind().as_str(), crate::json::conflict_json(other)),
         }
     }
     let stats = projector.stats();

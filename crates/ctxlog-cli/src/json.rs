@@ -1,10 +1,14 @@
-//! The CLI's JSON interface: input records on stdin, output records on stdout.
-//! Field names are part of the interface; scripts rely on them.
+//! The CLI's JSON interface: input records on stdin, every shape it prints on stdout.
+//! Field names are part of the interface; scripts rely on them. Nothing else in the CLI
+//! builds JSON.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use chrono::{DateTime, SecondsFormat, Utc};
-use ctxlog::{Body, Entry, Error, Kind, Record, Result};
+use ctxlog::{
+    AppendAck, Body, CompactReport, Conflict, Entry, Error, Kind, ProjectionStats, Record, Result, SessionSummary,
+    ShardInfo,
+};
 use serde_json::{Map, Value, json};
 
 /// Parse one input line into a record. Every problem names its field.
@@ -110,6 +114,62 @@ pub fn entry_json(e: &Entry) -> Value {
     obj.insert("epoch".into(), json!(e.epoch));
     obj.insert("hlc".into(), json!(e.hlc.0));
     Value::Object(obj)
+}
+
+/// One durable batch, as `append` acknowledges it.
+pub fn ack_json(ack: &AppendAck) -> Value {
+    json!({
+        "shard": ack.shard.to_string(),
+        "epoch": ack.epoch,
+        "first_seq": ack.first_seq,
+        "last_seq": ack.last_seq,
+        "ids": ack.ids,
+    })
+}
+
+/// One session, as `sessions` lists it.
+pub fn session_json(s: &SessionSummary) -> Value {
+    json!({
+        "bot_id": s.bot_id,
+        "session_id": s.session_id,
+        "records": s.records,
+        "first_hlc": s.first_hlc.map(|h| h.0),
+        "last_hlc": s.last_hlc.map(|h| h.0),
+    })
+}
+
+/// One shard, as `shards` lists it.
+pub fn shard_json(s: &ShardInfo) -> Value {
+    json!({
+        "shard": s.shard.to_string(),
+        "writer": s.writer.as_str(),
+        "epoch": s.epoch,
+        "last_seq": s.last_seq,
+        "entries": s.entries,
+    })
+}
+
+/// One conflict: its canonical form (the same on every backend).
+pub fn conflict_json(c: &Conflict) -> Value {
+    serde_json::to_value(c).unwrap_or_else(|e| json!({"kind": c.kind().as_str(), "unprintable": e.to_string()}))
+}
+
+/// The projection's counts, the backend, and how long the first scan took.
+pub fn stats_json(stats: &ProjectionStats, backend: &str, first_scan: std::time::Duration) -> Value {
+    let mut v = serde_json::to_value(stats).unwrap_or_else(|_| json!({}));
+    v["backend"] = json!(backend);
+    v["first_scan_ms"] = json!(first_scan.as_secs_f64() * 1000.0);
+    v
+}
+
+/// What a compaction pass did.
+pub fn compact_json(r: &CompactReport) -> Value {
+    json!({
+        "generations_merged": r.generations_merged,
+        "entries_merged": r.entries_merged,
+        "generations_remaining": r.generations_remaining,
+        "note": r.note,
+    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ctxlog::{CompactOptions, Error, Record, StoreOptions, WriterId};
-use serde_json::json;
 
 #[derive(Parser)]
 #[command(name = "ctxlog", version, about = "A durable, append-only context log for AI agents")]
@@ -272,13 +271,7 @@ async fn append(uri: &str, options: StoreOptions, writer: &str, batch: u64) -> R
                 .await
                 .map_err(|error| Failure::Append { error, written })?;
             written += n;
-            let line = json!({
-                "shard": ack.shard.to_string(),
-                "epoch": ack.epoch,
-                "first_seq": ack.first_seq,
-                "last_seq": ack.last_seq,
-                "ids": ack.ids,
-            });
+            let line = json::ack_json(&ack);
             // The ack line is the durability promise: flush it before reading on.
             let _ = writeln!(stdout, "{line}").and_then(|_| stdout.flush());
         }
@@ -376,39 +369,24 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
         Command::Sessions { bot } => {
             let mut p = store.projector();
             for s in p.sessions(bot).await? {
-                print(json!({
-                    "bot_id": s.bot_id,
-                    "session_id": s.session_id,
-                    "records": s.records,
-                    "first_hlc": s.first_hlc.map(|h| h.0),
-                    "last_hlc": s.last_hlc.map(|h| h.0),
-                }));
+                print(json::session_json(&s));
             }
         }
         Command::Shards => {
             for s in store.shards().await? {
-                print(json!({
-                    "shard": s.shard.to_string(),
-                    "writer": s.writer.as_str(),
-                    "epoch": s.epoch,
-                    "last_seq": s.last_seq,
-                    "entries": s.entries,
-                }));
+                print(json::shard_json(&s));
             }
         }
         Command::Conflicts => {
             for c in store.conflict_discovery().conflicts(None).await? {
-                print(serde_json::to_value(&c).expect("conflicts serialise"));
+                print(json::conflict_json(&c));
             }
         }
         Command::Stats => {
             let mut p = store.projector();
             let started = std::time::Instant::now();
             p.refresh().await?;
-            let mut v = serde_json::to_value(p.stats()).expect("stats serialise");
-            v["backend"] = json!(store.backend());
-            v["first_scan_ms"] = json!(started.elapsed().as_secs_f64() * 1000.0);
-            print(v);
+            print(json::stats_json(&p.stats(), store.backend(), started.elapsed()));
         }
         Command::Compact {
             max_generations,
@@ -420,7 +398,7 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
                     max_bytes: *max_bytes,
                 })
                 .await?;
-            print(serde_json::to_value(report).expect("report serialises"));
+            print(json::compact_json(&report));
         }
         Command::Append { .. } | Command::Demo => unreachable!("handled in run"),
     }

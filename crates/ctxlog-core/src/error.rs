@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::types::{Epoch, ShardId};
+use crate::ids::{Epoch, ShardId};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

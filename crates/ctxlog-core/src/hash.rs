@@ -3,10 +3,17 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Serialize, Serializer};
 
 use crate::canonical::canonical_json;
-use crate::types::{Body, Record};
+use crate::record::{Body, Record};
+
+impl Record {
+    /// The record's content hash (every field but `created_at`).
+    pub fn content_hash(&self) -> ContentHash {
+        ContentHash::of(self)
+    }
+}
 
 /// Bumped if the encoding ever changes; part of every hash.
 const ENCODING_VERSION: &[u8] = b"ctxlog-content-v1";
@@ -93,17 +100,10 @@ impl Serialize for ContentHash {
     }
 }
 
-impl<'de> Deserialize<'de> for ContentHash {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        ContentHash::from_hex(&s).ok_or_else(|| serde::de::Error::custom("not a 64-digit hex hash"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::Kind;
+    use crate::record::Kind;
 
     fn rec() -> Record {
         Record::text("id-1", "bot", "s1", "user", "hello")

@@ -3,9 +3,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 
@@ -14,7 +13,7 @@ const LOGICAL_BITS: u32 = 16;
 const MAX_MILLIS: u64 = (1 << (64 - LOGICAL_BITS)) - 1;
 
 /// A hybrid logical clock value. Ordered as a plain integer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct Hlc(pub u64);
 
@@ -68,52 +67,6 @@ impl PhysicalClock for SystemClock {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0)
-    }
-}
-
-/// Wall-clock time shifted by a fixed offset; used to prove that ordering survives skew.
-#[derive(Debug, Default)]
-pub struct SkewedClock {
-    offset_millis: AtomicI64,
-}
-
-impl SkewedClock {
-    pub fn new(offset_millis: i64) -> Arc<Self> {
-        Arc::new(SkewedClock {
-            offset_millis: AtomicI64::new(offset_millis),
-        })
-    }
-}
-
-impl PhysicalClock for SkewedClock {
-    fn now_millis(&self) -> u64 {
-        let now = SystemClock.now_millis() as i64;
-        (now + self.offset_millis.load(Ordering::Relaxed)).max(0) as u64
-    }
-}
-
-/// A physical clock that stands still until moved: deterministic HLCs for tests that
-/// compare two stores byte for byte.
-#[derive(Debug, Default)]
-pub struct ManualClock {
-    millis: std::sync::atomic::AtomicU64,
-}
-
-impl ManualClock {
-    pub fn new(millis: u64) -> Arc<Self> {
-        Arc::new(ManualClock {
-            millis: std::sync::atomic::AtomicU64::new(millis),
-        })
-    }
-
-    pub fn set(&self, millis: u64) {
-        self.millis.store(millis, Ordering::Relaxed);
-    }
-}
-
-impl PhysicalClock for ManualClock {
-    fn now_millis(&self) -> u64 {
-        self.millis.load(Ordering::Relaxed)
     }
 }
 

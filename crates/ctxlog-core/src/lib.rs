@@ -1,28 +1,39 @@
-//! ctxlog-core: the traits, types, errors, clock, content hash and reference model shared
-//! by every ctxlog backend. See `ARCHITECTURE.md` at the repository root.
+//! ctxlog-core: the vocabulary, the rules and the four traits of ctxlog, shared by every
+//! backend.
+//!
+//! Applications use the `ctxlog` facade, which re-exports what they need from here. Backend
+//! authors build on [`backend`]; tests use [`testing`] (feature `testing`). The contract is
+//! `docs/contract.md` in the repository, and the `# Contract` sections of [`Store`],
+//! [`Shard`], [`Projector`] and [`ConflictDiscovery`].
+//!
+//! Modules depend on each other in one direction only: `ids` → `error` → `hlc` → `record`
+//! → `canonical` → `hash` → `entry` → `validate` → `projection` → `options` → `traits` →
+//! `backend` → `testing`.
 
-pub mod canonical;
-pub mod engine;
+pub mod backend;
+mod canonical;
+pub mod entry;
 pub mod error;
 pub mod hash;
 pub mod hlc;
-pub mod index;
-pub mod model;
+pub mod ids;
+pub mod options;
 pub mod projection;
+pub mod record;
 pub mod redact;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod traits;
-pub mod types;
 pub mod validate;
 
-pub use error::{Error, Result, Unavailability, Written, with_deadline};
+pub use entry::{AppendAck, Checkpoint, Entry, OrderKey, SessionSummary, ShardInfo};
+pub use error::{Error, Result, Unavailability, Written};
 pub use hash::ContentHash;
-pub use hlc::{Hlc, HlcClock, ManualClock, PhysicalClock, SkewedClock, SystemClock};
-pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats};
-pub use traits::{
-    CompactOptions, CompactReport, ConflictDiscovery, Projector, RefreshReport, Shard, Store, StoreOptions,
-};
-pub use types::{
-    AppendAck, Body, Checkpoint, Entry, Epoch, Kind, OrderKey, Record, Seq, SessionSummary, ShardId, ShardInfo,
-    WriterId,
-};
+pub use hlc::{Hlc, PhysicalClock, SystemClock};
+pub use ids::{Epoch, SHARD_NAMESPACE, Seq, ShardId, WriterId};
+pub use options::{CompactOptions, CompactReport, RefreshReport, StoreOptions};
+pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats, conflicts_json};
+pub use record::{Body, Kind, Record};
+pub use redact::redact_uri;
+pub use traits::{ConflictDiscovery, Projector, Shard, Store};
 pub use validate::Limits;

@@ -1,15 +1,16 @@
 //! The outputs every backend must agree on, byte for byte: the canonical projection and the
 //! conflict list (rule 9).
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::canonical::to_canonical_json;
+use crate::entry::{Checkpoint, OrderKey};
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
-use crate::types::{Checkpoint, Epoch, OrderKey, Seq, ShardId};
+use crate::ids::{Epoch, Seq, ShardId};
 
 /// The kinds of [`Conflict`], as printed by `ctxlog conflicts`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConflictKind {
     DivergentPut,
@@ -35,7 +36,7 @@ impl ConflictKind {
 
 /// A fact found in the log that the projection had to resolve (rules 6, 7), or that shows a
 /// broken guarantee (rule 10). The derived order is the canonical order of a conflict list.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Conflict {
     /// A later `Put` of `id` whose content differs from the winner's. The winner stands.
@@ -128,7 +129,7 @@ pub fn conflicts_json(conflicts: &[Conflict]) -> String {
 }
 
 /// One live record of the projection: the winning entry of its id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct LiveRecord {
     pub bot_id: String,
     pub session_id: String,
@@ -138,7 +139,7 @@ pub struct LiveRecord {
 }
 
 /// Counts that are pure functions of the set of entries.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProjectionStats {
     /// Distinct entries, of every epoch.
     pub entries: u64,
@@ -159,7 +160,7 @@ pub struct ProjectionStats {
 }
 
 /// The deterministic view derived from every entry of every shard.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Projection {
     /// Live records sorted by `(bot_id, session_id, key)`: each session in contract order.
     pub records: Vec<LiveRecord>,

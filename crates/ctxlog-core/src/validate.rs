@@ -1,17 +1,33 @@
 //! Input validation shared by every backend (rule 11). A batch is checked whole before
 //! anything is written; the first bad field is named in the error.
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Error, Result};
-use crate::types::Record;
+use crate::ids::WriterId;
+use crate::record::Record;
+
+/// The longest writer id, in bytes.
+pub const MAX_WRITER_ID_BYTES: usize = 512;
+
+impl WriterId {
+    /// A writer id must be non-empty and at most [`MAX_WRITER_ID_BYTES`] bytes (rule 11).
+    pub fn new(id: impl Into<String>) -> Result<Self> {
+        let id = id.into();
+        if id.is_empty() {
+            return Err(Error::invalid("writer", None, "must not be empty"));
+        }
+        if id.len() > MAX_WRITER_ID_BYTES {
+            return Err(too_long("writer", id.len(), MAX_WRITER_ID_BYTES));
+        }
+        Ok(WriterId::new_unchecked(id))
+    }
+}
 
 /// Configurable input limits.
 ///
 /// The defaults keep every stored column of every backend far from its limits: Lance keeps
 /// ids, metadata and other short strings in columns with 32-bit offsets (2 GiB per batch),
 /// and a batch is bounded to 64 MiB in all.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Longest record id, bot id, session id, role and content type, in bytes.
     pub max_id_bytes: usize,
@@ -202,7 +218,7 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::Body;
+    use crate::record::Body;
 
     fn field_of(e: Error) -> (&'static str, Option<usize>) {
         match e {

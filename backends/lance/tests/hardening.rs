@@ -2,25 +2,20 @@
 //! reports once its batch reached the memtable, WAL holes, and recovery when folded
 //! generations are gone. Interleavings are forced with gates of the fault-injecting object
 //! store, never with sleeps. Each case has a fresh root and a deadline.
-#![cfg(feature = "lance")]
 
+mod common;
+
+use common::run;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use ctxlog::{CompactOptions, Conflict, Error, Store, Written};
-use ctxlog_conformance::backends::LANCE;
-use ctxlog_conformance::cases::w;
-use ctxlog_conformance::{CaseFn, Ctx, recs, run_case};
+use ctxlog_conformance::w;
+use ctxlog_conformance::{Ctx, recs};
+use ctxlog_core::{CompactOptions, Conflict, Error, Store, Written};
 use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
 use ctxlog_lance::{LanceStore, WriterTuning};
-
-fn run(name: &str, case: CaseFn) {
-    if let Err(e) = run_case(LANCE, name, case) {
-        panic!("{e}");
-    }
-}
 
 const WAIT: Duration = Duration::from_secs(30);
 

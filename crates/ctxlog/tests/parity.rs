@@ -1,14 +1,28 @@
 //! Backend parity: the same random history written to SQLite and to Lance gives
 //! byte-identical canonical projection and conflict JSON, and identical session views.
-#![cfg(all(feature = "sqlite", feature = "lance"))]
+#![cfg(all(feature = "sqlite", feature = "lance", feature = "testing"))]
 
 use std::collections::BTreeSet;
 
 use anyhow::ensure;
-use ctxlog::{ManualClock, Store, StoreOptions};
-use ctxlog_conformance::backends::{LANCE, SQLITE};
+use ctxlog::testing::ManualClock;
+use ctxlog::{Store, StoreOptions};
 use ctxlog_conformance::differential::{histories, write_history};
-use ctxlog_conformance::{Ctx, run_case};
+use ctxlog_conformance::{Backend, Ctx, FaultGuard, run_case};
+
+/// The two backends as the facade opens them (the parity test injects no faults).
+fn backend(name: &'static str, store_uri: fn(&std::path::Path) -> String) -> Backend {
+    Backend {
+        name,
+        store_uri,
+        open: |uri, options| Box::pin(async move { ctxlog::open(&uri, options).await }),
+        op_timeout: std::time::Duration::from_secs(30),
+        case_timeout: std::time::Duration::from_secs(170),
+        proptest_cases: 6,
+        inject_raw_entry: |_, _| Box::pin(async { anyhow::bail!("parity injects nothing") }),
+        stall_writes: |_| Box::pin(async { anyhow::bail!("parity injects nothing") as anyhow::Result<FaultGuard> }),
+    }
+}
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// Everything a reader can observe, as canonical text.
@@ -22,11 +36,7 @@ async fn observe(store: &dyn Store) -> anyhow::Result<(String, String, Vec<Strin
         views.push(format!("{:?}", p.session("bot", &s).await?));
     }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
-    Ok((
-        projection.canonical_json(),
-        ctxlog::projection::conflicts_json(&conflicts),
-        views,
-    ))
+    Ok((projection.canonical_json(), ctxlog::conflicts_json(&conflicts), views))
 }
 
 #[test]
@@ -51,7 +61,9 @@ fn sqlite_and_lance_agree_byte_for_byte() {
                     handle
                         .block_on(async {
                             let mut outputs = Vec::new();
-                            for backend in [SQLITE, LANCE] {
+                            let sqlite = backend("sqlite", |r| format!("sqlite:{}", r.join("store.db").display()));
+                            let lance = backend("lance", |r| r.join("store.lance").display().to_string());
+                            for backend in [sqlite, lance] {
                                 // One fixed physical clock: both stores get the same HLCs.
                                 let options = StoreOptions {
                                     clock: ManualClock::new(1_780_000_000_000),
@@ -75,7 +87,8 @@ fn sqlite_and_lance_agree_byte_for_byte() {
             result.map_err(|e| anyhow::anyhow!("{e}"))
         })
     };
-    if let Err(e) = run_case(LANCE, "sqlite_and_lance_agree_byte_for_byte", case) {
+    let lance = backend("lance", |r| r.join("store.lance").display().to_string());
+    if let Err(e) = run_case(lance, "sqlite_and_lance_agree_byte_for_byte", case) {
         panic!("{e}");
     }
 }

@@ -1,25 +1,19 @@
 //! What only the Lance backend has: compaction of flushed generations, MemWAL fencing inside
 //! `close`, WAL replay after a crash. Each case has a fresh root and a deadline.
-#![cfg(feature = "lance")]
 
+mod common;
+
+use common::run;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use ctxlog::{CompactOptions, Error, Store, StoreOptions};
-use ctxlog_conformance::backends::LANCE;
-use ctxlog_conformance::cases::w;
-use ctxlog_conformance::process::{WriterProcess, ack_ids};
-use ctxlog_conformance::{CaseFn, Ctx, recs, run_case};
+use ctxlog_conformance::w;
+use ctxlog_conformance::{Ctx, recs};
+use ctxlog_core::{CompactOptions, Error, Store, StoreOptions};
 use ctxlog_lance::testing::{StopPoint, base_keys, compact_interrupted};
 use ctxlog_lance::{LanceStore, WriterTuning};
-
-fn run(name: &str, case: CaseFn) {
-    if let Err(e) = run_case(LANCE, name, case) {
-        panic!("{e}");
-    }
-}
 
 /// Small memtables: a generation every few appends.
 fn small() -> WriterTuning {
@@ -57,10 +51,7 @@ async fn canonical(ctx: &Ctx) -> anyhow::Result<(String, String)> {
     let mut p = store.projector();
     p.refresh().await?;
     let conflicts = store.conflict_discovery().conflicts(None).await?;
-    Ok((
-        p.projection().canonical_json(),
-        ctxlog::projection::conflicts_json(&conflicts),
-    ))
+    Ok((p.projection().canonical_json(), ctxlog_core::conflicts_json(&conflicts)))
 }
 
 #[test]
@@ -213,8 +204,8 @@ fn fenced_during_close_returns_within_deadline() {
             };
             let baseline = tokio::runtime::Handle::current().metrics().num_alive_tasks();
             for round in 0..4u64 {
-                let a_store = ctxlog::open(&ctx.uri, options.clone()).await?;
-                let b_store = ctxlog::open(&ctx.uri, options.clone()).await?;
+                let a_store = ctxlog_lance::LanceStore::open(&ctx.uri, options.clone()).await?;
+                let b_store = ctxlog_lance::LanceStore::open(&ctx.uri, options.clone()).await?;
                 let mut a = a_store.open_shard(&w("same")).await?;
                 // Rows in the memtable, so that close has a generation to flush.
                 a.append(recs(&format!("a{round}"), "s", 40 * (round as usize + 1)))
@@ -271,46 +262,6 @@ fn fenced_during_close_returns_within_deadline() {
 }
 
 #[test]
-fn sigkill_writer_is_replayed_on_reopen() {
-    run("sigkill_writer_is_replayed_on_reopen", |ctx| {
-        Box::pin(async move {
-            ctx.store().await?;
-            let mut p = WriterProcess::spawn(&ctx, "crashy", 10)?;
-            let mut acks = Vec::new();
-            for r in 0..4 {
-                p.send("k", "s", r * 10..r * 10 + 10).await?;
-                acks.push(p.ack().await?.context("ack")?);
-            }
-            p.send("k", "s", 40..75).await?;
-            acks.extend(p.kill().await?);
-            let acked = ack_ids(&acks)?;
-            ensure!(acked.len() >= 40);
-            // Visible at once, from the WAL tail alone: the killed writer never flushed.
-            let ids = |v: Vec<ctxlog::Entry>| v.into_iter().map(|e| e.record.id).collect::<BTreeSet<_>>();
-            let seen = ids(ctx.store().await?.projector().session("bot", "s").await?);
-            ensure!(
-                acked.iter().all(|id| seen.contains(id)),
-                "an acked entry is not visible"
-            );
-            // The successor replays the WAL, continues the seqs and flushes on close.
-            let store = ctx.store().await?;
-            let mut next = store.open_shard(&w("crashy")).await?;
-            let ack = next.append(recs("after", "s", 1)).await?;
-            ensure!(
-                ack.first_seq as usize == seen.len() + 1,
-                "{ack:?} after {} entries",
-                seen.len()
-            );
-            next.close().await?;
-            let after = ids(ctx.store().await?.projector().session("bot", "s").await?);
-            ensure!(after.len() == seen.len() + 1 && seen.is_subset(&after));
-            ensure!(store.conflict_discovery().conflicts(None).await?.is_empty());
-            Ok(())
-        })
-    });
-}
-
-#[test]
 fn memory_uri_is_one_store_per_process() {
     run("memory_uri_is_one_store_per_process", |ctx| {
         Box::pin(async move {
@@ -322,15 +273,15 @@ fn memory_uri_is_one_store_per_process() {
                 .to_string_lossy()
                 .into_owned();
             let uri = format!("memory://{name}");
-            let writer_side = ctxlog::open(&uri, ctx.options()).await?;
+            let writer_side = ctxlog_lance::LanceStore::open(&uri, ctx.options()).await?;
             let mut shard = writer_side.open_shard(&w("mem")).await?;
             shard.append(recs("m", "s", 5)).await?;
             // Another handle on the same URI is the same store, before and after close.
-            let reader_side = ctxlog::open(&uri, ctx.options()).await?;
+            let reader_side = ctxlog_lance::LanceStore::open(&uri, ctx.options()).await?;
             ensure!(reader_side.projector().session("bot", "s").await?.len() == 5);
             shard.close().await?;
             ensure!(reader_side.projector().session("bot", "s").await?.len() == 5);
-            let other = ctxlog::open(&format!("{uri}-other"), ctx.options()).await?;
+            let other = ctxlog_lance::LanceStore::open(&format!("{uri}-other"), ctx.options()).await?;
             ensure!(
                 other.projector().session("bot", "s").await?.is_empty(),
                 "another name is another store"

@@ -1,5 +1,6 @@
 //! Multi-process cases: real `ctxlog` processes writing one store, killed with SIGKILL,
-//! fencing each other, racing to create it. Every wait on a process has a deadline.
+//! fencing each other, racing to create it — on every backend compiled into the CLI, as
+//! tests named `<backend>::<case>`. Every wait on a process has a deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -8,34 +9,63 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail, ensure};
 use ctxlog::ConflictKind;
+use ctxlog_conformance::{Backend, Case, Ctx, FaultGuard, recs, w};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::Ctx;
+/// The `ctxlog` binary cargo built for these tests.
+fn ctxlog_bin() -> anyhow::Result<PathBuf> {
+    Ok(PathBuf::from(env!("CARGO_BIN_EXE_ctxlog")))
+}
 
-/// The `ctxlog` binary: `$CTXLOG_BIN`, or the one cargo built next to this test binary.
-pub fn ctxlog_bin() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("CTXLOG_BIN") {
-        return Ok(PathBuf::from(p));
+const RULE: &str = "Rules 1, 3, 12 across processes";
+
+fn cases() -> Vec<Case> {
+    vec![
+        ctxlog_conformance::case!(multiprocess_writers_exactly_once),
+        ctxlog_conformance::case!(multiprocess_sigkill_keeps_acked),
+        ctxlog_conformance::case!(multiprocess_same_writer_fences_older),
+        ctxlog_conformance::case!(multiprocess_concurrent_create),
+        ctxlog_conformance::case!(sigkilled_writer_is_continued_by_its_successor),
+    ]
+}
+
+/// Not needed by the multi-process cases (they write through the binary only).
+fn unused<T>() -> ctxlog_conformance::BoxFuture<anyhow::Result<T>> {
+    Box::pin(async { anyhow::bail!("the multi-process cases inject no faults") })
+}
+
+/// Every backend compiled into this build, reached through the facade's URIs.
+fn backends() -> Vec<Backend> {
+    let mut out = vec![Backend {
+        name: "sqlite",
+        store_uri: |root| format!("sqlite:{}", root.join("store.db").display()),
+        open: |uri, options| Box::pin(async move { ctxlog::open(&uri, options).await }),
+        op_timeout: Duration::from_secs(10),
+        case_timeout: Duration::from_secs(120),
+        proptest_cases: 0,
+        inject_raw_entry: |_, _| unused(),
+        stall_writes: |_| unused::<FaultGuard>(),
+    }];
+    if ctxlog::compiled_backends().contains(&"lance") {
+        out.push(Backend {
+            name: "lance",
+            store_uri: |root| root.join("store.lance").display().to_string(),
+            op_timeout: Duration::from_secs(30),
+            case_timeout: Duration::from_secs(170),
+            ..out[0]
+        });
     }
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("test binary has a directory")?.to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let bin = dir.join(format!("ctxlog{}", std::env::consts::EXE_SUFFIX));
-    ensure!(
-        bin.exists(),
-        "the ctxlog binary is not at {} — build it first (`cargo build -p ctxlog-cli --all-features`) \
-         or set CTXLOG_BIN",
-        bin.display()
-    );
-    Ok(bin)
+    out
+}
+
+fn main() -> std::process::ExitCode {
+    ctxlog_conformance::run_trials(&backends(), &cases())
 }
 
 /// One `ctxlog append` process.
-pub struct WriterProcess {
+struct WriterProcess {
     name: String,
     child: Child,
     stdin: Option<ChildStdin>,
@@ -44,7 +74,7 @@ pub struct WriterProcess {
 }
 
 impl WriterProcess {
-    pub fn spawn(ctx: &Ctx, writer: &str, batch: usize) -> anyhow::Result<Self> {
+    fn spawn(ctx: &Ctx, writer: &str, batch: usize) -> anyhow::Result<Self> {
         let timeout = ctx.backend.op_timeout.as_secs_f64().to_string();
         let mut child = Command::new(ctxlog_bin()?)
             .args(["--store", &ctx.uri, "--timeout", &timeout, "append", "--writer", writer])
@@ -66,7 +96,7 @@ impl WriterProcess {
     }
 
     /// Write records `prefix-from .. prefix-to` (session `session`) to stdin.
-    pub async fn send(&mut self, prefix: &str, session: &str, range: std::ops::Range<usize>) -> anyhow::Result<()> {
+    async fn send(&mut self, prefix: &str, session: &str, range: std::ops::Range<usize>) -> anyhow::Result<()> {
         let mut buf = String::new();
         for i in range {
             let line = json!({
@@ -87,7 +117,7 @@ impl WriterProcess {
     }
 
     /// The next ack line, or `None` at end of output.
-    pub async fn ack(&mut self) -> anyhow::Result<Option<Value>> {
+    async fn ack(&mut self) -> anyhow::Result<Option<Value>> {
         let line = tokio::time::timeout(self.deadline, self.acks.next_line())
             .await
             .map_err(|_| anyhow!("writer {} printed no ack within {:?}", self.name, self.deadline))??;
@@ -97,12 +127,12 @@ impl WriterProcess {
         })
     }
 
-    pub fn close_stdin(&mut self) {
+    fn close_stdin(&mut self) {
         self.stdin = None;
     }
 
     /// Wait for exit within the deadline; returns the status and stderr.
-    pub async fn wait(mut self) -> anyhow::Result<(ExitStatus, String, Vec<Value>)> {
+    async fn wait(mut self) -> anyhow::Result<(ExitStatus, String, Vec<Value>)> {
         self.stdin = None;
         let mut rest = Vec::new();
         while let Some(a) = self.ack().await? {
@@ -119,7 +149,7 @@ impl WriterProcess {
     }
 
     /// SIGKILL, then collect whatever acks it printed before dying.
-    pub async fn kill(mut self) -> anyhow::Result<Vec<Value>> {
+    async fn kill(mut self) -> anyhow::Result<Vec<Value>> {
         self.child.start_kill()?;
         self.stdin = None;
         let mut rest = Vec::new();
@@ -134,7 +164,7 @@ impl WriterProcess {
 }
 
 /// The ids of every ack line, in order.
-pub fn ack_ids(acks: &[Value]) -> anyhow::Result<Vec<String>> {
+fn ack_ids(acks: &[Value]) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for a in acks {
         for id in a["ids"].as_array().context("ack has ids")? {
@@ -151,7 +181,7 @@ async fn visible(ctx: &Ctx, session: &str) -> anyhow::Result<Vec<String>> {
 }
 
 /// K writer processes × M records into one session: every acked record visible once.
-pub async fn multiprocess_writers_exactly_once(ctx: Ctx) -> anyhow::Result<()> {
+async fn multiprocess_writers_exactly_once(ctx: Ctx) -> anyhow::Result<()> {
     const K: usize = 3;
     const M: usize = 120;
     const BATCH: usize = 20;
@@ -190,7 +220,7 @@ pub async fn multiprocess_writers_exactly_once(ctx: Ctx) -> anyhow::Result<()> {
 
 /// A writer killed with SIGKILL mid-stream: everything it acked is there after reopen, and
 /// a successor continues its shard without a gap.
-pub async fn multiprocess_sigkill_keeps_acked(ctx: Ctx) -> anyhow::Result<()> {
+async fn multiprocess_sigkill_keeps_acked(ctx: Ctx) -> anyhow::Result<()> {
     ctx.store().await?;
     let mut p = WriterProcess::spawn(&ctx, "doomed", 10)?;
     let mut acks = Vec::new();
@@ -215,8 +245,8 @@ pub async fn multiprocess_sigkill_keeps_acked(ctx: Ctx) -> anyhow::Result<()> {
         "a torn batch survived: {} records",
         seen.len()
     );
-    let mut successor = store.open_shard(&crate::cases::w("doomed")).await?;
-    let next = successor.append(crate::recs("after", "s", 1)).await?;
+    let mut successor = store.open_shard(&w("doomed")).await?;
+    let next = successor.append(recs("after", "s", 1)).await?;
     ensure!(
         next.first_seq as usize == seen.len() + 1,
         "the successor continues at {}",
@@ -230,7 +260,7 @@ pub async fn multiprocess_sigkill_keeps_acked(ctx: Ctx) -> anyhow::Result<()> {
 
 /// Two processes with one writer id: the older exits 3 (fenced) within the deadline, and
 /// every record either acked is present.
-pub async fn multiprocess_same_writer_fences_older(ctx: Ctx) -> anyhow::Result<()> {
+async fn multiprocess_same_writer_fences_older(ctx: Ctx) -> anyhow::Result<()> {
     ctx.store().await?;
     let mut older = WriterProcess::spawn(&ctx, "same", 5)?;
     older.send("old", "s", 0..5).await?;
@@ -272,7 +302,7 @@ pub async fn multiprocess_same_writer_fences_older(ctx: Ctx) -> anyhow::Result<(
 }
 
 /// N processes creating the same missing store at once all succeed and share one store.
-pub async fn multiprocess_concurrent_create(ctx: Ctx) -> anyhow::Result<()> {
+async fn multiprocess_concurrent_create(ctx: Ctx) -> anyhow::Result<()> {
     const N: usize = 5;
     let mut procs = Vec::new();
     for i in 0..N {
@@ -293,5 +323,42 @@ pub async fn multiprocess_concurrent_create(ctx: Ctx) -> anyhow::Result<()> {
     let store = ctx.store().await?;
     ensure!(store.shards().await?.len() == N);
     ensure!(visible(&ctx, "s").await?.len() == N);
+    Ok(())
+}
+
+/// A writer killed mid-stream: every acknowledged record is visible at once (before any
+/// flush), and its successor continues its seqs and leaves no conflict.
+async fn sigkilled_writer_is_continued_by_its_successor(ctx: Ctx) -> anyhow::Result<()> {
+    ctx.store().await?;
+    let mut p = WriterProcess::spawn(&ctx, "crashy", 10)?;
+    let mut acks = Vec::new();
+    for r in 0..4 {
+        p.send("k", "s", r * 10..r * 10 + 10).await?;
+        acks.push(p.ack().await?.context("ack")?);
+    }
+    p.send("k", "s", 40..75).await?;
+    acks.extend(p.kill().await?);
+    let acked = ack_ids(&acks)?;
+    ensure!(acked.len() >= 40);
+    // Visible at once, from the WAL tail alone: the killed writer never flushed.
+    let ids = |v: Vec<ctxlog::Entry>| v.into_iter().map(|e| e.record.id).collect::<BTreeSet<_>>();
+    let seen = ids(ctx.store().await?.projector().session("bot", "s").await?);
+    ensure!(
+        acked.iter().all(|id| seen.contains(id)),
+        "an acked entry is not visible"
+    );
+    // The successor replays the WAL, continues the seqs and flushes on close.
+    let store = ctx.store().await?;
+    let mut next = store.open_shard(&w("crashy")).await?;
+    let ack = next.append(recs("after", "s", 1)).await?;
+    ensure!(
+        ack.first_seq as usize == seen.len() + 1,
+        "{ack:?} after {} entries",
+        seen.len()
+    );
+    next.close().await?;
+    let after = ids(ctx.store().await?.projector().session("bot", "s").await?);
+    ensure!(after.len() == seen.len() + 1 && seen.is_subset(&after));
+    ensure!(store.conflict_discovery().conflicts(None).await?.is_empty());
     Ok(())
 }

@@ -6,10 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::entry::Entry;
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
+use crate::ids::ShardId;
 use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats, canonical_conflicts};
-use crate::types::{Entry, Kind, ShardId};
+use crate::record::Kind;
 
 /// The set of entries: one per (shard, seq, epoch), sorted in contract order.
 fn entry_set(entries: &[Entry]) -> Vec<&Entry> {
@@ -235,8 +237,9 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::WriterId;
     use crate::projection::ConflictKind;
-    use crate::types::{Record, WriterId};
+    use crate::record::Record;
 
     fn shard(n: u8) -> ShardId {
         WriterId::new(format!("w{n}")).unwrap().shard_id()
@@ -371,7 +374,7 @@ mod tests {
         let stale = entry(1, 2, 1, 12, put("c", "3"));
         let after_gap = entry(1, 5, 2, 13, put("d", "4"));
         let mut corrupt = entry(2, 1, 1, 14, put("e", "5"));
-        corrupt.record.body = crate::types::Body::Text("tampered".into());
+        corrupt.record.body = crate::record::Body::Text("tampered".into());
         let c = conflicts(&[e1, e2, stale, after_gap, corrupt]);
         assert_eq!(
             kinds(&c),

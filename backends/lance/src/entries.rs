@@ -1,0 +1,95 @@
+//! Reads of full entries: one shard's entries, the shard listing, and the history
+//! checker's pass over every stored entry.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ctxlog_core::backend::history::{HistoryChecker, HistorySource};
+use ctxlog_core::{Entry, Result, ShardId, ShardInfo, WriterId};
+
+use crate::schema::POSITION_COLUMNS;
+use crate::store::Shared;
+use crate::tiers::{Tiers, Walk, rows, tiers, walk_all};
+use crate::writers;
+
+const EVERY_COLUMN: Walk<'static> = Walk {
+    columns: None,
+    row_ids: false,
+};
+
+/// Visit every stored entry of the tiers (all columns), in any order, repeats possible.
+async fn for_each_entry(shared: &Shared, t: &Tiers, f: &mut (dyn FnMut(Entry) + Send)) -> Result<()> {
+    walk_all(shared, t, EVERY_COLUMN, |r| {
+        rows(r.batch(), |c, i| c.entry(i).map(&mut *f))
+    })
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn read_shard(shared: &Shared, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
+    let t = tiers(shared, Some(shard)).await?;
+    let mut out: HashMap<(u64, u64), Entry> = HashMap::new();
+    for_each_entry(shared, &t, &mut |e| {
+        if e.shard == shard && e.seq > after_seq {
+            out.entry((e.seq, e.epoch)).or_insert(e);
+        }
+    })
+    .await?;
+    let mut entries: Vec<Entry> = out.into_values().collect();
+    entries.sort_by_key(|e| (e.seq, e.epoch));
+    entries.truncate(limit);
+    Ok(entries)
+}
+
+pub(crate) async fn shards(shared: &Shared) -> Result<Vec<ShardInfo>> {
+    let all = tiers(shared, None).await?;
+    let mut out = Vec::new();
+    for s in &all.shards {
+        let t = tiers(shared, Some(s.shard)).await?;
+        let mut keys: BTreeSet<(u64, u64)> = BTreeSet::new();
+        let how = Walk {
+            columns: Some(&POSITION_COLUMNS),
+            row_ids: false,
+        };
+        walk_all(shared, &t, how, |r| {
+            rows(r.batch(), |c, i| {
+                keys.insert((c.seq(i), c.epoch(i)));
+                Ok(())
+            })
+        })
+        .await?;
+        out.push(ShardInfo {
+            shard: s.shard,
+            writer: WriterId::new(writers::writer_of(&all.store, &all.base_path, s.shard).await?)?,
+            epoch: s.epoch,
+            last_seq: keys.iter().map(|k| k.0).max().unwrap_or(0),
+            entries: keys.len() as u64,
+        });
+    }
+    out.sort_by_key(|s| s.shard);
+    Ok(out)
+}
+
+pub(crate) struct LanceHistory {
+    shared: Arc<Shared>,
+}
+
+impl LanceHistory {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        LanceHistory { shared }
+    }
+}
+
+#[async_trait]
+impl HistorySource for LanceHistory {
+    async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
+        let t = tiers(&self.shared, None).await?;
+        for_each_entry(&self.shared, &t, &mut |e| checker.visit(&e)).await
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.timeout()
+    }
+}

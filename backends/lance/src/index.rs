@@ -1,0 +1,241 @@
+//! The projector's source: the index columns of every tier into the shared projection
+//! index, each row with where to fetch it again; then, per refresh, each shard's WAL past
+//! where the last one stopped (every entry passes through the WAL, which only grows).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ctxlog_core::backend::index::{ProjectionIndex, RowRef};
+use ctxlog_core::backend::projector::{CatchUp, IndexSource};
+use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId};
+use lance::Dataset;
+use lance::dataset::ProjectionRequest;
+use lance::dataset::mem_wal::{DatasetMemWalExt, WalTailer};
+
+use crate::schema::{Columns, INDEX_COLUMNS};
+use crate::store::Shared;
+use crate::tiers::{Rows, Walk, open_sources, read_err, read_wal, tiers, walk};
+
+/// Where an entry can be fetched from, kept by the index with each put as a [`RowRef`].
+#[derive(Clone, Copy, Debug)]
+enum RowPlace {
+    /// A row of source dataset `source` (pinned at the version scanned).
+    Table { source: u32, row_id: u64 },
+    /// Row `row` of batch `batch` of the entry's shard's WAL entry at `position`.
+    Wal { position: u64, batch: u32, row: u32 },
+}
+
+const WAL_TAG: u64 = 1 << 63;
+
+impl RowPlace {
+    fn to_ref(self) -> RowRef {
+        match self {
+            RowPlace::Table { source, row_id } => RowRef(u64::from(source), row_id),
+            RowPlace::Wal { position, batch, row } => {
+                RowRef(WAL_TAG | position, (u64::from(batch) << 32) | u64::from(row))
+            }
+        }
+    }
+
+    fn of(r: RowRef) -> Self {
+        if r.0 & WAL_TAG != 0 {
+            RowPlace::Wal {
+                position: r.0 & !WAL_TAG,
+                batch: (r.1 >> 32) as u32,
+                row: r.1 as u32,
+            }
+        } else {
+            RowPlace::Table {
+                source: r.0 as u32,
+                row_id: r.1,
+            }
+        }
+    }
+}
+
+/// What the projector's source remembers between refreshes.
+#[derive(Default)]
+pub(crate) struct Cursor {
+    scanned: bool,
+    /// Per shard, the next WAL position to read.
+    wal_next: HashMap<ShardId, u64>,
+    /// Datasets rows were scanned from, pinned at the version scanned.
+    sources: Vec<Dataset>,
+}
+
+pub(crate) struct LanceIndex {
+    shared: Arc<Shared>,
+}
+
+impl LanceIndex {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        LanceIndex { shared }
+    }
+}
+
+/// Apply one batch of a walk to the index; table sources are numbered from `first_source`.
+fn apply(rows: Rows<'_>, first_source: u32, index: &mut ProjectionIndex, done: &mut CatchUp) -> Result<()> {
+    let batch = rows.batch();
+    let cols = Columns::new(batch)?;
+    let view = cols.index_view()?;
+    let row_ids = match rows {
+        Rows::Table { .. } => Some(crate::schema::row_ids(batch)?),
+        Rows::Wal { .. } => None,
+    };
+    for i in 0..cols.len() {
+        if cols.is_lance_tombstone(i) {
+            continue;
+        }
+        let place = match (&rows, row_ids) {
+            (Rows::Table { source, .. }, Some(ids)) => RowPlace::Table {
+                source: first_source + source,
+                row_id: ids.value(i),
+            },
+            (Rows::Wal { position, batch_no, .. }, _) => RowPlace::Wal {
+                position: *position,
+                batch: *batch_no,
+                row: i as u32,
+            },
+            (Rows::Table { .. }, None) => unreachable!("table rows come with row ids"),
+        };
+        let mut row = view.row(i)?;
+        row.at = place.to_ref();
+        done.read += 1;
+        if index.apply(row) {
+            done.applied += 1;
+        }
+    }
+    Ok(())
+}
+
+const HOW: Walk<'static> = Walk {
+    columns: Some(&INDEX_COLUMNS),
+    row_ids: true,
+};
+
+#[async_trait]
+impl IndexSource for LanceIndex {
+    type Cursor = Cursor;
+
+    async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<CatchUp> {
+        let shared = &self.shared;
+        let mut done = CatchUp::default();
+        if !cursor.scanned {
+            // First scan: the index columns of every tier. The cursor only advances after
+            // its rows are applied, so a cancelled scan leaves the two consistent.
+            let t = tiers(shared, None).await?;
+            let sources = open_sources(shared, &t).await?;
+            // Make room for every entry at once: the datasets know their row counts; the
+            // WAL tails are small.
+            let mut rows = 0;
+            for ds in &sources {
+                rows += ds.count_rows(None).await.map_err(read_err)?;
+            }
+            index.reserve(rows);
+            let walked = walk(&t, &sources, HOW, |r| apply(r, 0, index, &mut done)).await?;
+            cursor.sources = sources;
+            cursor.wal_next.extend(walked.wal_next);
+            cursor.scanned = true;
+            return Ok(done);
+        }
+        // Refresh: the WAL past each known shard's cursor; a shard new since the last scan
+        // is read whole (its rows in the base table, its generations not folded, its WAL).
+        let base = shared.latest().await?;
+        let (store, base_path) = shared.io(&base).await?;
+        let ids = base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?;
+        for id in ids {
+            let shard = ShardId(id);
+            match cursor.wal_next.get(&shard) {
+                Some(&from) => {
+                    let next = read_wal(&store, &base_path, shard, from, 0, |e| {
+                        for (b, batch) in e.batches.iter().enumerate() {
+                            let rows = Rows::Wal {
+                                batch,
+                                position: e.entry_position,
+                                batch_no: b as u32,
+                            };
+                            apply(rows, 0, index, &mut done)?;
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                    cursor.wal_next.insert(shard, next);
+                }
+                None => {
+                    let t = tiers(shared, Some(shard)).await?;
+                    let sources = open_sources(shared, &t).await?;
+                    let first = cursor.sources.len() as u32;
+                    let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, &mut done)).await?;
+                    cursor.sources.extend(sources);
+                    cursor.wal_next.extend(walked.wal_next);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    async fn fetch(&self, cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
+        let mut out: Vec<Option<Entry>> = vec![None; keys.len()];
+        // Group by where the rows are, so that each dataset gets one `take` and each WAL
+        // entry one read.
+        let mut takes: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+        let mut wal: HashMap<(ShardId, u64), Vec<(usize, u32, u32)>> = HashMap::new();
+        for (slot, (k, at)) in keys.iter().enumerate() {
+            match RowPlace::of(*at) {
+                RowPlace::Table { source, row_id } => takes.entry(source).or_default().push((slot, row_id)),
+                RowPlace::Wal { position, batch, row } => {
+                    wal.entry((k.shard, position)).or_default().push((slot, batch, row))
+                }
+            }
+        }
+        for (source, rows) in takes {
+            let ds = cursor.sources.get(source as usize).ok_or_else(|| Error::Corrupt {
+                shard: None,
+                what: format!("an indexed entry names unknown source {source}"),
+            })?;
+            let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
+            let projection = ProjectionRequest::from(Arc::new(ds.schema().clone()));
+            let batch = ds.take_rows(&ids, projection).await.map_err(read_err)?;
+            let cols = Columns::new(&batch)?;
+            for (i, (slot, _)) in rows.iter().enumerate() {
+                out[*slot] = Some(cols.entry(i)?);
+            }
+        }
+        if !wal.is_empty() {
+            let base = self.shared.latest().await?;
+            let (store, base_path) = self.shared.io(&base).await?;
+            for ((shard, position), rows) in wal {
+                let entry = WalTailer::new(store.clone(), base_path.clone(), shard.0)
+                    .read_entry(position)
+                    .await
+                    .map_err(read_err)?
+                    .ok_or_else(|| Error::Corrupt {
+                        shard: Some(shard),
+                        what: format!("WAL entry {position} vanished"),
+                    })?;
+                for (slot, b, i) in rows {
+                    let batch = entry.batches.get(b as usize).ok_or_else(|| Error::Corrupt {
+                        shard: Some(shard),
+                        what: format!("WAL entry {position} changed"),
+                    })?;
+                    out[slot] = Some(Columns::new(batch)?.entry(i as usize)?);
+                }
+            }
+        }
+        out.into_iter()
+            .zip(keys.iter().map(|k| k.0))
+            .map(|(e, k)| {
+                e.ok_or_else(|| Error::Corrupt {
+                    shard: Some(k.shard),
+                    what: format!("entry seq {} epoch {} could not be read", k.seq, k.epoch),
+                })
+            })
+            .collect()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.timeout()
+    }
+}

@@ -1,0 +1,101 @@
+//! What every part of one store handle shares: the dataset, its object-store parameters,
+//! the deadline, and the writers this handle opened.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use ctxlog_core::{Result, StoreOptions, Written};
+use lance::Dataset;
+use lance::dataset::builder::DatasetBuilder;
+use lance::dataset::mem_wal::ShardWriter;
+use lance::io::ObjectStoreParams;
+use lance::session::Session;
+use lance_io::object_store::ObjectStore;
+use object_store::path::Path;
+
+use crate::error::lance_err;
+use crate::shard::WriterTuning;
+
+pub(crate) struct Shared {
+    /// The dataset URI as Lance sees it (see `io::lance_uri`).
+    pub uri: String,
+    pub options: StoreOptions,
+    /// Storage options, durable local writes and a test's fault injector: every dataset of
+    /// the store is opened with these.
+    pub params: ObjectStoreParams,
+    pub session: Arc<Session>,
+    /// The latest dataset version this handle knows; refreshed before each use.
+    dataset: tokio::sync::Mutex<Dataset>,
+    pub tuning: WriterTuning,
+    /// Writers opened through this handle, so that `compact` can flush them first.
+    live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
+}
+
+impl Shared {
+    pub fn new(
+        uri: String,
+        options: StoreOptions,
+        params: ObjectStoreParams,
+        session: Arc<Session>,
+        dataset: Dataset,
+        tuning: WriterTuning,
+    ) -> Self {
+        Shared {
+            uri,
+            options,
+            params,
+            session,
+            dataset: tokio::sync::Mutex::new(dataset),
+            tuning,
+            live: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+
+    /// The dataset at its latest version.
+    pub async fn latest(&self) -> Result<Dataset> {
+        let mut ds = self.dataset.lock().await;
+        ds.checkout_latest()
+            .await
+            .map_err(|e| lance_err("read the dataset manifest", None, Written::Nothing, e))?;
+        Ok(ds.clone())
+    }
+
+    /// The object store and base path MemWAL's WAL and shard manifests live under.
+    pub async fn io(&self, ds: &Dataset) -> Result<(Arc<ObjectStore>, Path)> {
+        let store = ds
+            .object_store(None)
+            .await
+            .map_err(|e| lance_err("open the object store", None, Written::Nothing, e))?;
+        Ok((store, ds.branch_location().path))
+    }
+
+    /// Open another dataset (a flushed generation) with the store's settings.
+    pub async fn open_dataset(&self, uri: &str) -> std::result::Result<Dataset, lance::Error> {
+        DatasetBuilder::from_uri(uri)
+            .with_store_params(self.params.clone())
+            .with_session(self.session.clone())
+            .load()
+            .await
+    }
+
+    /// Remember a writer this handle opened (weakly: its shard handle owns it).
+    pub fn register_writer(&self, w: &Arc<ShardWriter>) {
+        let mut live = self.live.lock().expect("not poisoned");
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(w));
+    }
+
+    /// The writers this handle opened that are still alive.
+    pub fn live_writers(&self) -> Vec<Arc<ShardWriter>> {
+        self.live
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}

@@ -1,0 +1,344 @@
+//! The three tiers a reader merges, and the one walk over them: the base table, each
+//! shard's flushed generations not yet folded into it, and each shard's WAL tail.
+//!
+//! Read order matters. The base table (and, from its MemWAL index, which generations of
+//! each shard it already holds) is read first, then each shard's manifest (its flushed
+//! generations and the WAL position they cover), then the WAL after that position. A
+//! flush that commits in between only adds a generation whose rows are also still in the
+//! WAL, so nothing is missed; rows seen twice have the same key `(shard, epoch, seq)` and
+//! are applied once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use ctxlog_core::{Result, ShardId, Written};
+use futures::{StreamExt, TryStreamExt};
+use lance::Dataset;
+use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore, WalReadEntry, WalTailer};
+use lance_io::object_store::ObjectStore;
+use object_store::path::Path;
+use uuid::Uuid;
+
+use crate::error::lance_err;
+use crate::schema::{Columns, POSITION_COLUMNS, SHARD};
+use crate::store::Shared;
+
+/// WAL entries fetched at once while reading a tail.
+const WAL_READ_AHEAD: usize = 16;
+
+pub(crate) fn read_err(e: lance::Error) -> ctxlog_core::Error {
+    lance_err("read", None, Written::Nothing, e)
+}
+
+/// One flushed generation of a shard.
+#[derive(Clone, Debug)]
+pub(crate) struct Generation {
+    pub shard: ShardId,
+    pub generation: u64,
+    pub uri: String,
+}
+
+/// What one shard has beyond the base table.
+#[derive(Clone, Debug)]
+pub(crate) struct ShardTier {
+    pub shard: ShardId,
+    pub epoch: u64,
+    /// Generations the base table does not hold yet, oldest first.
+    pub generations: Vec<Generation>,
+    /// How many generations the shard has flushed in all (folded or not).
+    pub flushed: usize,
+    /// First WAL position not covered by a flushed generation.
+    pub wal_from: u64,
+    /// A WAL position known to exist (the tip a writer saw when it opened): a missing
+    /// position below it is a hole, not the end.
+    pub wal_known: u64,
+}
+
+/// A consistent view: the base table at one version and each shard's tiers after it.
+pub(crate) struct Tiers {
+    pub base: Dataset,
+    pub store: Arc<ObjectStore>,
+    pub base_path: Path,
+    pub shards: Vec<ShardTier>,
+    /// Taken for this shard only: the walk reads only its rows of the base table.
+    pub only: Option<ShardId>,
+}
+
+/// The tiers of every shard, or of one.
+pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tiers> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    let compacted: HashMap<Uuid, u64> = base
+        .mem_wal_index_details()
+        .await
+        .map_err(read_err)?
+        .map(|d| {
+            d.compacted_sstables
+                .iter()
+                .map(|c| (c.shard_id, c.generation))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ids = match only {
+        Some(s) => vec![s.0],
+        None => base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?,
+    };
+    let mut shards = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(t) = shard_tier(shared, &store, &base_path, ShardId(id), compacted.get(&id).copied()).await? {
+            shards.push(t);
+        }
+    }
+    Ok(Tiers {
+        base,
+        store,
+        base_path,
+        shards,
+        only,
+    })
+}
+
+async fn shard_tier(
+    shared: &Shared,
+    store: &Arc<ObjectStore>,
+    base_path: &Path,
+    shard: ShardId,
+    compacted: Option<u64>,
+) -> Result<Option<ShardTier>> {
+    // A fresh manifest store per read: `latest()` then scans storage instead of
+    // returning a cached position.
+    let manifest = ShardManifestStore::new(store.clone(), base_path, shard.0, 2)
+        .latest()
+        .await
+        .map_err(read_err)?;
+    let Some(m) = manifest else { return Ok(None) };
+    let root = shared.uri.trim_end_matches('/');
+    let mut all: Vec<Generation> = m
+        .sstables
+        .iter()
+        .map(|t| Generation {
+            shard,
+            generation: t.generation,
+            uri: format!("{root}/_mem_wal/{}/{}", shard.0, t.path),
+        })
+        .collect();
+    all.sort_by_key(|g| g.generation);
+    let floor = compacted.unwrap_or(0);
+    Ok(Some(ShardTier {
+        shard,
+        epoch: m.writer_epoch,
+        flushed: all.len(),
+        generations: all.into_iter().filter(|g| g.generation > floor).collect(),
+        wal_from: m.replay_after_wal_entry_position + 1,
+        wal_known: m.wal_entry_position_last_seen,
+    }))
+}
+
+pub(crate) fn shard_filter(shard: ShardId) -> String {
+    format!("{SHARD} = '{}'", shard.0)
+}
+
+/// Which columns (and whether row ids) a walk reads.
+#[derive(Clone, Copy)]
+pub(crate) struct Walk<'a> {
+    pub columns: Option<&'a [&'a str]>,
+    pub row_ids: bool,
+}
+
+/// One batch of rows from one tier, and where its rows live.
+pub(crate) enum Rows<'a> {
+    /// From dataset number `source` of the walk (the base table is 0).
+    Table { batch: &'a RecordBatch, source: u32 },
+    /// From the WAL entry at `position` (of the shard its rows name): its record batch
+    /// number `batch_no`.
+    Wal {
+        batch: &'a RecordBatch,
+        position: u64,
+        batch_no: u32,
+    },
+}
+
+impl<'a> Rows<'a> {
+    pub fn batch(&self) -> &'a RecordBatch {
+        match self {
+            Rows::Table { batch, .. } | Rows::Wal { batch, .. } => batch,
+        }
+    }
+}
+
+/// What a walk leaves behind.
+pub(crate) struct Walked {
+    /// Where each shard's WAL tail ended (the next position to read).
+    pub wal_next: Vec<(ShardId, u64)>,
+}
+
+/// The datasets a walk reads, in `source` order: the base table, then each shard's
+/// generations not yet folded.
+pub(crate) async fn open_sources(shared: &Shared, t: &Tiers) -> Result<Vec<Dataset>> {
+    let mut out = vec![t.base.clone()];
+    for shard in &t.shards {
+        for g in &shard.generations {
+            out.push(shared.open_dataset(&g.uri).await.map_err(read_err)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Visit every row batch of the tiers: the base table (only the shard's rows when the
+/// tiers were taken for one shard), then per shard its generations not yet folded and its
+/// WAL tail. `sources` are [`open_sources`]' datasets.
+pub(crate) async fn walk(
+    t: &Tiers,
+    sources: &[Dataset],
+    how: Walk<'_>,
+    mut visit: impl FnMut(Rows<'_>) -> Result<()>,
+) -> Result<Walked> {
+    let filter = t.only.map(shard_filter);
+    for (i, ds) in sources.iter().enumerate() {
+        // Only the base table holds other shards' rows.
+        let filter = if i == 0 { filter.as_deref() } else { None };
+        let source = i as u32;
+        scan_table(ds, how, filter, |batch| visit(Rows::Table { batch, source })).await?;
+    }
+    let mut wal_next = Vec::with_capacity(t.shards.len());
+    for shard in &t.shards {
+        let next = read_wal(
+            &t.store,
+            &t.base_path,
+            shard.shard,
+            shard.wal_from,
+            shard.wal_known,
+            |e| {
+                for (b, batch) in e.batches.iter().enumerate() {
+                    visit(Rows::Wal {
+                        batch,
+                        position: e.entry_position,
+                        batch_no: b as u32,
+                    })?;
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        wal_next.push((shard.shard, next));
+    }
+    Ok(Walked { wal_next })
+}
+
+/// [`walk`] over freshly opened sources.
+pub(crate) async fn walk_all(
+    shared: &Shared,
+    t: &Tiers,
+    how: Walk<'_>,
+    visit: impl FnMut(Rows<'_>) -> Result<()>,
+) -> Result<Walked> {
+    let sources = open_sources(shared, t).await?;
+    walk(t, &sources, how, visit).await
+}
+
+/// Scan `ds` (projected and filtered as asked), calling `f` per batch.
+async fn scan_table(
+    ds: &Dataset,
+    how: Walk<'_>,
+    filter: Option<&str>,
+    mut f: impl FnMut(&RecordBatch) -> Result<()>,
+) -> Result<()> {
+    let mut scan = ds.scan();
+    if let Some(cols) = how.columns {
+        scan.project(cols).map_err(read_err)?;
+    }
+    if let Some(expr) = filter {
+        scan.filter(expr).map_err(read_err)?;
+    }
+    if how.row_ids {
+        scan.with_row_id();
+    }
+    let mut stream = scan.try_into_stream().await.map_err(read_err)?;
+    while let Some(batch) = stream.try_next().await.map_err(read_err)? {
+        f(&batch)?;
+    }
+    Ok(())
+}
+
+/// Read a shard's WAL from `from` to its end, fetching `WAL_READ_AHEAD` entries at a time;
+/// `f` sees entries in position order. Returns the first position not read (where the next
+/// read starts).
+///
+/// The end is the first missing position with nothing after it. A missing position with an
+/// entry after it — later in the same read-ahead window, or at or below `known` (a position
+/// known to exist) — is a *hole*: an entry lost or never completed. Reading goes on past it,
+/// so that nothing after a hole is hidden and a successor never reuses the seqs of entries
+/// written after it; the history checker then reports the seqs the hole took as a gap.
+pub(crate) async fn read_wal(
+    store: &Arc<ObjectStore>,
+    base_path: &Path,
+    shard: ShardId,
+    from: u64,
+    known: u64,
+    mut f: impl FnMut(&WalReadEntry) -> Result<()>,
+) -> Result<u64> {
+    let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
+    let mut next = from;
+    loop {
+        let start = next;
+        let window: Vec<Option<WalReadEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
+            .map(|pos| tailer.read_entry(pos))
+            .buffered(WAL_READ_AHEAD)
+            .try_collect()
+            .await
+            .map_err(|e| lance_err("read the WAL", Some(shard), Written::Nothing, e))?;
+        let last_present = window.iter().rposition(Option::is_some);
+        for (i, entry) in window.into_iter().enumerate() {
+            let pos = start + i as u64;
+            match entry {
+                Some(e) => f(&e)?,
+                None if last_present.is_some_and(|l| i < l) || pos <= known => {
+                    tracing::warn!(%shard, position = pos, "a WAL entry is missing below later entries (a hole); reading on");
+                }
+                None => return Ok(pos),
+            }
+        }
+        next = start + WAL_READ_AHEAD as u64;
+    }
+}
+
+/// Rows of a batch that are ctxlog entries (not MemWAL's delete markers).
+pub(crate) fn rows(batch: &RecordBatch, mut f: impl FnMut(&Columns<'_>, usize) -> Result<()>) -> Result<()> {
+    let cols = Columns::new(batch)?;
+    for i in 0..cols.len() {
+        if !cols.is_lance_tombstone(i) {
+            f(&cols, i)?;
+        }
+    }
+    Ok(())
+}
+
+/// What a shard holds, for a writer that takes it over.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    pub last_seq: u64,
+    pub max_hlc: u64,
+}
+
+/// The highest seq and HLC a shard holds, from what is authoritative whatever was folded
+/// or removed: the base table's rows of the shard (what compaction folded, whether or not
+/// the generations or WAL entries it folded still exist), the generations not folded yet,
+/// and the WAL past what those cover (holes included).
+pub(crate) async fn recover(shared: &Shared, shard: ShardId) -> Result<Recovered> {
+    let t = tiers(shared, Some(shard)).await?;
+    let mut out = Recovered::default();
+    let how = Walk {
+        columns: Some(&POSITION_COLUMNS),
+        row_ids: false,
+    };
+    walk_all(shared, &t, how, |r| {
+        rows(r.batch(), |c, i| {
+            out.last_seq = out.last_seq.max(c.seq(i));
+            out.max_hlc = out.max_hlc.max(c.hlc(i)?.0);
+            Ok(())
+        })
+    })
+    .await?;
+    Ok(out)
+}

@@ -1,0 +1,158 @@
+//! The store's schema: its tables and the covering index the projector reads, the check
+//! that a file is a ctxlog store this build can open, and the one way an entry row is
+//! written.
+
+use rusqlite::{Connection, OptionalExtension, Statement, TransactionBehavior, params};
+
+use ctxlog_core::backend::canonical_json;
+use ctxlog_core::{Body, ContentHash, Epoch, Hlc, Record, Seq};
+
+/// Bumped when the schema changes incompatibly.
+pub(crate) const FORMAT: &str = "1";
+
+pub(crate) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS ctxlog_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS shards (
+    shard_no INTEGER PRIMARY KEY,
+    shard    BLOB NOT NULL UNIQUE,
+    writer   TEXT NOT NULL,
+    epoch    INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    max_hlc  INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_no INTEGER PRIMARY KEY,
+    bot_id     TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    UNIQUE (bot_id, session_id)
+);
+CREATE TABLE IF NOT EXISTS entries (
+    shard_no     INTEGER NOT NULL,
+    seq          INTEGER NOT NULL,
+    epoch        INTEGER NOT NULL,
+    hlc          INTEGER NOT NULL,
+    kind         INTEGER NOT NULL,
+    session_no   INTEGER NOT NULL,
+    content_hash BLOB NOT NULL,
+    id           TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    body_text    TEXT,
+    body_bytes   BLOB,
+    metadata     TEXT,
+    created_at   INTEGER
+);
+-- The projection's covering index: a first scan reads this b-tree only, never bodies.
+-- Its (shard_no, seq, epoch) prefix is unique: appends take seqs inside the epoch-checked
+-- transaction.
+CREATE INDEX IF NOT EXISTS entries_projection
+    ON entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id);
+";
+
+/// The one way an entry row is written (appends, and the test-only injection).
+pub(crate) const INSERT_ENTRY: &str =
+    "INSERT INTO entries (shard_no, seq, epoch, hlc, kind, session_no, content_hash, id, role, content_type,
+                          body_text, body_bytes, metadata, created_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)";
+
+/// What a SQLite file holds, read through a read-only connection.
+pub(crate) enum Holds {
+    Store,
+    NoSchema,
+    OtherTables(Vec<String>),
+    OtherFormat(String),
+}
+
+/// The names of the database's own objects (tables, indexes, views, triggers).
+fn objects(c: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = c.prepare("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name")?;
+    stmt.query_map([], |r| r.get(0))?.collect()
+}
+
+pub(crate) fn holds(c: &Connection) -> rusqlite::Result<Holds> {
+    let names = objects(c)?;
+    if names.iter().any(|n| n == "ctxlog_meta") {
+        let format: Option<String> = c
+            .query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
+            .optional()?;
+        return Ok(match format {
+            Some(f) if f == FORMAT => Holds::Store,
+            Some(f) => Holds::OtherFormat(f),
+            None => Holds::OtherFormat("none".into()),
+        });
+    }
+    Ok(if names.is_empty() {
+        Holds::NoSchema
+    } else {
+        Holds::OtherTables(names)
+    })
+}
+
+/// Create the schema, under the write lock, unless another creator did; refuse (writing
+/// nothing) if the file gained other tables meanwhile.
+pub(crate) fn create_schema(conn: &mut Connection) -> std::result::Result<(), SchemaError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    match holds(&tx)? {
+        Holds::Store => return Ok(()),
+        Holds::NoSchema => {}
+        refused => return Err(SchemaError::Refused(refused)),
+    }
+    tx.execute_batch(SCHEMA)?;
+    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [FORMAT])?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Why the schema could not be put in place.
+pub(crate) enum SchemaError {
+    Sql(rusqlite::Error),
+    /// The file turned out to be something else once locked for writing.
+    Refused(Holds),
+}
+
+impl From<rusqlite::Error> for SchemaError {
+    fn from(e: rusqlite::Error) -> Self {
+        SchemaError::Sql(e)
+    }
+}
+
+/// One entry row, bound to [`INSERT_ENTRY`].
+pub(crate) struct EntryRow<'a> {
+    pub shard_no: i64,
+    pub seq: Seq,
+    pub epoch: Epoch,
+    pub hlc: Hlc,
+    pub session_no: i64,
+    pub hash: &'a ContentHash,
+    pub record: &'a Record,
+}
+
+/// Insert one entry row (appends, and the test-only injection). HLCs and seqs are stored
+/// as the bits of a u64 in SQLite's i64.
+pub(crate) fn insert_entry(stmt: &mut Statement<'_>, row: EntryRow<'_>) -> rusqlite::Result<()> {
+    let r = row.record;
+    let (text, bytes) = match &r.body {
+        Body::Text(t) => (Some(t.as_str()), None),
+        Body::Bytes(b) => (None, Some(b.as_slice())),
+    };
+    stmt.execute(params![
+        row.shard_no,
+        row.seq as i64,
+        row.epoch as i64,
+        row.hlc.0 as i64,
+        r.kind.as_u8(),
+        row.session_no,
+        &row.hash.0[..],
+        r.id,
+        r.role,
+        r.content_type,
+        text,
+        bytes,
+        r.metadata.as_ref().map(canonical_json),
+        r.created_at.and_then(|t| t.timestamp_nanos_opt()),
+    ])?;
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! The cases, one module per rule or group of rules, each listing its own cases.
+
+pub mod creation;
+pub mod durability;
+pub mod fencing;
+pub mod history;
+pub mod idempotency;
+pub mod input;
+pub mod maintenance;
+pub mod order;
+pub mod reading;
+
+/// Every case, in the contract's order.
+pub fn all() -> Vec<crate::Case> {
+    [
+        durability::cases(),
+        reading::cases(),
+        fencing::cases(),
+        idempotency::cases(),
+        order::cases(),
+        history::cases(),
+        input::cases(),
+        creation::cases(),
+        maintenance::cases(),
+    ]
+    .concat()
+}

@@ -1,0 +1,105 @@
+//! Records as stored, and positions in the log: entries, their order, checkpoints, what a
+//! shard holds and what an append acknowledges.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::hash::ContentHash;
+use crate::hlc::Hlc;
+use crate::ids::{Epoch, Seq, ShardId, WriterId};
+use crate::record::Record;
+
+/// The position of an entry in the total order of contract rule 6: `(hlc, shard, seq, epoch)`.
+/// Field order matters: the derived `Ord` is the contract's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct OrderKey {
+    pub hlc: Hlc,
+    pub shard: ShardId,
+    pub seq: Seq,
+    pub epoch: Epoch,
+}
+
+/// A record as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub shard: ShardId,
+    pub seq: Seq,
+    pub epoch: Epoch,
+    pub hlc: Hlc,
+    pub record: Record,
+    /// The hash stored with the entry (computed at append time). `ConflictDiscovery`
+    /// recomputes it to find corrupt entries.
+    pub content_hash: ContentHash,
+}
+
+impl Entry {
+    pub fn key(&self) -> OrderKey {
+        OrderKey {
+            hlc: self.hlc,
+            shard: self.shard,
+            seq: self.seq,
+            epoch: self.epoch,
+        }
+    }
+}
+
+/// A vector of per-shard positions: shard -> last seq applied. Never a single global
+/// sequence, because per-writer logs commit out of order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checkpoint(pub BTreeMap<ShardId, Seq>);
+
+impl Checkpoint {
+    /// The last seq applied for `shard` (0 when nothing was).
+    pub fn get(&self, shard: ShardId) -> Seq {
+        self.0.get(&shard).copied().unwrap_or(0)
+    }
+
+    pub fn advance(&mut self, shard: ShardId, seq: Seq) {
+        let pos = self.0.entry(shard).or_insert(0);
+        if seq > *pos {
+            *pos = seq;
+        }
+    }
+
+    /// True when the entry at `(shard, seq)` is past this checkpoint.
+    pub fn is_after(&self, shard: ShardId, seq: Seq) -> bool {
+        seq > self.get(shard)
+    }
+}
+
+/// What a store knows about one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardInfo {
+    pub shard: ShardId,
+    pub writer: WriterId,
+    /// The latest claimed epoch.
+    pub epoch: Epoch,
+    /// The highest seq stored (0 when empty).
+    pub last_seq: Seq,
+    /// Number of stored entries (of every epoch).
+    pub entries: u64,
+}
+
+/// What a durable append acknowledges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendAck {
+    pub shard: ShardId,
+    pub epoch: Epoch,
+    pub first_seq: Seq,
+    pub last_seq: Seq,
+    pub first_hlc: Hlc,
+    pub last_hlc: Hlc,
+    pub ids: Vec<String>,
+}
+
+/// A summary of one session in the projection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub bot_id: String,
+    pub session_id: String,
+    /// Live records.
+    pub records: u64,
+    pub first_hlc: Option<Hlc>,
+    pub last_hlc: Option<Hlc>,
+}

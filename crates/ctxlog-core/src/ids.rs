@@ -1,0 +1,67 @@
+//! Identities and positions: who writes (a writer id), where (its shard), under which claim
+//! (epoch), at which place (seq). Nothing here depends on the rest of the crate.
+
+use std::fmt;
+
+use uuid::Uuid;
+
+/// The stable identity of a writing process (instance id, host name, StatefulSet ordinal).
+/// Required to write; never derived from data.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WriterId(String);
+
+impl WriterId {
+    /// A writer id as given, unchecked: [`WriterId::new`] (in `validate.rs`) checks it.
+    pub(crate) fn new_unchecked(id: String) -> Self {
+        WriterId(id)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The shard this writer owns: a pure function of the writer id.
+    pub fn shard_id(&self) -> ShardId {
+        ShardId::for_writer(self)
+    }
+}
+
+impl fmt::Display for WriterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Namespace of the UUIDv5 that maps a writer id to its shard id. Never change it: every
+/// stored shard id depends on it.
+pub const SHARD_NAMESPACE: Uuid = Uuid::from_u128(0x6c0d_9a3e_54c1_4b7e_9f0a_c7a1_0d3b_5e21);
+
+/// The id of the shard owned by one writer: UUIDv5(SHARD_NAMESPACE, writer id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct ShardId(pub Uuid);
+
+impl ShardId {
+    pub fn for_writer(writer: &WriterId) -> Self {
+        ShardId(Uuid::new_v5(&SHARD_NAMESPACE, writer.as_str().as_bytes()))
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        ShardId(Uuid::from_bytes(bytes))
+    }
+}
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// The claim generation of a shard. Every `open_shard` of a writer returns a larger one.
+pub type Epoch = u64;
+/// Position of an entry within its shard: dense, strictly increasing, starting at 1.
+pub type Seq = u64;

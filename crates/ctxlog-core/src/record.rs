@@ -1,0 +1,107 @@
+//! What a caller appends: a record, its body, its kind.
+
+use chrono::{DateTime, Utc};
+
+/// What a record asks for: a value (`Put`) or its permanent removal (`Tombstone`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Put,
+    Tombstone,
+}
+
+impl Kind {
+    pub fn as_u8(self) -> u8 {
+        match self {
+            Kind::Put => 0,
+            Kind::Tombstone => 1,
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Kind::Put),
+            1 => Some(Kind::Tombstone),
+            _ => None,
+        }
+    }
+}
+
+/// The payload of a record: text or opaque bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Body {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl Body {
+    pub fn len(&self) -> usize {
+        match self {
+            Body::Text(s) => s.len(),
+            Body::Bytes(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for Body {
+    fn default() -> Self {
+        Body::Text(String::new())
+    }
+}
+
+/// What a caller appends. `id` is the idempotency key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub id: String,
+    pub bot_id: String,
+    pub session_id: String,
+    pub role: String,
+    pub content_type: String,
+    pub body: Body,
+    /// A JSON object, or nothing.
+    pub metadata: Option<serde_json::Value>,
+    /// Caller's timestamp; stored but not covered by the content hash.
+    pub created_at: Option<DateTime<Utc>>,
+    pub kind: Kind,
+}
+
+impl Record {
+    /// A text `Put` with content type `text/plain` and no metadata.
+    pub fn text(
+        id: impl Into<String>,
+        bot_id: impl Into<String>,
+        session_id: impl Into<String>,
+        role: impl Into<String>,
+        text: impl Into<String>,
+    ) -> Self {
+        Record {
+            id: id.into(),
+            bot_id: bot_id.into(),
+            session_id: session_id.into(),
+            role: role.into(),
+            content_type: "text/plain".into(),
+            body: Body::Text(text.into()),
+            metadata: None,
+            created_at: None,
+            kind: Kind::Put,
+        }
+    }
+
+    /// A tombstone for `id`.
+    pub fn tombstone(id: impl Into<String>, bot_id: impl Into<String>, session_id: impl Into<String>) -> Self {
+        Record {
+            id: id.into(),
+            bot_id: bot_id.into(),
+            session_id: session_id.into(),
+            role: String::new(),
+            content_type: String::new(),
+            body: Body::Text(String::new()),
+            metadata: None,
+            created_at: None,
+            kind: Kind::Tombstone,
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! An in-memory [`Store`] that keeps the whole contract: the shared writer state, the shared
+//! projector and history checker, epochs and fencing, deadlines. Stores live as long as the
+//! process and are found by name, so every open of one name is the same store (as several
+//! processes share one SQLite file).
+//!
+//! It serves two purposes: the conformance suite runs on it in seconds (so the suite is
+//! checked without building a storage engine), and applications use it as a test double.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::history::{HistoryChecker, HistorySource, ScanConflictDiscovery};
+use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
+use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector};
+use crate::backend::with_deadline;
+use crate::backend::writer::{Staged, WriterState};
+use crate::entry::{AppendAck, Entry, OrderKey, ShardInfo};
+use crate::error::{Error, Result, Written};
+use crate::hlc::{Hlc, HlcClock};
+use crate::ids::{Epoch, ShardId, WriterId};
+use crate::options::{CompactOptions, CompactReport, StoreOptions};
+use crate::record::Record;
+use crate::traits::{ConflictDiscovery, Projector, Shard, Store};
+
+/// One store's data.
+#[derive(Default)]
+struct Data {
+    shards: BTreeMap<ShardId, ShardData>,
+}
+
+struct ShardData {
+    writer: WriterId,
+    epoch: Epoch,
+    /// In the order stored; positions only grow (the projector's cursor counts them).
+    entries: Vec<Entry>,
+}
+
+/// What every handle of one store shares.
+struct Shared {
+    data: Mutex<Data>,
+    /// While true, appends commit and then wait (a lost acknowledgement).
+    stalled: tokio::sync::watch::Sender<bool>,
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Arc<Shared>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<Shared>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+/// An in-memory ctxlog store (see the module docs).
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+    options: StoreOptions,
+}
+
+impl MemoryStore {
+    /// Open the store called `name`, creating it when `options.create_if_missing`.
+    pub fn open(name: &str, options: StoreOptions) -> Result<Self> {
+        options.validate()?;
+        let mut stores = registry().lock().expect("not poisoned");
+        let shared = match stores.get(name) {
+            Some(s) => s.clone(),
+            None if options.create_if_missing => {
+                let s = Arc::new(Shared {
+                    data: Mutex::new(Data::default()),
+                    stalled: tokio::sync::watch::channel(false).0,
+                });
+                stores.insert(name.to_string(), s.clone());
+                s
+            }
+            None => {
+                return Err(Error::NotFound {
+                    what: format!("no in-memory store named `{name}`"),
+                });
+            }
+        };
+        Ok(MemoryStore { shared, options })
+    }
+
+    /// Store an entry exactly as given, bypassing every check (what a broken writer or a
+    /// damaged store leaves behind).
+    pub fn inject_raw_entry(&self, entry: Entry) {
+        let mut data = self.shared.data.lock().expect("not poisoned");
+        let shard = data.shards.entry(entry.shard).or_insert_with(|| ShardData {
+            writer: WriterId::new_unchecked("injected".into()),
+            epoch: entry.epoch,
+            entries: Vec::new(),
+        });
+        shard.entries.push(entry);
+    }
+
+    /// While the guard lives, every append commits and then waits, as if its
+    /// acknowledgement were lost: the caller's deadline fires with an indeterminate error.
+    pub fn stall_writes(&self) -> StallGuard {
+        self.shared.stalled.send_replace(true);
+        StallGuard(self.shared.clone())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+}
+
+/// Keeps appends stalled until dropped.
+pub struct StallGuard(Arc<Shared>);
+
+impl Drop for StallGuard {
+    fn drop(&mut self) {
+        self.0.stalled.send_replace(false);
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>> {
+        let shard = writer.shard_id();
+        let (epoch, last_seq, max_hlc) = {
+            let mut data = self.shared.data.lock().expect("not poisoned");
+            let s = data.shards.entry(shard).or_insert_with(|| ShardData {
+                writer: writer.clone(),
+                epoch: 0,
+                entries: Vec::new(),
+            });
+            s.epoch += 1;
+            s.writer = writer.clone();
+            let last_seq = s.entries.iter().map(|e| e.seq).max().unwrap_or(0);
+            let max_hlc = s.entries.iter().map(|e| e.hlc).max().unwrap_or(Hlc::ZERO);
+            (s.epoch, last_seq, max_hlc)
+        };
+        let clock = HlcClock::new(self.options.clock.clone(), Hlc::ZERO);
+        Ok(Box::new(MemoryShard {
+            state: WriterState::new(
+                writer.clone(),
+                epoch,
+                clock,
+                self.options.limits.clone(),
+                last_seq,
+                max_hlc,
+            ),
+            store: self.clone(),
+        }))
+    }
+
+    async fn shards(&self) -> Result<Vec<ShardInfo>> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        Ok(data
+            .shards
+            .iter()
+            .map(|(id, s)| ShardInfo {
+                shard: *id,
+                writer: s.writer.clone(),
+                epoch: s.epoch,
+                last_seq: s.entries.iter().map(|e| e.seq).max().unwrap_or(0),
+                entries: s.entries.len() as u64,
+            })
+            .collect())
+    }
+
+    async fn read_shard(&self, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        let mut out: Vec<Entry> = data
+            .shards
+            .get(&shard)
+            .map(|s| s.entries.iter().filter(|e| e.seq > after_seq).cloned().collect())
+            .unwrap_or_default();
+        out.sort_by_key(|e| (e.seq, e.epoch));
+        out.dedup_by_key(|e| (e.seq, e.epoch));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    fn projector(&self) -> Box<dyn Projector> {
+        Box::new(IndexedProjector::new(Arc::new(self.clone())))
+    }
+
+    fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
+        Box::new(ScanConflictDiscovery::new(Arc::new(self.clone())))
+    }
+
+    /// Nothing to fold: every entry is where readers read it.
+    async fn compact(&self, _options: &CompactOptions) -> Result<CompactReport> {
+        Ok(CompactReport {
+            note: "memory: nothing to fold".into(),
+            ..Default::default()
+        })
+    }
+}
+
+/// How far a projector has read: per shard, how many stored entries.
+#[derive(Default)]
+pub struct Cursor(HashMap<ShardId, usize>);
+
+#[async_trait]
+impl IndexSource for MemoryStore {
+    type Cursor = Cursor;
+
+    async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<CatchUp> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        let mut done = CatchUp::default();
+        for (id, s) in &data.shards {
+            let from = cursor.0.get(id).copied().unwrap_or(0);
+            for e in &s.entries[from.min(s.entries.len())..] {
+                done.read += 1;
+                if index.apply(IndexRow::of(e)) {
+                    done.applied += 1;
+                }
+            }
+            cursor.0.insert(*id, s.entries.len());
+        }
+        Ok(done)
+    }
+
+    async fn fetch(&self, _cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        keys.iter()
+            .map(|(k, _)| {
+                data.shards
+                    .get(&k.shard)
+                    .and_then(|s| s.entries.iter().find(|e| e.key() == *k))
+                    .cloned()
+                    .ok_or_else(|| Error::Corrupt {
+                        shard: Some(k.shard),
+                        what: format!("entry seq {} epoch {} is indexed but missing", k.seq, k.epoch),
+                    })
+            })
+            .collect()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+}
+
+#[async_trait]
+impl HistorySource for MemoryStore {
+    async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        for s in data.shards.values() {
+            for e in &s.entries {
+                checker.visit(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+}
+
+/// A claimed shard of a [`MemoryStore`].
+struct MemoryShard {
+    state: WriterState,
+    store: MemoryStore,
+}
+
+impl MemoryShard {
+    /// The append's write: under one lock, check the epoch and store every entry.
+    async fn write(&self, staged: Staged) -> Result<Staged> {
+        let (shard_id, epoch) = (self.state.shard(), self.state.epoch());
+        let entries = staged.entries.iter().map(|e| Entry {
+            shard: shard_id,
+            seq: e.seq,
+            epoch,
+            hlc: e.hlc,
+            record: e.record.clone(),
+            content_hash: e.hash,
+        });
+        {
+            let mut data = self.store.shared.data.lock().expect("not poisoned");
+            let shard = data.shards.get_mut(&self.state.shard()).ok_or_else(|| Error::Corrupt {
+                shard: Some(self.state.shard()),
+                what: "the claimed shard vanished".into(),
+            })?;
+            if shard.epoch != self.state.epoch() {
+                return Err(self.state.fenced(Some(shard.epoch), Written::Nothing));
+            }
+            shard.entries.extend(entries);
+        }
+        // A lost acknowledgement: wait while the store is stalled (the deadline ends it).
+        let mut stalled = self.store.shared.stalled.subscribe();
+        let _ = stalled.wait_for(|s| !*s).await;
+        Ok(staged)
+    }
+}
+
+#[async_trait]
+impl Shard for MemoryShard {
+    fn shard_id(&self) -> ShardId {
+        self.state.shard()
+    }
+
+    fn writer(&self) -> &WriterId {
+        self.state.writer()
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.state.epoch()
+    }
+
+    fn observe(&mut self, hlc: Hlc) -> Result<()> {
+        self.state.observe(hlc)
+    }
+
+    async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
+        self.state.check_usable()?;
+        let staged = self.state.stage(records)?;
+        self.state.begin();
+        let outcome = with_deadline(
+            "append",
+            self.store.timeout(),
+            Some(self.state.shard()),
+            Written::Unknown,
+            self.write(staged),
+        )
+        .await;
+        self.state.settle(outcome)
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.state.mark_closed();
+        if self.state.is_poisoned() {
+            return Ok(());
+        }
+        let data = self.store.shared.data.lock().expect("not poisoned");
+        let current = data.shards.get(&self.state.shard()).map(|s| s.epoch);
+        if current != Some(self.state.epoch()) {
+            return Err(self.state.fenced(current, Written::Nothing));
+        }
+        Ok(())
+    }
+}
