@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 
 #[derive(Clone, Debug)]
-pub struct Workload {
+pub(crate) struct Workload {
     pub entries: usize,
     pub writers: usize,
     pub bots: usize,
@@ -27,7 +27,7 @@ const WORDS: &[&str] = &[
 
 impl Workload {
     /// How many entries writer `w` appends (the remainder goes to writer 0).
-    pub fn entries_of(&self, w: usize) -> usize {
+    pub(crate) fn entries_of(&self, w: usize) -> usize {
         let each = self.entries / self.writers;
         if w == 0 {
             each + self.entries % self.writers
@@ -37,7 +37,7 @@ impl Workload {
     }
 
     /// The records writer `w` appends, in order: `name` is its writer id.
-    pub fn records(&self, w: usize, name: &str) -> Vec<Record> {
+    pub(crate) fn records(&self, w: usize, name: &str) -> Vec<Record> {
         let mut rng = StdRng::seed_from_u64(self.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w as u64 + 1)));
         let sizes = LogNormal::new((600f64).ln(), 0.6).expect("valid log-normal");
         let n = self.entries_of(w);

@@ -20,11 +20,23 @@ const WRITERS: u8 = 3;
 #[derive(Clone, Debug)]
 pub enum Step {
     /// Append records `(id, variant)` or tombstones (`variant == None`).
-    Append { writer: u8, records: Vec<(u8, Option<u8>)> },
+    /// Append records `(id, variant)` or tombstones (`variant == None`).
+    Append {
+        /// Which of the writers.
+        writer: u8,
+        /// The records: an id, and which content (none: a tombstone).
+        records: Vec<(u8, Option<u8>)>,
+    },
     /// Close the writer's shard and claim it again (a new epoch).
-    Reopen { writer: u8 },
+    Reopen {
+        /// Which of the writers.
+        writer: u8,
+    },
     /// The writer reads the log and moves its clock past it.
-    Observe { writer: u8 },
+    Observe {
+        /// Which of the writers.
+        writer: u8,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -37,6 +49,7 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// Random histories of 1 to 23 steps.
 pub fn histories() -> impl Strategy<Value = Vec<Step>> {
     proptest::collection::vec(step(), 1..24)
 }

@@ -12,6 +12,8 @@
 //! cases next to their functions. Every failing step says which step failed and with what
 //! values.
 
+#![warn(missing_docs)]
+
 pub mod differential;
 pub mod rules;
 
@@ -38,6 +40,7 @@ pub mod prelude {
     pub use crate::{Case, Ctx, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
 }
 
+/// A boxed, sendable future: what descriptors and cases return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A guard that keeps a fault in place until dropped.
@@ -49,6 +52,7 @@ pub type OpenFn = fn(uri: String, options: StoreOptions) -> BoxFuture<ctxlog_cor
 /// How the suite reaches one backend, and how that backend really differs.
 #[derive(Clone, Copy)]
 pub struct Backend {
+    /// The name tests carry: `<name>::<case>`.
     pub name: &'static str,
     /// A store URI for a new store inside `root` (which is empty and unique per case).
     pub store_uri: fn(root: &Path) -> String,
@@ -69,13 +73,17 @@ pub struct Backend {
 
 /// What every case gets: a fresh root, a store URI inside it, and the backend's knobs.
 pub struct Ctx {
+    /// The backend under test.
     pub backend: Backend,
+    /// The case's own, empty, root directory.
     pub root: PathBuf,
+    /// The URI of the case's store inside `root`.
     pub uri: String,
     _dir: tempfile::TempDir,
 }
 
 impl Ctx {
+    /// A fresh root for `backend`.
     pub fn new(backend: Backend) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("ctxlog-{}-", backend.name))
@@ -89,6 +97,7 @@ impl Ctx {
         })
     }
 
+    /// The options the case's stores open with: the backend's deadline.
     pub fn options(&self) -> StoreOptions {
         StoreOptions {
             timeout: self.backend.op_timeout,
@@ -101,6 +110,7 @@ impl Ctx {
         self.store_with(self.options()).await
     }
 
+    /// Open the case's store with other options.
     pub async fn store_with(&self, options: StoreOptions) -> anyhow::Result<Arc<dyn Store>> {
         self.open(&self.uri, options).await
     }
@@ -126,8 +136,11 @@ pub type CaseFn = fn(Ctx) -> BoxFuture<anyhow::Result<()>>;
 /// One case of the suite: its name, the rule(s) it checks, its function.
 #[derive(Clone, Copy)]
 pub struct Case {
+    /// The case's function name.
     pub name: &'static str,
+    /// The rule(s) it checks, as the report groups them.
     pub rule: &'static str,
+    /// The case itself.
     pub run: CaseFn,
 }
 

@@ -1,13 +1,29 @@
-//! Running cargo and friends with the environment every build here needs.
+//! Running cargo and other steps: the environment every build here needs (a vendored
+//! `protoc` for Lance's build scripts), and quiet output — one line per step (name, result,
+//! time); the full command and its output only with `--verbose` or when the step fails.
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+/// Print every command in full and stream its output.
+pub(crate) fn set_verbose(v: bool) {
+    VERBOSE.store(v, Ordering::Relaxed);
+}
+
+pub(crate) fn verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
+}
+
 /// A `cargo` command with `PROTOC` pointing at the vendored binary (unless the caller
 /// set one) — Lance's build scripts need it.
-pub fn cargo(args: &[&str]) -> Result<Command> {
+pub(crate) fn cargo(args: &[&str]) -> Result<Command> {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.args(args);
     // `cargo xtask` runs us with xtask's own package variables set. Build scripts that
@@ -30,23 +46,54 @@ pub fn cargo(args: &[&str]) -> Result<Command> {
     Ok(cmd)
 }
 
-/// Run `cargo args…`, failing with `what` if it fails.
-pub fn run(what: &str, args: &[&str]) -> Result<()> {
-    status(what, &mut cargo(args)?)
+/// Run `cargo args…` as the step `what`.
+pub(crate) fn run(what: &str, args: &[&str]) -> Result<()> {
+    step(what, &mut cargo(args)?)
 }
 
-pub fn status(what: &str, cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask: {what}: {cmd:?}");
-    let started = std::time::Instant::now();
-    let status = cmd.status().with_context(|| format!("cannot start {what}"))?;
-    eprintln!("xtask: {what}: {status} in {:.1} s", started.elapsed().as_secs_f64());
-    if !status.success() {
-        bail!("{what} failed ({status})");
+/// A command as it may be printed: program and arguments, with every URI's query string
+/// (storage options) redacted; never the environment.
+pub(crate) fn shown(cmd: &Command) -> String {
+    let mut out = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        out.push(' ');
+        out.push_str(&ctxlog::redact_uri(&a.to_string_lossy()));
     }
-    Ok(())
+    out
 }
 
-pub fn has_nextest() -> bool {
+/// Run one step: a line with its name, result and time; with `--verbose`, the command and
+/// its output as it runs; on failure, the command and everything it printed.
+pub(crate) fn step(what: &str, cmd: &mut Command) -> Result<()> {
+    let started = Instant::now();
+    if verbose() {
+        eprintln!("xtask: {what}: {}", shown(cmd));
+        let status = cmd.status().with_context(|| format!("cannot start {what}"))?;
+        eprintln!("xtask: {what}: {status} in {:.1} s", started.elapsed().as_secs_f64());
+        if !status.success() {
+            bail!("{what} failed ({status})");
+        }
+        return Ok(());
+    }
+    eprint!("xtask: {what} … ");
+    let _ = std::io::stderr().flush();
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start {what}"))?;
+    let took = started.elapsed().as_secs_f64();
+    if out.status.success() {
+        eprintln!("ok ({took:.1} s)");
+        return Ok(());
+    }
+    eprintln!("FAILED ({took:.1} s)");
+    eprintln!("xtask: {what}: {}", shown(cmd));
+    let _ = std::io::stderr().write_all(&out.stdout);
+    let _ = std::io::stderr().write_all(&out.stderr);
+    bail!("{what} failed ({})", out.status)
+}
+
+pub(crate) fn has_nextest() -> bool {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args(["nextest", "--version"])
         .output()
@@ -54,7 +101,7 @@ pub fn has_nextest() -> bool {
 }
 
 /// Cargo's target directory (honours `CARGO_TARGET_DIR`).
-pub fn target_dir() -> Result<PathBuf> {
+pub(crate) fn target_dir() -> Result<PathBuf> {
     let out = cargo(&["metadata", "--format-version", "1", "--no-deps"])?
         .output()
         .context("cargo metadata")?;
@@ -67,4 +114,12 @@ pub fn target_dir() -> Result<PathBuf> {
             .as_str()
             .context("target_directory in cargo metadata")?,
     ))
+}
+
+/// The workspace root (where `Cargo.lock` is).
+pub(crate) fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
 }

@@ -18,6 +18,8 @@
 //!
 //! Every call that can wait runs under the store's deadline.
 
+#![warn(missing_docs)]
+
 mod compact;
 mod entries;
 mod error;

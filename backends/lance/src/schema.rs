@@ -20,31 +20,31 @@ use ctxlog_core::backend::index::{IndexRow, RowRef};
 use ctxlog_core::{Body, ContentHash, Entry, Epoch, Error, Hlc, Kind, OrderKey, Record, Result, ShardId};
 use uuid::Uuid;
 
-pub const SHARD: &str = "shard";
-pub const EPOCH: &str = "epoch";
-pub const SEQ: &str = "seq";
-pub const HLC: &str = "hlc";
-pub const KIND: &str = "kind";
-pub const ID: &str = "id";
-pub const BOT_ID: &str = "bot_id";
-pub const SESSION_ID: &str = "session_id";
-pub const CONTENT_HASH: &str = "content_hash";
-pub const ROLE: &str = "role";
-pub const CONTENT_TYPE: &str = "content_type";
-pub const BODY_TEXT: &str = "body_text";
-pub const BODY_BYTES: &str = "body_bytes";
-pub const METADATA: &str = "metadata";
-pub const CREATED_AT: &str = "created_at";
-pub const WRITER: &str = "writer";
+pub(crate) const SHARD: &str = "shard";
+pub(crate) const EPOCH: &str = "epoch";
+pub(crate) const SEQ: &str = "seq";
+pub(crate) const HLC: &str = "hlc";
+pub(crate) const KIND: &str = "kind";
+pub(crate) const ID: &str = "id";
+pub(crate) const BOT_ID: &str = "bot_id";
+pub(crate) const SESSION_ID: &str = "session_id";
+pub(crate) const CONTENT_HASH: &str = "content_hash";
+pub(crate) const ROLE: &str = "role";
+pub(crate) const CONTENT_TYPE: &str = "content_type";
+pub(crate) const BODY_TEXT: &str = "body_text";
+pub(crate) const BODY_BYTES: &str = "body_bytes";
+pub(crate) const METADATA: &str = "metadata";
+pub(crate) const CREATED_AT: &str = "created_at";
+pub(crate) const WRITER: &str = "writer";
 
 /// The primary key, in key order.
-pub const PRIMARY_KEY: [&str; 3] = [SHARD, EPOCH, SEQ];
+pub(crate) const PRIMARY_KEY: [&str; 3] = [SHARD, EPOCH, SEQ];
 
 /// What the projection reads: everything but bodies and other payload.
-pub const INDEX_COLUMNS: [&str; 9] = [SHARD, EPOCH, SEQ, HLC, KIND, ID, BOT_ID, SESSION_ID, CONTENT_HASH];
+pub(crate) const INDEX_COLUMNS: [&str; 9] = [SHARD, EPOCH, SEQ, HLC, KIND, ID, BOT_ID, SESSION_ID, CONTENT_HASH];
 
 /// What the recovery of a shard's position reads.
-pub const POSITION_COLUMNS: [&str; 4] = [SHARD, SEQ, HLC, EPOCH];
+pub(crate) const POSITION_COLUMNS: [&str; 4] = [SHARD, SEQ, HLC, EPOCH];
 
 fn pk(position: &str) -> HashMap<String, String> {
     HashMap::from([
@@ -79,12 +79,12 @@ static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-pub fn schema() -> SchemaRef {
+pub(crate) fn schema() -> SchemaRef {
     SCHEMA.clone()
 }
 
 /// One entry to write: the record with everything the writer stamps on it.
-pub struct Stamped<'a> {
+pub(crate) struct Stamped<'a> {
     pub shard: ShardId,
     pub epoch: Epoch,
     pub seq: u64,
@@ -94,7 +94,7 @@ pub struct Stamped<'a> {
 }
 
 /// A record batch of entries, in the table's schema.
-pub fn to_batch(writer: &str, entries: &[Stamped<'_>]) -> Result<RecordBatch> {
+pub(crate) fn to_batch(writer: &str, entries: &[Stamped<'_>]) -> Result<RecordBatch> {
     let n = entries.len();
     let mut shard = StringBuilder::with_capacity(n, n * 36);
     let mut epoch = UInt64Builder::with_capacity(n);
@@ -161,7 +161,7 @@ pub fn to_batch(writer: &str, entries: &[Stamped<'_>]) -> Result<RecordBatch> {
     RecordBatch::try_new(schema(), columns).map_err(arrow_err)
 }
 
-pub fn arrow_err(e: arrow_schema::ArrowError) -> Error {
+pub(crate) fn arrow_err(e: arrow_schema::ArrowError) -> Error {
     Error::Corrupt {
         shard: None,
         what: format!("entry data does not fit the entry schema: {e}"),
@@ -180,7 +180,7 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
 
 /// Typed views of the columns of a batch; works on the table schema and on MemWAL's storage
 /// schema (nullable payload columns, an extra `_tombstone`).
-pub struct Columns<'a> {
+pub(crate) struct Columns<'a> {
     epoch: &'a arrow_array::PrimitiveArray<UInt64Type>,
     seq: &'a arrow_array::PrimitiveArray<UInt64Type>,
     hlc: Option<&'a arrow_array::PrimitiveArray<UInt64Type>>,
@@ -216,7 +216,7 @@ macro_rules! opt_col {
 }
 
 impl<'a> Columns<'a> {
-    pub fn new(batch: &'a RecordBatch) -> Result<Self> {
+    pub(crate) fn new(batch: &'a RecordBatch) -> Result<Self> {
         let typed = |name: &str| corrupt(format!("column `{name}` has an unexpected type"));
         let shard = column(batch, SHARD)?
             .as_string_opt::<i32>()
@@ -277,24 +277,24 @@ impl<'a> Columns<'a> {
         })
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// A MemWAL delete marker (ctxlog never writes one; skipped when present).
-    pub fn is_lance_tombstone(&self, i: usize) -> bool {
+    pub(crate) fn is_lance_tombstone(&self, i: usize) -> bool {
         self.tombstone.is_some_and(|t| t.is_valid(i) && t.value(i))
     }
 
-    pub fn shard(&self, i: usize) -> ShardId {
+    pub(crate) fn shard(&self, i: usize) -> ShardId {
         self.shards[self.shard_of[i] as usize]
     }
 
-    pub fn epoch(&self, i: usize) -> u64 {
+    pub(crate) fn epoch(&self, i: usize) -> u64 {
         self.epoch.value(i)
     }
 
-    pub fn seq(&self, i: usize) -> u64 {
+    pub(crate) fn seq(&self, i: usize) -> u64 {
         self.seq.value(i)
     }
 
@@ -302,7 +302,7 @@ impl<'a> Columns<'a> {
         c.ok_or_else(|| corrupt(format!("stored entries lack the `{name}` column")))
     }
 
-    pub fn hlc(&self, i: usize) -> Result<Hlc> {
+    pub(crate) fn hlc(&self, i: usize) -> Result<Hlc> {
         Ok(Hlc(Self::need(self.hlc, HLC)?.value(i)))
     }
 
@@ -317,7 +317,7 @@ impl<'a> Columns<'a> {
     }
 
     /// The columns the projection reads, checked once per batch rather than per row.
-    pub fn index_view(&self) -> Result<IndexView<'_, 'a>> {
+    pub(crate) fn index_view(&self) -> Result<IndexView<'_, 'a>> {
         Ok(IndexView {
             cols: self,
             hlc: Self::need(self.hlc, HLC)?,
@@ -330,7 +330,7 @@ impl<'a> Columns<'a> {
     }
 
     /// The full entry of row `i`.
-    pub fn entry(&self, i: usize) -> Result<Entry> {
+    pub(crate) fn entry(&self, i: usize) -> Result<Entry> {
         let text = Self::need(self.text, BODY_TEXT)?;
         let bytes = Self::need(self.bytes, BODY_BYTES)?;
         let body = match (text.is_valid(i), bytes.is_valid(i)) {
@@ -373,7 +373,7 @@ impl<'a> Columns<'a> {
 }
 
 /// The projection's columns of one batch.
-pub struct IndexView<'c, 'a> {
+pub(crate) struct IndexView<'c, 'a> {
     cols: &'c Columns<'a>,
     hlc: &'a arrow_array::PrimitiveArray<UInt64Type>,
     kind: &'a arrow_array::PrimitiveArray<UInt8Type>,
@@ -385,7 +385,7 @@ pub struct IndexView<'c, 'a> {
 
 impl<'a> IndexView<'_, 'a> {
     /// The projection's view of row `i`, borrowing the batch's strings.
-    pub fn row(&self, i: usize) -> Result<IndexRow<'a>> {
+    pub(crate) fn row(&self, i: usize) -> Result<IndexRow<'a>> {
         let c = self.cols;
         let kind =
             Kind::from_u8(self.kind.value(i)).ok_or_else(|| corrupt(format!("unknown kind at seq {}", c.seq(i))))?;

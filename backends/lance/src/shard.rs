@@ -26,8 +26,11 @@ use crate::{tiers, writers};
 /// refuses to replay a WAL written under larger limits.
 #[derive(Clone, Debug)]
 pub struct WriterTuning {
+    /// Rows at which a memtable is frozen into a generation.
     pub max_memtable_rows: usize,
+    /// Record batches at which a memtable is frozen.
     pub max_memtable_batches: usize,
+    /// Bytes at which a memtable is frozen.
     pub max_memtable_bytes: usize,
     /// Backstop for the WAL flush ticker; every durable put also triggers its own flush.
     pub wal_flush_interval: Duration,

@@ -32,7 +32,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(
+    pub(crate) fn new(
         uri: String,
         options: StoreOptions,
         params: ObjectStoreParams,
@@ -51,12 +51,12 @@ impl Shared {
         }
     }
 
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.options.timeout
     }
 
     /// The dataset at its latest version.
-    pub async fn latest(&self) -> Result<Dataset> {
+    pub(crate) async fn latest(&self) -> Result<Dataset> {
         let mut ds = self.dataset.lock().await;
         ds.checkout_latest()
             .await
@@ -65,7 +65,7 @@ impl Shared {
     }
 
     /// The object store and base path MemWAL's WAL and shard manifests live under.
-    pub async fn io(&self, ds: &Dataset) -> Result<(Arc<ObjectStore>, Path)> {
+    pub(crate) async fn io(&self, ds: &Dataset) -> Result<(Arc<ObjectStore>, Path)> {
         let store = ds
             .object_store(None)
             .await
@@ -74,7 +74,7 @@ impl Shared {
     }
 
     /// Open another dataset (a flushed generation) with the store's settings.
-    pub async fn open_dataset(&self, uri: &str) -> std::result::Result<Dataset, lance::Error> {
+    pub(crate) async fn open_dataset(&self, uri: &str) -> std::result::Result<Dataset, lance::Error> {
         DatasetBuilder::from_uri(uri)
             .with_store_params(self.params.clone())
             .with_session(self.session.clone())
@@ -83,14 +83,14 @@ impl Shared {
     }
 
     /// Remember a writer this handle opened (weakly: its shard handle owns it).
-    pub fn register_writer(&self, w: &Arc<ShardWriter>) {
+    pub(crate) fn register_writer(&self, w: &Arc<ShardWriter>) {
         let mut live = self.live.lock().expect("not poisoned");
         live.retain(|w| w.strong_count() > 0);
         live.push(Arc::downgrade(w));
     }
 
     /// The writers this handle opened that are still alive.
-    pub fn live_writers(&self) -> Vec<Arc<ShardWriter>> {
+    pub(crate) fn live_writers(&self) -> Vec<Arc<ShardWriter>> {
         self.live
             .lock()
             .expect("not poisoned")

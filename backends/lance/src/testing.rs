@@ -50,6 +50,7 @@ impl Drop for WriteStall {
     }
 }
 
+/// While the guard lives, every WAL write of the store at `dataset_dir` fails.
 pub fn stall_writes(dataset_dir: &std::path::Path) -> Result<WriteStall> {
     let io = |e: std::io::Error| Error::backend("lance", "stall", None, Written::Nothing, e);
     let mut dirs = Vec::new();

@@ -160,7 +160,7 @@ pub(crate) enum Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
-    pub fn batch(&self) -> &'a RecordBatch {
+    pub(crate) fn batch(&self) -> &'a RecordBatch {
         match self {
             Rows::Table { batch, .. } | Rows::Wal { batch, .. } => batch,
         }

@@ -6,6 +6,8 @@
 //! append re-checks its epoch inside its own transaction, so a fenced handle fails with a
 //! definite `Fenced` and nothing of it is written. Many processes may write one file.
 
+#![warn(missing_docs)]
+
 mod conn;
 mod read;
 mod schema;
@@ -51,6 +53,7 @@ impl SqliteStore {
         Ok(SqliteStore { path, options, conn })
     }
 
+    /// The store file.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -1,6 +1,8 @@
 //! The test-only lost acknowledgement: an append that committed, then waits while its
 //! store is stalled (see `testing::stall_writes`). Inert unless a test arms it — one atomic
 //! load per append.
+// Armed only through the `testing` feature; without it, only `after_commit` is used.
+#![cfg_attr(not(feature = "testing"), allow(dead_code, unreachable_pub))]
 
 use std::path::Path;
 

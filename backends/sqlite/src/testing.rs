@@ -8,6 +8,8 @@ use ctxlog_core::{Entry, Error, Result, Written};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::schema::{EntryRow, INSERT_ENTRY, insert_entry};
+/// Store an entry exactly as given, bypassing every check (what a broken writer or a damaged
+/// file leaves behind).
 pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
     let err = |e: rusqlite::Error| Error::backend("sqlite", "inject", None, Written::Unknown, e);
     let mut c = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(err)?;

@@ -74,6 +74,7 @@ pub async fn first_writer_wins_divergent_put(ctx: Ctx) -> anyhow::Result<()> {
 
 // ---- Rule 7: tombstones are final ----------------------------------------------------
 
+/// A tombstone hides its id for good; a later put of the id is a write after delete.
 pub async fn tombstone_is_final(ctx: Ctx) -> anyhow::Result<()> {
     let store = ctx.store().await?;
     let mut w1 = store.open_shard(&w("w1")).await?;

@@ -190,7 +190,7 @@ async fn replica_c(store: Arc<dyn Store>) -> Result<Tally, Failure> {
     r.finish().await
 }
 
-pub async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitCode, Failure> {
+pub(crate) async fn run(store_uri: Option<&str>, options: StoreOptions) -> Result<ExitCode, Failure> {
     let uri = match store_uri {
         Some(u) => u.to_string(),
         None => {

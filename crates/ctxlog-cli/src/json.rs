@@ -12,7 +12,7 @@ use ctxlog::{
 use serde_json::{Map, Value, json};
 
 /// Parse one input line into a record. Every problem names its field.
-pub fn parse_record(line: &str) -> Result<Record> {
+pub(crate) fn parse_record(line: &str) -> Result<Record> {
     let value: Value =
         serde_json::from_str(line).map_err(|e| Error::invalid("record", None, format!("not valid JSON: {e}")))?;
     let Value::Object(mut obj) = value else {
@@ -81,7 +81,7 @@ fn take_string(obj: &mut Map<String, Value>, field: &'static str) -> Result<Opti
 }
 
 /// An entry as printed: the input fields plus `shard`, `seq`, `epoch`, `hlc`.
-pub fn entry_json(e: &Entry) -> Value {
+pub(crate) fn entry_json(e: &Entry) -> Value {
     let r = &e.record;
     let mut obj = Map::new();
     obj.insert("id".into(), json!(r.id));
@@ -117,7 +117,7 @@ pub fn entry_json(e: &Entry) -> Value {
 }
 
 /// One durable batch, as `append` acknowledges it.
-pub fn ack_json(ack: &AppendAck) -> Value {
+pub(crate) fn ack_json(ack: &AppendAck) -> Value {
     json!({
         "shard": ack.shard.to_string(),
         "epoch": ack.epoch,
@@ -128,7 +128,7 @@ pub fn ack_json(ack: &AppendAck) -> Value {
 }
 
 /// One session, as `sessions` lists it.
-pub fn session_json(s: &SessionSummary) -> Value {
+pub(crate) fn session_json(s: &SessionSummary) -> Value {
     json!({
         "bot_id": s.bot_id,
         "session_id": s.session_id,
@@ -139,7 +139,7 @@ pub fn session_json(s: &SessionSummary) -> Value {
 }
 
 /// One shard, as `shards` lists it.
-pub fn shard_json(s: &ShardInfo) -> Value {
+pub(crate) fn shard_json(s: &ShardInfo) -> Value {
     json!({
         "shard": s.shard.to_string(),
         "writer": s.writer.as_str(),
@@ -150,12 +150,12 @@ pub fn shard_json(s: &ShardInfo) -> Value {
 }
 
 /// One conflict: its canonical form (the same on every backend).
-pub fn conflict_json(c: &Conflict) -> Value {
+pub(crate) fn conflict_json(c: &Conflict) -> Value {
     serde_json::to_value(c).unwrap_or_else(|e| json!({"kind": c.kind().as_str(), "unprintable": e.to_string()}))
 }
 
 /// The projection's counts, the backend, and how long the first scan took.
-pub fn stats_json(stats: &ProjectionStats, backend: &str, first_scan: std::time::Duration) -> Value {
+pub(crate) fn stats_json(stats: &ProjectionStats, backend: &str, first_scan: std::time::Duration) -> Value {
     let mut v = serde_json::to_value(stats).unwrap_or_else(|_| json!({}));
     v["backend"] = json!(backend);
     v["first_scan_ms"] = json!(first_scan.as_secs_f64() * 1000.0);
@@ -163,7 +163,7 @@ pub fn stats_json(stats: &ProjectionStats, backend: &str, first_scan: std::time:
 }
 
 /// What a compaction pass did.
-pub fn compact_json(r: &CompactReport) -> Value {
+pub(crate) fn compact_json(r: &CompactReport) -> Value {
     json!({
         "generations_merged": r.generations_merged,
         "entries_merged": r.entries_merged,

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+/// Canonical JSON of `v`: keys sorted at every level, no whitespace.
 pub fn canonical_json(v: &Value) -> String {
     let mut out = String::new();
     write_value(&mut out, v);
@@ -41,7 +42,7 @@ fn write_value(out: &mut String, v: &Value) {
 }
 
 /// Canonical JSON of any serialisable value (a projection, a conflict list).
-pub fn to_canonical_json<T: serde::Serialize>(value: &T) -> String {
+pub(crate) fn to_canonical_json<T: serde::Serialize>(value: &T) -> String {
     let v = serde_json::to_value(value).expect("ctxlog values always serialise");
     canonical_json(&v)
 }

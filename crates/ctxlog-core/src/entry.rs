@@ -14,19 +14,28 @@ use crate::record::Record;
 /// Field order matters: the derived `Ord` is the contract's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct OrderKey {
+    /// The hybrid logical clock value.
     pub hlc: Hlc,
+    /// The shard that wrote the entry.
     pub shard: ShardId,
+    /// Its position in the shard.
     pub seq: Seq,
+    /// The epoch it was written under.
     pub epoch: Epoch,
 }
 
 /// A record as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
+    /// The shard that wrote the entry.
     pub shard: ShardId,
+    /// Its position in the shard (dense from 1).
     pub seq: Seq,
+    /// The epoch of the claim it was written under.
     pub epoch: Epoch,
+    /// Its hybrid logical clock value.
     pub hlc: Hlc,
+    /// The record as appended.
     pub record: Record,
     /// The hash stored with the entry (computed at append time). `ConflictDiscovery`
     /// recomputes it to find corrupt entries.
@@ -34,6 +43,7 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The entry's place in the contract's order.
     pub fn key(&self) -> OrderKey {
         OrderKey {
             hlc: self.hlc,
@@ -55,6 +65,7 @@ impl Checkpoint {
         self.0.get(&shard).copied().unwrap_or(0)
     }
 
+    /// Move `shard`'s position up to `seq` (never down).
     pub fn advance(&mut self, shard: ShardId, seq: Seq) {
         let pos = self.0.entry(shard).or_insert(0);
         if seq > *pos {
@@ -71,7 +82,9 @@ impl Checkpoint {
 /// What a store knows about one shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardInfo {
+    /// The shard.
     pub shard: ShardId,
+    /// The writer id that owns it.
     pub writer: WriterId,
     /// The latest claimed epoch.
     pub epoch: Epoch,
@@ -84,22 +97,33 @@ pub struct ShardInfo {
 /// What a durable append acknowledges.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendAck {
+    /// The shard written.
     pub shard: ShardId,
+    /// The epoch it was written under.
     pub epoch: Epoch,
+    /// The first seq of the batch.
     pub first_seq: Seq,
+    /// The last seq of the batch.
     pub last_seq: Seq,
+    /// The first entry's HLC.
     pub first_hlc: Hlc,
+    /// The last entry's HLC.
     pub last_hlc: Hlc,
+    /// The record ids, in order.
     pub ids: Vec<String>,
 }
 
 /// A summary of one session in the projection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionSummary {
+    /// The bot.
     pub bot_id: String,
+    /// The session.
     pub session_id: String,
     /// Live records.
     pub records: u64,
+    /// The HLC of its first live record.
     pub first_hlc: Option<Hlc>,
+    /// The HLC of its last live record.
     pub last_hlc: Option<Hlc>,
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::ids::{Epoch, ShardId};
 
+/// A result whose error is ctxlog's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Whether a failed operation may have written anything.
@@ -31,6 +32,7 @@ impl std::fmt::Display for Written {
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
+/// Every failure of a ctxlog operation, by kind (rule 5).
 pub enum Error {
     /// Bad input, rejected before anything was written (rule 11).
     #[error("invalid input: `{field}`{}: {reason}; nothing was written", at(*.index))]
@@ -39,21 +41,30 @@ pub enum Error {
         field: &'static str,
         /// Index of the offending record in its batch, when there is one.
         index: Option<usize>,
+        /// Why it was refused.
         reason: String,
     },
 
     /// The URI names a scheme no backend understands. `uri` is redacted (no query string,
     /// no credentials): errors are printed.
     #[error("unknown store URI scheme `{scheme}` in `{uri}`; nothing was written")]
-    UnknownScheme { uri: String, scheme: String },
+    UnknownScheme {
+        /// The URI, redacted.
+        uri: String,
+        /// The scheme it names.
+        scheme: String,
+    },
 
     /// The URI names a backend this build does not include. `uri` is redacted.
     #[error(
         "store `{uri}` needs the {backend} backend, which is not compiled in: enable cargo feature `{feature}`; nothing was written"
     )]
     BackendNotCompiled {
+        /// The URI, redacted.
         uri: String,
+        /// The backend it needs.
         backend: &'static str,
+        /// The cargo feature that compiles it in.
         feature: &'static str,
     },
 
@@ -61,16 +72,25 @@ pub enum Error {
     /// SQLite database, another Lance dataset, a foreign file, a newer store format). It was
     /// left exactly as it was.
     #[error("{location} is not a ctxlog store this build can open: {reason}; nothing was written")]
-    NotAStore { location: String, reason: String },
+    NotAStore {
+        /// The path or URI (redacted).
+        location: String,
+        /// What is there instead.
+        reason: String,
+    },
 
     /// A newer `open_shard` of the same writer claimed the shard (rule 3).
     #[error("shard {shard} (writer `{writer}`) is fenced: epoch {epoch} was superseded{}; {written}", newer(*.current))]
     Fenced {
+        /// The fenced shard.
         shard: ShardId,
+        /// Its writer id.
         writer: String,
+        /// The epoch this handle had.
         epoch: Epoch,
         /// The epoch that superseded ours, when the backend knows it.
         current: Option<Epoch>,
+        /// Whether anything of the append may have been written.
         written: Written,
     },
 
@@ -78,55 +98,88 @@ pub enum Error {
     #[error(
         "shard {shard} handle is poisoned by an earlier indeterminate error; reopen the shard and retry; nothing was written"
     )]
-    Poisoned { shard: ShardId },
+    Poisoned {
+        /// The poisoned shard handle's shard.
+        shard: ShardId,
+    },
 
     /// The handle was closed.
     #[error("shard {shard} handle is closed; nothing was written")]
-    Closed { shard: ShardId },
+    Closed {
+        /// The closed handle's shard.
+        shard: ShardId,
+    },
 
+    /// The store, a shard or a record is not there.
     #[error("not found: {what}")]
-    NotFound { what: String },
+    NotFound {
+        /// What is missing, and where.
+        what: String,
+    },
 
     /// The operation missed its deadline.
     #[error("{op} timed out after {after:?}{}; {written}", on_shard(*.shard))]
     Timeout {
+        /// The operation.
         op: &'static str,
+        /// Its deadline.
         after: Duration,
+        /// The shard, for shard operations.
         shard: Option<ShardId>,
+        /// Whether anything may have been written.
         written: Written,
     },
 
     /// The storage engine failed.
     #[error("{op} failed in the {backend} backend{}: {source}; {written}", on_shard(*.shard))]
     Backend {
+        /// `"sqlite"`, `"lance"`, ….
         backend: &'static str,
+        /// The operation.
         op: &'static str,
+        /// The shard, for shard operations.
         shard: Option<ShardId>,
+        /// Whether anything may have been written.
         written: Written,
         #[source]
+        /// What the engine said.
         source: Source,
     },
 
     /// Stored data is not what ctxlog wrote (or can read).
     #[error("corrupt store{}: {what}", on_shard(*.shard))]
-    Corrupt { shard: Option<ShardId>, what: String },
+    Corrupt {
+        /// The shard, when one is at fault.
+        shard: Option<ShardId>,
+        /// What is wrong, and where.
+        what: String,
+    },
 
     /// The storage refused this process access (credentials, permissions).
     #[error("{op}: access denied{}: {what}; {written}", on_shard(*.shard))]
     AccessDenied {
+        /// The operation.
         op: &'static str,
+        /// The shard, for shard operations.
         shard: Option<ShardId>,
+        /// What was refused.
         what: String,
+        /// Whether anything may have been written.
         written: Written,
     },
 
     /// The storage service throttled the request or could not be reached.
     #[error("{op}: the storage service {reason}{}: {what}; {written}", on_shard(*.shard))]
     Unavailable {
+        /// The operation.
         op: &'static str,
+        /// The shard, for shard operations.
         shard: Option<ShardId>,
+        /// Throttled or unreachable.
         reason: Unavailability,
+        /// What the service said.
         what: String,
+        /// Whether anything may have been written.
         written: Written,
     },
 }
@@ -162,6 +215,7 @@ fn on_shard(shard: Option<ShardId>) -> String {
 }
 
 impl Error {
+    /// Bad input in `field` (of record `index` of a batch).
     pub fn invalid(field: &'static str, index: Option<usize>, reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             field,
@@ -170,6 +224,7 @@ impl Error {
         }
     }
 
+    /// A storage engine failure of operation `op`.
     pub fn backend(
         backend: &'static str,
         op: &'static str,

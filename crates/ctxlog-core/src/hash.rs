@@ -19,9 +19,11 @@ impl Record {
 const ENCODING_VERSION: &[u8] = b"ctxlog-content-v1";
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+/// A record's content hash: 32 bytes of blake3.
 pub struct ContentHash(pub [u8; 32]);
 
 impl ContentHash {
+    /// The content hash of `record`.
     pub fn of(record: &Record) -> Self {
         let mut h = blake3::Hasher::new();
         field(&mut h, ENCODING_VERSION);
@@ -51,10 +53,12 @@ impl ContentHash {
         ContentHash(*h.finalize().as_bytes())
     }
 
+    /// From 32 stored bytes (`None` for any other length).
     pub fn from_slice(bytes: &[u8]) -> Option<Self> {
         Some(ContentHash(bytes.try_into().ok()?))
     }
 
+    /// 64 lowercase hex digits.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(64);
         for b in self.0 {
@@ -63,6 +67,7 @@ impl ContentHash {
         s
     }
 
+    /// From 64 hex digits.
     pub fn from_hex(s: &str) -> Option<Self> {
         if s.len() != 64 {
             return None;

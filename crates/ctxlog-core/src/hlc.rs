@@ -18,6 +18,7 @@ const MAX_MILLIS: u64 = (1 << (64 - LOGICAL_BITS)) - 1;
 pub struct Hlc(pub u64);
 
 impl Hlc {
+    /// The least value: before every write.
     pub const ZERO: Hlc = Hlc(0);
 
     /// The last millisecond of physical time an HLC may plausibly carry: 2200-01-01T00:00Z.
@@ -36,10 +37,12 @@ impl Hlc {
         Hlc((millis.min(MAX_MILLIS) << LOGICAL_BITS) | u64::from(logical))
     }
 
+    /// The physical milliseconds.
     pub fn millis(self) -> u64 {
         self.0 >> LOGICAL_BITS
     }
 
+    /// The logical counter within a millisecond.
     pub fn logical(self) -> u16 {
         (self.0 & 0xffff) as u16
     }
@@ -131,6 +134,7 @@ impl HlcClock {
         }
     }
 
+    /// The latest value handed out or observed.
     pub fn last(&self) -> Hlc {
         self.last
     }

@@ -16,6 +16,7 @@ impl WriterId {
         WriterId(id)
     }
 
+    /// The id as given.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -42,14 +43,17 @@ pub const SHARD_NAMESPACE: Uuid = Uuid::from_u128(0x6c0d_9a3e_54c1_4b7e_9f0a_c7a
 pub struct ShardId(pub Uuid);
 
 impl ShardId {
+    /// The shard owned by `writer`.
     pub fn for_writer(writer: &WriterId) -> Self {
         ShardId(Uuid::new_v5(&SHARD_NAMESPACE, writer.as_str().as_bytes()))
     }
 
+    /// The 16 bytes of the UUID.
     pub fn as_bytes(&self) -> &[u8; 16] {
         self.0.as_bytes()
     }
 
+    /// From the 16 bytes of a stored UUID.
     pub fn from_bytes(bytes: [u8; 16]) -> Self {
         ShardId(Uuid::from_bytes(bytes))
     }

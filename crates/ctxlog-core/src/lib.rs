@@ -10,6 +10,8 @@
 //! → `canonical` → `hash` → `entry` → `validate` → `projection` → `options` → `traits` →
 //! `backend` → `testing`.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 mod canonical;
 pub mod entry;

@@ -14,6 +14,7 @@ pub struct StoreOptions {
     pub create_if_missing: bool,
     /// Deadline of every single operation (an append, a claim, a refresh, a close).
     pub timeout: Duration,
+    /// Input limits (rule 11).
     pub limits: Limits,
     /// The physical time source of writers' hybrid logical clocks.
     pub clock: Arc<dyn PhysicalClock>,

@@ -13,15 +13,22 @@ use crate::ids::{Epoch, Seq, ShardId};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConflictKind {
+    /// See [`Conflict::DivergentPut`].
     DivergentPut,
+    /// See [`Conflict::WriteAfterDelete`].
     WriteAfterDelete,
+    /// See [`Conflict::StaleEpoch`].
     StaleEpoch,
+    /// See [`Conflict::SeqGap`].
     SeqGap,
+    /// See [`Conflict::Corrupt`].
     Corrupt,
+    /// See [`Conflict::ImplausibleHlc`].
     ImplausibleHlc,
 }
 
 impl ConflictKind {
+    /// The name `ctxlog conflicts` prints.
     pub fn as_str(self) -> &'static str {
         match self {
             ConflictKind::DivergentPut => "divergent_put",
@@ -41,52 +48,78 @@ impl ConflictKind {
 pub enum Conflict {
     /// A later `Put` of `id` whose content differs from the winner's. The winner stands.
     DivergentPut {
+        /// The record id.
         id: String,
+        /// The winning put.
         winner: OrderKey,
+        /// The winner's content hash.
         winner_hash: ContentHash,
+        /// The later put.
         entry: OrderKey,
+        /// Its (different) content hash.
         entry_hash: ContentHash,
     },
     /// A `Put` of `id` ordered after its tombstone. It resurrects nothing.
     WriteAfterDelete {
+        /// The record id.
         id: String,
+        /// The first tombstone of the id.
         tombstone: OrderKey,
+        /// The put after it.
         entry: OrderKey,
     },
     /// An entry whose epoch is lower than one already seen at the same or an earlier seq of
     /// its shard: a fenced writer's write that landed.
     StaleEpoch {
+        /// The shard.
         shard: ShardId,
+        /// The entry's seq.
         seq: Seq,
+        /// Its (stale) epoch.
         epoch: Epoch,
+        /// The higher epoch already seen at this or an earlier seq.
         superseded_by: Epoch,
     },
     /// Seq numbers `missing_from..=missing_to` are absent from the shard.
     SeqGap {
+        /// The shard.
         shard: ShardId,
+        /// The first missing seq.
         missing_from: Seq,
+        /// The last missing seq.
         missing_to: Seq,
     },
     /// The stored content hash does not match the stored content.
     Corrupt {
+        /// The shard.
         shard: ShardId,
+        /// The entry's seq.
         seq: Seq,
+        /// Its epoch.
         epoch: Epoch,
+        /// The record id it names.
         id: String,
+        /// The hash stored with it.
         stored_hash: ContentHash,
+        /// The hash of what is stored.
         actual_hash: ContentHash,
     },
     /// An entry whose HLC lies past [`Hlc::PLAUSIBLE_MILLIS`]: stamped by a broken clock, or
     /// damaged. Writers refuse to observe such values; its order is kept as stored.
     ImplausibleHlc {
+        /// The shard.
         shard: ShardId,
+        /// The entry's seq.
         seq: Seq,
+        /// Its epoch.
         epoch: Epoch,
+        /// The implausible value.
         hlc: Hlc,
     },
 }
 
 impl Conflict {
+    /// The kind of this conflict.
     pub fn kind(&self) -> ConflictKind {
         match self {
             Conflict::DivergentPut { .. } => ConflictKind::DivergentPut,
@@ -131,10 +164,15 @@ pub fn conflicts_json(conflicts: &[Conflict]) -> String {
 /// One live record of the projection: the winning entry of its id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct LiveRecord {
+    /// The bot.
     pub bot_id: String,
+    /// The session.
     pub session_id: String,
+    /// The winning entry's place in the order.
     pub key: OrderKey,
+    /// The record id.
     pub id: String,
+    /// The winning entry's content hash.
     pub content_hash: ContentHash,
 }
 
@@ -155,7 +193,9 @@ pub struct ProjectionStats {
     pub sessions: u64,
     /// Later puts identical to their winner (retries): ignored.
     pub duplicates: u64,
+    /// Later puts with other content than their winner.
     pub divergent_puts: u64,
+    /// Puts ordered after a tombstone of their id.
     pub writes_after_delete: u64,
 }
 
@@ -166,6 +206,7 @@ pub struct Projection {
     pub records: Vec<LiveRecord>,
     /// Tombstoned ids, sorted.
     pub tombstoned: Vec<String>,
+    /// Counts of the same set of entries.
     pub stats: ProjectionStats,
 }
 

@@ -5,11 +5,14 @@ use chrono::{DateTime, Utc};
 /// What a record asks for: a value (`Put`) or its permanent removal (`Tombstone`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
+    /// A value for the id.
     Put,
+    /// The permanent removal of the id.
     Tombstone,
 }
 
 impl Kind {
+    /// The stored code (0 put, 1 tombstone).
     pub fn as_u8(self) -> u8 {
         match self {
             Kind::Put => 0,
@@ -17,6 +20,7 @@ impl Kind {
         }
     }
 
+    /// From the stored code.
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             0 => Some(Kind::Put),
@@ -29,11 +33,14 @@ impl Kind {
 /// The payload of a record: text or opaque bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Body {
+    /// UTF-8 text.
     Text(String),
+    /// Opaque bytes.
     Bytes(Vec<u8>),
 }
 
 impl Body {
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         match self {
             Body::Text(s) => s.len(),
@@ -41,6 +48,7 @@ impl Body {
         }
     }
 
+    /// Whether the body is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -55,16 +63,23 @@ impl Default for Body {
 /// What a caller appends. `id` is the idempotency key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
+    /// Caller-chosen; the idempotency key (rule 6).
     pub id: String,
+    /// The bot the record belongs to.
     pub bot_id: String,
+    /// The session (conversation) within the bot.
     pub session_id: String,
+    /// Who speaks: `user`, `assistant`, `tool`, ….
     pub role: String,
+    /// The body's media type.
     pub content_type: String,
+    /// The payload.
     pub body: Body,
     /// A JSON object, or nothing.
     pub metadata: Option<serde_json::Value>,
     /// Caller's timestamp; stored but not covered by the content hash.
     pub created_at: Option<DateTime<Utc>>,
+    /// Put or tombstone.
     pub kind: Kind,
 }
 

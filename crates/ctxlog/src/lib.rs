@@ -43,6 +43,8 @@
 //! # fn main() {}
 //! ```
 
+#![warn(missing_docs)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -63,11 +65,14 @@ pub mod testing {
 /// Which backend a URI names, and where.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Location {
+    /// A SQLite file.
     Sqlite(PathBuf),
     /// A Lance dataset URI (local path, `file://`, `memory://`, or an object store) and the
     /// storage options from its query string.
     Lance {
+        /// The dataset URI, without its query.
         uri: String,
+        /// Storage options from the URI's query string.
         storage_options: Vec<(String, String)>,
     },
 }
@@ -90,6 +95,7 @@ impl std::fmt::Debug for Location {
 }
 
 impl Location {
+    /// `"sqlite"` or `"lance"`.
     pub fn backend(&self) -> &'static str {
         match self {
             Location::Sqlite(_) => "sqlite",

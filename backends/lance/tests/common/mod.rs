@@ -12,7 +12,7 @@ use ctxlog_lance::LanceStore;
 /// append is a WAL object, every close flushes a generation), hence the wider deadlines and
 /// fewer random histories. A raw entry is appended to the base table; a stall makes every
 /// WAL write fail (each shard's `wal` directory is replaced by a file).
-pub const LANCE: Backend = Backend {
+pub(crate) const LANCE: Backend = Backend {
     name: "lance",
     store_uri: |root| root.join("store.lance").display().to_string(),
     open: |uri, options| Box::pin(async move { LanceStore::open(&uri, options).await }),
@@ -35,14 +35,14 @@ pub const LANCE: Backend = Backend {
 };
 
 /// Run one Lance-only case with a fresh root and the backend's deadline.
-pub fn run(name: &str, case: CaseFn) {
+pub(crate) fn run(name: &str, case: CaseFn) {
     if let Err(e) = run_case(LANCE, name, case) {
         panic!("{e}");
     }
 }
 
 /// Open a store at the case's URI with some writer tuning.
-pub async fn open_tuned(
+pub(crate) async fn open_tuned(
     uri: &str,
     mut options: ctxlog_core::StoreOptions,
     tuning: ctxlog_lance::WriterTuning,
@@ -55,6 +55,6 @@ pub async fn open_tuned(
 }
 
 /// Silence "unused" for helpers some test files do not use.
-pub fn _unused() -> Duration {
+pub(crate) fn _unused() -> Duration {
     Duration::ZERO
 }

@@ -24,6 +24,7 @@ pub struct HistoryChecker {
 }
 
 impl HistoryChecker {
+    /// An empty checker.
     pub fn new() -> Self {
         Self::default()
     }
@@ -106,8 +107,10 @@ impl HistoryChecker {
 /// How a backend feeds its history checker: every stored entry, full content.
 #[async_trait]
 pub trait HistorySource: Send + Sync + 'static {
+    /// Show every stored entry to `checker` (any order, repeats allowed).
     async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()>;
 
+    /// The deadline of one pass.
     fn timeout(&self) -> Duration;
 }
 
@@ -117,6 +120,7 @@ pub struct ScanConflictDiscovery<S: HistorySource> {
 }
 
 impl<S: HistorySource> ScanConflictDiscovery<S> {
+    /// A history checker over `source`.
     pub fn new(source: std::sync::Arc<S>) -> Self {
         ScanConflictDiscovery { source }
     }

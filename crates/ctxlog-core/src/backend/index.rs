@@ -29,12 +29,19 @@ pub struct RowRef(pub u64, pub u64);
 /// from their column buffers.
 #[derive(Clone, Copy, Debug)]
 pub struct IndexRow<'a> {
+    /// The entry's place in the contract's order.
     pub key: OrderKey,
+    /// The record id.
     pub id: &'a str,
+    /// Put or tombstone.
     pub kind: Kind,
+    /// The stored content hash.
     pub hash: ContentHash,
+    /// The bot the record belongs to.
     pub bot_id: &'a str,
+    /// The session the record belongs to.
     pub session_id: &'a str,
+    /// Where the backend can fetch the entry again.
     pub at: RowRef,
 }
 
@@ -147,6 +154,7 @@ impl indexmap::Equivalent<(Box<str>, Box<str>)> for SessionRef<'_> {
 }
 
 impl ProjectionIndex {
+    /// An empty index.
     pub fn new() -> Self {
         Self::default()
     }
@@ -241,6 +249,7 @@ impl ProjectionIndex {
         self.ids.reserve(ids);
     }
 
+    /// Distinct entries applied.
     pub fn entries(&self) -> u64 {
         self.entries
     }
@@ -318,6 +327,7 @@ impl ProjectionIndex {
             .unwrap_or(Hlc::ZERO)
     }
 
+    /// Counts that are pure functions of the entries applied.
     pub fn stats(&self) -> ProjectionStats {
         let mut stats = ProjectionStats {
             entries: self.entries,

@@ -50,6 +50,7 @@ pub struct IndexedProjector<S: IndexSource> {
 }
 
 impl<S: IndexSource> IndexedProjector<S> {
+    /// A projector over `source`; its first refresh is a first scan.
     pub fn new(source: std::sync::Arc<S>) -> Self {
         IndexedProjector {
             source,

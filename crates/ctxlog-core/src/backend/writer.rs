@@ -37,6 +37,7 @@ pub struct WriterState {
 /// A batch ready to write: every entry stamped, nothing of the handle changed yet.
 #[derive(Debug)]
 pub struct Staged {
+    /// The batch, in order.
     pub entries: Vec<StagedEntry>,
     clock: HlcClock,
 }
@@ -44,17 +45,23 @@ pub struct Staged {
 /// One record with what the writer stamps on it.
 #[derive(Debug)]
 pub struct StagedEntry {
+    /// The entry's seq.
     pub seq: Seq,
+    /// The entry's HLC.
     pub hlc: Hlc,
+    /// The record's content hash.
     pub hash: ContentHash,
+    /// The record as given.
     pub record: Record,
 }
 
 impl Staged {
+    /// The first seq of the batch.
     pub fn first_seq(&self) -> Seq {
         self.entries.first().map_or(0, |e| e.seq)
     }
 
+    /// The last seq of the batch.
     pub fn last_seq(&self) -> Seq {
         self.entries.last().map_or(0, |e| e.seq)
     }
@@ -85,22 +92,27 @@ impl WriterState {
         }
     }
 
+    /// The shard the handle writes.
     pub fn shard(&self) -> ShardId {
         self.shard
     }
 
+    /// The writer id that owns the shard.
     pub fn writer(&self) -> &WriterId {
         &self.writer
     }
 
+    /// The epoch the handle claimed.
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
+    /// The last seq the handle wrote (or recovered).
     pub fn last_seq(&self) -> Seq {
         self.last_seq
     }
 
+    /// Whether an indeterminate error (or an append in flight) poisoned the handle.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
     }
@@ -203,6 +215,7 @@ impl WriterState {
         self.fenced_by = Some(current);
     }
 
+    /// The handle was closed: every later append fails with `Closed`.
     pub fn mark_closed(&mut self) {
         self.closed = true;
     }

@@ -12,6 +12,7 @@ pub struct SkewedClock {
 }
 
 impl SkewedClock {
+    /// Wall-clock time shifted by `offset_millis`.
     pub fn new(offset_millis: i64) -> Arc<Self> {
         Arc::new(SkewedClock {
             offset_millis: AtomicI64::new(offset_millis),
@@ -34,12 +35,14 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock standing at `millis`.
     pub fn new(millis: u64) -> Arc<Self> {
         Arc::new(ManualClock {
             millis: AtomicU64::new(millis),
         })
     }
 
+    /// Move the clock to `millis`.
     pub fn set(&self, millis: u64) {
         self.millis.store(millis, Ordering::Relaxed);
     }

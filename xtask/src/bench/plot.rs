@@ -5,9 +5,9 @@ use std::path::Path;
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
 
-use crate::bench::Row;
+use super::first_scan::Row;
 
-pub fn first_scan(rows: &[Row], path: &Path) -> Result<()> {
+pub(super) fn first_scan(rows: &[Row], path: &Path) -> Result<()> {
     let points = |backend: &str, pick: fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
         let mut v: Vec<(f64, f64)> = rows
             .iter()

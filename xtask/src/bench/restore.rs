@@ -23,11 +23,9 @@ use ctxlog::Location;
 use ctxlog::redact_uri;
 use serde_json::{Value, json};
 
-use crate::bench::Row;
-
 /// A content fingerprint of every regular file under `path` (blake3 over relative paths and
 /// bytes). Links and special files are refused: reading a FIFO would block forever.
-pub fn fingerprint(path: &Path) -> Result<String> {
+pub(crate) fn fingerprint(path: &Path) -> Result<String> {
     let mut files = Vec::new();
     walk(path, &mut |p, kind| match kind {
         Kind::Dir => Ok(()),
@@ -95,7 +93,7 @@ fn kind_of(p: &Path, meta: &std::fs::Metadata) -> Result<Kind> {
 }
 
 /// Copy a directory's regular files (and directories), never following a link.
-pub fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
     walk(src, &mut |p, kind| {
         let to = dst.join(p.strip_prefix(src).unwrap_or(p));
         match kind {
@@ -214,7 +212,7 @@ fn copy_source(bin: &Path, source: &Source, storage_options: &[String], into: &P
                 cmd.args(["--storage-option", o]);
             }
             cmd.args(["copy", "--to"]).arg(&dst);
-            let out = crate::bench::output_within(&mut cmd, Duration::from_secs(3600))?;
+            let out = super::probe::output_within(&mut cmd, Duration::from_secs(3600))?;
             ensure!(
                 out.status.success(),
                 "cannot copy {shown}: {}",
@@ -243,8 +241,8 @@ fn copy_source(bin: &Path, source: &Source, storage_options: &[String], into: &P
 }
 
 /// Copy a SQLite store consistently (`ctxlog-bench copy`: the online backup API).
-pub fn copy_sqlite(bin: &Path, src: &Path, dst: &Path) -> Result<()> {
-    let out = crate::bench::output_within(
+pub(crate) fn copy_sqlite(bin: &Path, src: &Path, dst: &Path) -> Result<()> {
+    let out = super::probe::output_within(
         std::process::Command::new(bin)
             .arg("--store")
             .arg(format!("sqlite:{}", src.display()))
@@ -262,7 +260,7 @@ pub fn copy_sqlite(bin: &Path, src: &Path, dst: &Path) -> Result<()> {
 }
 
 /// The store at `path`, told by its contents (the facade's detection: links not followed).
-pub fn detect(path: &Path) -> Result<Location> {
+pub(crate) fn detect(path: &Path) -> Result<Location> {
     Location::detect(path).with_context(|| {
         format!(
             "{}: neither a SQLite file nor a Lance dataset directory",
@@ -338,26 +336,27 @@ fn location_uri(l: &Location) -> String {
     }
 }
 
-/// Copy, check, measure; then check whether SRC changed.
-pub fn measure_copy(
+/// Copy, check, measure (`measure(backend, uri)` gives its result and the entries it saw);
+/// then check whether SRC changed.
+pub(crate) fn measure_copy<R>(
     bin: &Path,
     src: &str,
     storage_options: &[String],
     scratch: &Path,
-    measure: impl FnOnce(&str, &str, &str) -> Result<Row>,
-) -> Result<(Row, Value)> {
+    measure: impl FnOnce(&str, &str) -> Result<(R, u64)>,
+) -> Result<(R, Value)> {
     let source = Source::parse(src)?;
     let local = source.on_disk();
     let before = match &local {
         Some(p) => Some(fingerprint(p)?),
         None => None,
     };
-    let into = scratch.join(format!("restore-{}", crate::bench::chrono_stamp()));
+    let into = scratch.join(format!("restore-{}", super::chrono_stamp()));
     let copy = copy_source(bin, &source, storage_options, &into)?;
     let backend = copy.backend();
     let uri = location_uri(&copy);
     // The history checks first: they also prove the copy opens.
-    let out = crate::bench::output_within(
+    let out = super::probe::output_within(
         std::process::Command::new(bin).args(["--store", &uri, "conflicts"]),
         Duration::from_secs(3600),
     )?;
@@ -368,7 +367,7 @@ pub fn measure_copy(
         String::from_utf8_lossy(&out.stderr).trim()
     );
     let checks: Value = serde_json::from_slice(&out.stdout)?;
-    let row = measure(backend, &uri, "restored")?;
+    let (row, entries) = measure(backend, &uri)?;
     let unchanged = match (&local, &before) {
         (Some(p), Some(before)) => {
             let same = fingerprint(p)? == *before;
@@ -386,7 +385,7 @@ pub fn measure_copy(
     let report = json!({
         "source": source.shown(),
         "backend": backend,
-        "entries": row.entries,
+        "entries": entries,
         "history_checks": checks["conflicts"],
         "source_unchanged": unchanged,
         "source_fingerprint": before,
@@ -394,7 +393,7 @@ pub fn measure_copy(
     Ok((row, report))
 }
 
-pub fn describe(report: &Value) -> String {
+pub(crate) fn describe(report: &Value) -> String {
     let mut s = format!(
         "Restored {} ({} backend, {} entries).\nHistory checks:",
         report["source"].as_str().unwrap_or("?"),

@@ -1,0 +1,417 @@
+//! `cargo xtask bench first-scan`: first scan, refresh, conflict discovery and the raw-scan
+//! floor, per backend and size, on generated logs or on a restored copy of a real store.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Result;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::probe::probe;
+use super::stats::{Stat, fmt_secs};
+use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
+use crate::flags::FirstScanArgs;
+use crate::stores::{copy_store, remove_store, store_uri};
+
+/// Every figure of one (backend, size).
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Row {
+    pub backend: String,
+    pub source: String,
+    pub entries: u64,
+    pub store_bytes: u64,
+    pub first_scan_warm: Option<Stat>,
+    pub first_scan_cold: Option<Stat>,
+    pub floor_warm: Option<Stat>,
+    pub floor_cold: Option<Stat>,
+    pub refresh_warm: Option<Stat>,
+    pub refresh_new_entries: u64,
+    pub conflicts_warm: Option<Stat>,
+    pub conflicts_found: Value,
+    pub peak_rss_kb_first_scan: u64,
+    pub object_reads_first_scan: Value,
+    pub layout: Value,
+    pub ratios: BTreeMap<String, f64>,
+}
+
+/// Measure one store: first scan and floor (warm and cold), conflict discovery, and — on a
+/// scratch copy, so the store stays as it was — refresh after 1 % new entries.
+fn measure(
+    bin: &Path,
+    backend: &str,
+    store: &str,
+    source: &str,
+    runs: usize,
+    json: bool,
+    scratch: &Path,
+) -> Result<Row> {
+    let pb = progress(json, (runs * 6 + 2) as u64, &format!("{backend} {source}"));
+    let mut series: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut last = Value::Null;
+    let mut rss = 0u64;
+    // Warm the page cache once (untimed), then measure.
+    probe(bin, store, false, &["first-scan"])?;
+    pb.inc(1);
+    for cold in [false, true] {
+        for _ in 0..runs {
+            let v = probe(bin, store, cold, &["first-scan"])?;
+            series
+                .entry(if cold { "first_scan_cold" } else { "first_scan_warm" })
+                .or_default()
+                .push(v["seconds"].as_f64().unwrap_or(0.0));
+            rss = rss.max(v["peak_rss_kb"].as_u64().unwrap_or(0));
+            last = v;
+            pb.inc(1);
+            let f = probe(bin, store, cold, &["floor"])?;
+            series
+                .entry(if cold { "floor_cold" } else { "floor_warm" })
+                .or_default()
+                .push(f["seconds"].as_f64().unwrap_or(0.0));
+            pb.inc(1);
+        }
+    }
+    let mut found = Value::Null;
+    for _ in 0..runs {
+        let v = probe(bin, store, false, &["conflicts"])?;
+        series
+            .entry("conflicts_warm")
+            .or_default()
+            .push(v["seconds"].as_f64().unwrap_or(0.0));
+        found = v["conflicts"].clone();
+        pb.inc(1);
+    }
+    // Refresh runs on a copy: each run's late writer appends 1 % more (run k sees the
+    // appends of the runs before it, at most +runs %).
+    let entries = last["entries"].as_u64().unwrap_or(0);
+    let extra = (entries / 100).max(1).to_string();
+    let copy = copy_store(bin, store, scratch)?;
+    let mut new_entries = 0;
+    for r in 0..runs {
+        let v = probe(
+            bin,
+            &copy,
+            false,
+            &["refresh", "--extra", &extra, "--seed", &(r + 1).to_string()],
+        )?;
+        series
+            .entry("refresh_warm")
+            .or_default()
+            .push(v["seconds"].as_f64().unwrap_or(0.0));
+        new_entries = v["new_entries"].as_u64().unwrap_or(0);
+        pb.inc(1);
+    }
+    remove_store(&copy);
+    pb.finish_and_clear();
+    let stat = |k: &str| Stat::of(series.get(k).cloned().unwrap_or_default());
+    let mut row = Row {
+        backend: backend.to_string(),
+        source: source.to_string(),
+        entries,
+        store_bytes: last["store_bytes"].as_u64().unwrap_or(0),
+        first_scan_warm: stat("first_scan_warm"),
+        first_scan_cold: stat("first_scan_cold"),
+        floor_warm: stat("floor_warm"),
+        floor_cold: stat("floor_cold"),
+        refresh_warm: stat("refresh_warm"),
+        refresh_new_entries: new_entries,
+        conflicts_warm: stat("conflicts_warm"),
+        conflicts_found: found,
+        peak_rss_kb_first_scan: rss,
+        object_reads_first_scan: last["object_reads"].clone(),
+        layout: last["layout"].clone(),
+        ratios: BTreeMap::new(),
+    };
+    let ratio = |a: &Option<Stat>, b: &Option<Stat>| match (a, b) {
+        (Some(a), Some(b)) if b.median > 0.0 => Some(a.median / b.median),
+        _ => None,
+    };
+    for (name, value) in [
+        (
+            "first_scan_over_floor_warm",
+            ratio(&row.first_scan_warm, &row.floor_warm),
+        ),
+        (
+            "first_scan_over_floor_cold",
+            ratio(&row.first_scan_cold, &row.floor_cold),
+        ),
+        (
+            "refresh_over_first_scan_warm",
+            ratio(&row.refresh_warm, &row.first_scan_warm),
+        ),
+    ] {
+        if let Some(v) = value {
+            row.ratios.insert(name.to_string(), v);
+        }
+    }
+    Ok(row)
+}
+
+pub(crate) fn run(a: &FirstScanArgs) -> Result<()> {
+    let bin = bench_binary(&a.common)?;
+    let out = out_dir(&a.common)?;
+    let scratch = out.join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let mut rows = Vec::new();
+    let mut restored = Value::Null;
+    if let Some(src) = &a.restore {
+        let (row, report) = super::restore::measure_copy(&bin, src, &a.storage_options, &scratch, |backend, uri| {
+            let row = measure(
+                &bin,
+                backend,
+                uri,
+                "restored",
+                a.runs,
+                a.common.json || a.common.quiet,
+                &scratch,
+            )?;
+            let entries = row.entries;
+            Ok((row, entries))
+        })?;
+        rows.push(row);
+        restored = report;
+    } else {
+        let sizes: Vec<usize> = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<_>>()?;
+        for backend in &a.common.backends {
+            for &size in &sizes {
+                let uri = generated_store(&bin, backend, size, a, &out)?;
+                rows.push(measure(
+                    &bin,
+                    backend,
+                    &uri,
+                    &size_label(size),
+                    a.runs,
+                    a.common.json || a.common.quiet,
+                    &scratch,
+                )?);
+            }
+        }
+        growth_ratios(&mut rows);
+    }
+    let stamp = chrono_stamp();
+    let doc = json!({
+        "kind": "first-scan",
+        "date": stamp,
+        "machine": machine(),
+        "runs": a.runs,
+        "writers": a.writers,
+        "seed": a.seed,
+        "restore": restored,
+        "rows": rows,
+    });
+    let text = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(out.join(format!("first-scan-{stamp}.json")), &text)?;
+    std::fs::write(out.join("first-scan-latest.json"), &text)?;
+    let svg = out.join("first-scan.svg");
+    if a.restore.is_none() {
+        super::plot::first_scan(&rows, &svg)?;
+    }
+    if a.common.quiet {
+        return Ok(());
+    }
+    if a.common.json {
+        println!("{text}");
+        return Ok(());
+    }
+    if !restored.is_null() {
+        println!("{}", super::restore::describe(&restored));
+    }
+    println!("{}", first_scan_table(&rows));
+    println!("{}", goals(&rows));
+    for r in &rows {
+        for line in metric_lines(r) {
+            println!("{line}");
+        }
+    }
+    eprintln!("xtask: figures in {}", out.join("first-scan-latest.json").display());
+    if a.restore.is_none() {
+        eprintln!("xtask: plot in {}", svg.display());
+    }
+    Ok(())
+}
+
+/// Generate (or reuse) the store for one backend and size.
+fn generated_store(bin: &Path, backend: &str, size: usize, a: &FirstScanArgs, out: &Path) -> Result<String> {
+    let dir = out.join("stores");
+    std::fs::create_dir_all(&dir)?;
+    let name = format!("{backend}-{}-w{}-s{}", size_label(size), a.writers, a.seed);
+    let path = dir.join(if backend == "sqlite" {
+        format!("{name}.db")
+    } else {
+        format!("{name}.lance")
+    });
+    let uri = store_uri(backend, &path);
+    let done = dir.join(format!("{name}.done"));
+    if done.exists() {
+        return Ok(uri);
+    }
+    remove_store(&uri);
+    let pb = progress(
+        a.common.json || a.common.quiet,
+        1,
+        &format!("generating {backend} {}", size_label(size)),
+    );
+    let mut args = vec![
+        "generate".to_string(),
+        "--entries".into(),
+        size.to_string(),
+        "--writers".into(),
+        a.writers.to_string(),
+        "--seed".into(),
+        a.seed.to_string(),
+    ];
+    if backend == "lance" {
+        args.push("--compact".into());
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = probe(bin, &uri, false, &argv)?;
+    pb.finish_and_clear();
+    std::fs::write(&done, v.to_string())?;
+    Ok(uri)
+}
+
+/// time(size 10×) / time(size) for every pair of sizes ten times apart.
+fn growth_ratios(rows: &mut [Row]) {
+    let snapshot = rows.to_vec();
+    for r in rows.iter_mut() {
+        let smaller = snapshot.iter().find(|s| {
+            s.backend == r.backend
+                && s.entries > 0
+                && r.entries / s.entries.max(1) == 10
+                && r.entries % s.entries.max(1) == 0
+        });
+        if let (Some(s), Some(big)) = (smaller, &r.first_scan_warm)
+            && let Some(small) = &s.first_scan_warm
+            && small.median > 0.0
+        {
+            r.ratios
+                .insert("first_scan_over_size_div_10_warm".into(), big.median / small.median);
+        }
+    }
+}
+
+fn first_scan_table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| backend | log | cache | first scan | raw-scan floor | scan/floor | refresh (+1 %) | refresh/scan | conflict discovery | peak RSS | store | entries/s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let show = |s: &Option<Stat>| s.as_ref().map_or("–".into(), Stat::show);
+    let ratio = |r: &Row, k: &str| r.ratios.get(k).map_or("–".into(), |v| format!("{v:.2}×"));
+    for r in rows {
+        for (cache, scan, floor, key) in [
+            ("warm", &r.first_scan_warm, &r.floor_warm, "first_scan_over_floor_warm"),
+            ("cold", &r.first_scan_cold, &r.floor_cold, "first_scan_over_floor_cold"),
+        ] {
+            let warm = cache == "warm";
+            let rate = scan
+                .as_ref()
+                .filter(|s| s.median > 0.0)
+                .map_or("–".into(), |s| format!("{:.0}", r.entries as f64 / s.median));
+            t.push_str(&format!(
+                "| {} | {} ({}) | {cache} | {} | {} | {} | {} | {} | {} | {} | {} | {rate} |\n",
+                r.backend,
+                r.source,
+                r.entries,
+                show(scan),
+                show(floor),
+                ratio(r, key),
+                if warm { show(&r.refresh_warm) } else { "".into() },
+                if warm {
+                    ratio(r, "refresh_over_first_scan_warm")
+                } else {
+                    "".into()
+                },
+                if warm { show(&r.conflicts_warm) } else { "".into() },
+                if warm {
+                    format!("{:.0} MiB", r.peak_rss_kb_first_scan as f64 / 1024.0)
+                } else {
+                    "".into()
+                },
+                if warm {
+                    format!("{:.0} MiB", r.store_bytes as f64 / 1048576.0)
+                } else {
+                    "".into()
+                },
+            ));
+        }
+    }
+    t
+}
+
+/// Where the benchmark goals of the project stand (reported, never enforced).
+fn goals(rows: &[Row]) -> String {
+    let mut out = String::from("\nGoals (reported, not enforced):\n");
+    for r in rows {
+        if let Some(v) = r.ratios.get("first_scan_over_floor_warm") {
+            out.push_str(&format!(
+                "- {} {}: first scan / floor = {v:.2} (goal ≤ 1.5: {})\n",
+                r.backend,
+                r.source,
+                if *v <= 1.5 { "met" } else { "missed" }
+            ));
+        }
+        if let Some(v) = r.ratios.get("refresh_over_first_scan_warm") {
+            out.push_str(&format!(
+                "- {} {}: refresh / first scan = {:.3} (goal ≤ 0.05: {})\n",
+                r.backend,
+                r.source,
+                v,
+                if *v <= 0.05 { "met" } else { "missed" }
+            ));
+        }
+        if let Some(v) = r.ratios.get("first_scan_over_size_div_10_warm") {
+            out.push_str(&format!(
+                "- {} {}: time / time at a tenth of the size = {v:.2} (goal ≤ 11: {})\n",
+                r.backend,
+                r.source,
+                if *v <= 11.0 { "met" } else { "missed" }
+            ));
+        }
+        if r.entries >= 1_000_000 {
+            let mib = r.peak_rss_kb_first_scan as f64 / 1024.0;
+            out.push_str(&format!(
+                "- {} {}: peak RSS of a first scan = {mib:.0} MiB (goal ≤ 1024: {})\n",
+                r.backend,
+                r.source,
+                if mib <= 1024.0 { "met" } else { "missed" }
+            ));
+        }
+    }
+    let at = |b: &str| {
+        rows.iter()
+            .find(|r| r.backend == b && r.entries == 1_000_000)
+            .and_then(|r| r.first_scan_warm.as_ref().map(|s| s.median))
+    };
+    if let (Some(l), Some(s)) = (at("lance"), at("sqlite")) {
+        out.push_str(&format!(
+            "- 1m: Lance first scan {} vs SQLite {} (goal: Lance faster: {})\n",
+            fmt_secs(l),
+            fmt_secs(s),
+            if l < s { "met" } else { "missed" }
+        ));
+    }
+    out
+}
+
+fn metric_lines(r: &Row) -> Vec<String> {
+    let key = format!("{}.{}", r.backend, r.source);
+    let mut out = Vec::new();
+    for (name, s) in [
+        ("first_scan_warm", &r.first_scan_warm),
+        ("first_scan_cold", &r.first_scan_cold),
+        ("floor_warm", &r.floor_warm),
+        ("floor_cold", &r.floor_cold),
+        ("refresh_warm", &r.refresh_warm),
+        ("conflicts_warm", &r.conflicts_warm),
+    ] {
+        if let Some(s) = s {
+            out.push(format!("METRIC:{name}.{key}:{:.6}:s", s.median));
+        }
+    }
+    for (name, v) in &r.ratios {
+        out.push(format!("METRIC:{name}.{key}:{v:.4}:ratio"));
+    }
+    out.push(format!("METRIC:peak_rss.{key}:{}:KiB", r.peak_rss_kb_first_scan));
+    out.push(format!("METRIC:store_size.{key}:{}:B", r.store_bytes));
+    out
+}

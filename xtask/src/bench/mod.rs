@@ -1,0 +1,138 @@
+//! `cargo xtask bench`: what a cold replica pays before it can serve, and what a durable
+//! append costs.
+//!
+//! Every figure comes from a fresh `ctxlog-bench` process (release build), so the first
+//! scan really is a first scan. Results are reported as medians with min–max and as ratios
+//! against the raw-scan floor measured in the same run; nothing here is a pass/fail gate.
+
+mod append;
+mod first_scan;
+mod plot;
+pub(crate) mod probe;
+pub(crate) mod restore;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+use crate::cargo;
+use crate::flags::{BenchArgs, BenchKind, Common};
+
+pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    match args.what {
+        BenchKind::FirstScan(a) => first_scan::run(&a),
+        BenchKind::Append(a) => append::run(&a),
+    }
+}
+
+/// `10k` → 10_000, `1m` → 1_000_000.
+pub(crate) fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mult) = match s.strip_suffix('k') {
+        Some(n) => (n, 1_000),
+        None => match s.strip_suffix('m') {
+            Some(n) => (n, 1_000_000),
+            None => (s.as_str(), 1),
+        },
+    };
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("`{s}` is not a size like 10k or 1m"))?;
+    Ok((n * mult as f64) as usize)
+}
+
+pub(crate) fn size_label(n: usize) -> String {
+    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
+        format!("{}m", n / 1_000_000)
+    } else if n >= 1_000 && n.is_multiple_of(1_000) {
+        format!("{}k", n / 1_000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// The `ctxlog-bench` binary for these backends: built now (release unless `--debug`).
+pub(crate) fn bench_binary(common: &Common) -> Result<PathBuf> {
+    let features = common
+        .backends
+        .iter()
+        .map(|b| match b.as_str() {
+            "sqlite" => Ok(b.clone()),
+            // Lance with S3 always: one feature set, one release build (Lance takes most of
+            // an hour to build), and stores on S3 can be restored and measured.
+            "lance" => Ok("lance,s3".to_string()),
+            other => bail!("unknown backend `{other}` (have: sqlite, lance)"),
+        })
+        .collect::<Result<Vec<_>>>()?
+        .join(",");
+    let target = cargo::target_dir()?;
+    if common.debug {
+        // The test build: same features, same artifacts as `cargo xtask test`. Once per
+        // process: the smoke test runs the bench many times.
+        static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+        if BUILT.get().is_none() {
+            cargo::run(
+                "build (debug)",
+                &["build", "--workspace", "--all-features", "--all-targets"],
+            )?;
+            let _ = BUILT.set(());
+        }
+        return Ok(target.join("debug").join("ctxlog-bench"));
+    }
+    cargo::run(
+        "build ctxlog-bench (release)",
+        &[
+            "build",
+            "--release",
+            "-p",
+            "ctxlog-benches",
+            "--bin",
+            "ctxlog-bench",
+            "--no-default-features",
+            "--features",
+            &features,
+        ],
+    )?;
+    Ok(target.join("release").join("ctxlog-bench"))
+}
+
+pub(crate) fn out_dir(common: &Common) -> Result<PathBuf> {
+    let dir = match &common.out {
+        Some(d) => d.clone(),
+        None => cargo::target_dir()?.join("ctxlog-bench"),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+pub(crate) fn progress(hidden: bool, len: u64, what: &str) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg:40} [{bar:30}] {pos}/{len} {elapsed}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+pub(crate) fn chrono_stamp() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H-%M-%SZ").to_string()
+}
+
+pub(crate) fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(|l| l.to_string()))
+        .unwrap_or_default();
+    json!({"cpus": cpus, "memory": mem, "os": std::env::consts::OS})
+}

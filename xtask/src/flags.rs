@@ -1,0 +1,123 @@
+//! Every task's arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+pub(crate) struct Cli {
+    /// Print every command in full, and its output.
+    #[arg(long, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub task: Task,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Task {
+    /// fmt --check, clippy -D warnings, tidy, then every test (nextest with timeouts), doc
+    /// tests and the bench harness end to end.
+    Test {
+        /// Extra arguments for nextest / cargo test (e.g. a filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks: `first-scan` (generated logs or `--restore SRC`) and `append`.
+    Bench(BenchArgs),
+    /// Run the conformance suite and print a table grouped by rule.
+    Conformance {
+        /// Only this backend (`memory`, `sqlite`, `lance`).
+        #[arg(long)]
+        backend: Option<String>,
+        /// Only cases whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Write results as JSON to FILE.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Check that docs and code are in step (also part of `test`).
+    Tidy,
+    /// Mutation testing of the core and the SQLite backend against the fast suite.
+    Mutants(MutantsArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchKind,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum BenchKind {
+    /// First scan, refresh, conflict discovery and the raw-scan floor, per backend and size.
+    FirstScan(FirstScanArgs),
+    /// Durable append throughput and latency per backend, batch size and writer count.
+    Append(AppendArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct Common {
+    /// Backends to measure (each must be compiled: `lance` builds Lance).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,lance")]
+    pub backends: Vec<String>,
+    /// Print only the JSON of every figure.
+    #[arg(long)]
+    pub json: bool,
+    /// Use the debug build shared with the tests (for the smoke test; not for figures).
+    #[arg(long)]
+    pub debug: bool,
+    /// Where stores, JSON and plots go [default: <target>/ctxlog-bench].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Write the files, print nothing (the smoke test).
+    #[arg(skip)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct FirstScanArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Log sizes in entries: 10k, 100k, 1m, 10m.
+    #[arg(long, value_delimiter = ',', default_value = "10k,100k,1m")]
+    pub sizes: Vec<String>,
+    /// Fresh-process runs per figure.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Measure a copy of this store instead of generated logs: a SQLite file, a Lance
+    /// dataset directory, a .tar/.tar.gz of either, or an object-store URI (Lance).
+    #[arg(long)]
+    pub restore: Option<String>,
+    /// Storage options for an object-store `--restore` source (KEY=VALUE, repeatable).
+    #[arg(long = "storage-option")]
+    pub storage_options: Vec<String>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct AppendArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
+    pub batches: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub writers: Vec<usize>,
+    /// Appends per writer process [default: 500, fewer for large batches].
+    #[arg(long)]
+    pub appends: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct MutantsArgs {
+    /// Only mutate files whose path contains this (e.g. `index.rs`).
+    #[arg(long)]
+    pub file: Option<String>,
+    /// Parallel jobs (each builds its own copy: memory and CPU heavy).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+}

@@ -1,0 +1,123 @@
+//! The benchmark harness end to end on a tiny log (1k entries, 1 run, debug build), so that
+//! it cannot rot: generated logs, `--restore` of every kind of source (a SQLite file, a
+//! Lance directory, a .tar.gz, a `file://` URI with a query string), a restore that must
+//! fail naming its source, and the append benchmark. Part of `cargo xtask test`.
+
+use anyhow::{Context, Result, ensure};
+
+use crate::bench;
+use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs};
+
+/// Run the harness end to end; fails naming what did not come out as expected.
+pub(crate) fn run() -> Result<()> {
+    let started = std::time::Instant::now();
+    let out = tempfile::tempdir()?;
+    let dir = out.path().to_path_buf();
+    let common = |json: bool| Common {
+        backends: vec!["sqlite".into(), "lance".into()],
+        json,
+        debug: true,
+        out: Some(dir.clone()),
+        quiet: true,
+    };
+    let first = |restore: Option<String>| FirstScanArgs {
+        common: common(false),
+        sizes: vec!["1k".into()],
+        runs: 1,
+        writers: 2,
+        seed: 42,
+        restore,
+        storage_options: Vec::new(),
+    };
+    bench::run(BenchArgs {
+        what: BenchKind::FirstScan(first(None)),
+    })?;
+    let latest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("first-scan-latest.json"))?)?;
+    let rows = latest["rows"].as_array().context("rows")?;
+    ensure!(rows.len() == 2, "one row per backend: {rows:?}");
+    for r in rows {
+        ensure!(r["entries"] == 1000, "{r}");
+        for k in [
+            "first_scan_warm",
+            "first_scan_cold",
+            "floor_warm",
+            "refresh_warm",
+            "conflicts_warm",
+        ] {
+            ensure!(r[k]["median"].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
+        }
+        ensure!(r["ratios"]["first_scan_over_floor_warm"].is_number(), "{r}");
+    }
+    ensure!(dir.join("first-scan.svg").exists(), "no plot");
+
+    // Restore: each kind of source, and SRC must stay byte-identical (checked inside).
+    let stores = dir.join("stores");
+    let sqlite = stores.join("sqlite-1k-w2-s42.db");
+    let lance = stores.join("lance-1k-w2-s42.lance");
+    let tarball = dir.join("lance-store.tar.gz");
+    {
+        let gz = flate2::write::GzEncoder::new(std::fs::File::create(&tarball)?, flate2::Compression::fast());
+        let mut tar = tar::Builder::new(gz);
+        tar.append_dir_all("lance-1k.lance", &lance)?;
+        tar.into_inner()?.finish()?;
+    }
+    // A Lance dataset named by a file:// URI is copied object by object, as from S3.
+    let as_url = format!("file://{}", lance.display());
+    for (src, name) in [
+        (&sqlite, sqlite.display().to_string()),
+        (&lance, lance.display().to_string()),
+        (&tarball, tarball.display().to_string()),
+        (&lance, as_url),
+    ] {
+        let before = bench::restore::fingerprint(src)?;
+        bench::run(BenchArgs {
+            what: BenchKind::FirstScan(first(Some(name))),
+        })?;
+        ensure!(bench::restore::fingerprint(src)? == before, "{} changed", src.display());
+        let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("first-scan-latest.json"))?)?;
+        ensure!(doc["restore"]["history_checks"].is_object(), "{doc}");
+        ensure!(doc["rows"][0]["entries"] == 1000, "{doc}");
+    }
+    // An object-store URI with a query string: the copy lands under the dataset's name,
+    // and no storage option value reaches the report.
+    let secret = format!("SECRET-{}", std::process::id());
+    let with_query = format!(
+        "file://{}?aws_secret_access_key={secret}&region=eu-west-1",
+        lance.display()
+    );
+    bench::run(BenchArgs {
+        what: BenchKind::FirstScan(first(Some(with_query))),
+    })?;
+    let report = std::fs::read_to_string(dir.join("first-scan-latest.json"))?;
+    ensure!(!report.contains(&secret), "a storage option value reached the report");
+    ensure!(
+        report.contains("\"entries\": 1000") || report.contains("\"entries\":1000"),
+        "{report}"
+    );
+
+    let junk = dir.join("not-a-store.db");
+    std::fs::write(&junk, b"this is not a database, just bytes")?;
+    let err = bench::run(BenchArgs {
+        what: BenchKind::FirstScan(first(Some(junk.display().to_string()))),
+    })
+    .err()
+    .context("restoring junk must fail")?;
+    let msg = format!("{err:#}");
+    ensure!(msg.contains("not-a-store.db"), "the error names the file: {msg}");
+
+    bench::run(BenchArgs {
+        what: BenchKind::Append(AppendArgs {
+            common: common(true),
+            batches: vec![10],
+            writers: vec![1, 2],
+            appends: Some(5),
+        }),
+    })?;
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("append-latest.json"))?)?;
+    ensure!(doc["rows"].as_array().is_some_and(|r| r.len() == 4), "{doc}");
+    eprintln!(
+        "xtask: bench smoke: harness end to end in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

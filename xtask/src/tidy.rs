@@ -1,0 +1,128 @@
+//! `cargo xtask tidy` (also part of `test`): keeps docs and code in step.
+//!
+//! - every Rust source file is named in ARCHITECTURE.md's code map;
+//! - every Rust source file starts with a `//!` doc saying what it is for;
+//! - every conformance case (`pub async fn …(ctx: Ctx)` under `conformance/src/`) is listed
+//!   by `case!(…)`, so that it runs;
+//! - no file points outside the repository (the contract lives in `docs/contract.md`).
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::cargo;
+
+pub(crate) fn run() -> Result<()> {
+    let started = std::time::Instant::now();
+    let root = cargo::root();
+    let files = tracked_files(&root)?;
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).context("read ARCHITECTURE.md")?;
+    let problems = check(&root, &files, &architecture)?;
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("xtask: tidy: {p}");
+        }
+        bail!("tidy found {} problem(s)", problems.len());
+    }
+    eprintln!(
+        "xtask: tidy … ok ({} files, {:.1} s)",
+        files.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The files git tracks, and the untracked ones it does not ignore.
+fn tracked_files(root: &Path) -> Result<Vec<String>> {
+    let out = Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root)
+        .output()
+        .context("git ls-files")?;
+    if !out.status.success() {
+        bail!("git ls-files failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut files: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|f| root.join(f).is_file())
+        .map(String::from)
+        .collect();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
+fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let mut cases_listed = String::new();
+    let mut cases_defined: Vec<(String, String)> = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(root.join(f)).unwrap_or_default();
+        // Nothing points outside the repository.
+        if f != "xtask/src/tidy.rs" && (text.contains("../shared") || text.contains("DESIGN.md")) {
+            problems.push(format!("{f} refers to a file outside the repository"));
+        }
+        if !f.ends_with(".rs") {
+            continue;
+        }
+        if !architecture.contains(f.as_str()) {
+            problems.push(format!("{f} is missing from ARCHITECTURE.md's code map"));
+        }
+        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        if !first.starts_with("//!") {
+            problems.push(format!("{f} does not start with a `//!` doc saying what it is for"));
+        }
+        if f.starts_with("conformance/src/") {
+            cases_listed.push_str(&text);
+            for line in text.lines() {
+                let line = line.trim();
+                if let Some(rest) = line.strip_prefix("pub async fn ")
+                    && rest.contains("(ctx: Ctx)")
+                {
+                    let name = rest.split('(').next().unwrap_or("").to_string();
+                    cases_defined.push((f.clone(), name));
+                }
+            }
+        }
+    }
+    for (f, case) in cases_defined {
+        if !cases_listed.contains(&format!("case!({case})")) {
+            problems.push(format!(
+                "conformance case `{case}` ({f}) is not listed by `case!({case})`, so it never runs"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rule_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("conformance/src")).unwrap();
+        std::fs::write(root.join("a.rs"), "//! Documented.\nfn main() {}\n").unwrap();
+        std::fs::write(root.join("b.rs"), "fn undocumented() {}\n").unwrap();
+        std::fs::write(
+            root.join("conformance/src/r.rs"),
+            "//! Cases.\npub fn cases() { case!(listed) }\npub async fn listed(ctx: Ctx) {}\npub async fn forgotten(ctx: Ctx) {}\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("README.md"), "see ../shared/DESIGN.md\n").unwrap();
+        let files: Vec<String> = ["a.rs", "b.rs", "conformance/src/r.rs", "README.md"]
+            .map(String::from)
+            .to_vec();
+        let problems = check(root, &files, "a.rs conformance/src/r.rs").unwrap();
+        let all = problems.join("\n");
+        assert!(all.contains("b.rs is missing from ARCHITECTURE.md"), "{all}");
+        assert!(all.contains("b.rs does not start with"), "{all}");
+        assert!(all.contains("`forgotten`"), "{all}");
+        assert!(!all.contains("`listed`"), "{all}");
+        assert!(all.contains("README.md refers to a file outside"), "{all}");
+        assert_eq!(problems.len(), 4, "{all}");
+    }
+}
