@@ -114,6 +114,9 @@ pub(crate) struct AppendArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct MutantsArgs {
+    /// Only this pass: `core` or `sqlite`.
+    #[arg(long)]
+    pub only: Option<String>,
     /// Only mutate files whose path contains this (e.g. `index.rs`).
     #[arg(long)]
     pub file: Option<String>,

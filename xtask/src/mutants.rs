@@ -12,48 +12,73 @@ use crate::cargo;
 use crate::flags::MutantsArgs;
 
 /// The cargo-mutants release this task installs when none is on the PATH.
-const CARGO_MUTANTS: &str = "27.0.0";
+const CARGO_MUTANTS: &str = "27.1.0";
+
+/// One pass: the crate mutated, the tests that judge its mutants, its features.
+struct Pass {
+    name: &'static str,
+    package: &'static str,
+    tests: &'static [&'static str],
+    features: &'static str,
+}
+
+/// Core mutants are judged by the core's tests and the suite on the in-memory store (no
+/// storage engine to rebuild); SQLite's by its own tests and the suite on SQLite.
+const PASSES: [Pass; 2] = [
+    Pass {
+        name: "core",
+        package: "ctxlog-core",
+        tests: &["ctxlog-core", "ctxlog-conformance"],
+        features: "ctxlog-core/testing",
+    },
+    Pass {
+        name: "sqlite",
+        package: "ctxlog-sqlite",
+        tests: &["ctxlog-sqlite"],
+        features: "ctxlog-sqlite/testing",
+    },
+];
 
 pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
     let target = cargo::target_dir()?;
     let tool = installed(&target)?;
-    let out = target.join("mutants");
-    std::fs::create_dir_all(&out)?;
-    let mut cmd = Command::new(&tool);
-    cmd.current_dir(cargo::root())
-        .args(["mutants", "--package", "ctxlog-core", "--package", "ctxlog-sqlite"])
-        // The fast suite: what these two crates' tests and the conformance suite (in memory
-        // and on SQLite) check. Lance is never built.
-        .args([
-            "--test-package",
-            "ctxlog-core",
-            "--test-package",
-            "ctxlog-sqlite",
-            "--test-package",
-            "ctxlog-conformance",
-        ])
-        .args(["--features", "ctxlog-core/testing,ctxlog-sqlite/testing"])
-        .arg("--output")
-        .arg(&out)
-        .args(["--jobs", &args.jobs.max(1).to_string(), "--timeout-multiplier", "3"]);
-    if let Some(f) = &args.file {
-        cmd.args(["--file", f]);
-    }
-    // cargo-mutants runs cargo itself: give it the same vendored protoc as every build here.
-    if std::env::var_os("PROTOC").is_none()
-        && let Ok(protoc) = protoc_bin_vendored::protoc_bin_path()
+    let mut summaries = Vec::new();
+    for pass in PASSES
+        .iter()
+        .filter(|p| args.only.as_deref().is_none_or(|o| o == p.name))
     {
-        cmd.env("PROTOC", protoc);
+        let out = target.join("mutants").join(pass.name);
+        std::fs::create_dir_all(&out)?;
+        let mut cmd = Command::new(&tool);
+        cmd.current_dir(cargo::root())
+            .args(["mutants", "--package", pass.package])
+            .args(pass.tests.iter().flat_map(|t| ["--test-package", t]))
+            .args(["--features", pass.features])
+            .arg("--output")
+            .arg(&out)
+            .args(["--jobs", &args.jobs.max(1).to_string(), "--timeout-multiplier", "3"]);
+        if let Some(f) = &args.file {
+            cmd.args(["--file", f]);
+        }
+        // cargo-mutants runs cargo itself: give it the same vendored protoc as every build.
+        if std::env::var_os("PROTOC").is_none()
+            && let Ok(protoc) = protoc_bin_vendored::protoc_bin_path()
+        {
+            cmd.env("PROTOC", protoc);
+        }
+        eprintln!("xtask: mutants ({}): {}", pass.name, cargo::shown(&cmd));
+        let status = cmd.status().context("run cargo-mutants")?;
+        let summary = summary(&out.join("mutants.out"));
+        eprintln!("xtask: mutants ({}): {summary}", pass.name);
+        eprintln!("xtask: report in {}", out.join("mutants.out").display());
+        // cargo-mutants exits non-zero when a mutant survives: a finding, not a failure of
+        // this task. Only a pass that produced no outcomes failed.
+        if summary.is_empty() && !status.success() {
+            bail!("cargo-mutants ({}) failed ({status})", pass.name);
+        }
+        summaries.push(format!("{}: {summary}", pass.name));
     }
-    let status = cmd.status().context("run cargo-mutants")?;
-    let summary = summary(&out.join("mutants.out"));
-    eprintln!("xtask: mutants: {summary}");
-    eprintln!("xtask: report in {}", out.join("mutants.out").display());
-    // cargo-mutants exits non-zero when a mutant survives: that is a finding, not a failure
-    // of this task. Only a run that produced no outcomes failed.
-    if summary.is_empty() && !status.success() {
-        bail!("cargo-mutants failed ({status})");
-    }
+    eprintln!("xtask: mutants: {}", summaries.join("; "));
     Ok(())
 }
 

@@ -9,7 +9,8 @@ use crate::bench;
 use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs};
 
 /// Run the harness end to end; fails naming what did not come out as expected.
-pub(crate) fn run() -> Result<()> {
+pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
+    let _ = s3;
     let started = std::time::Instant::now();
     let out = tempfile::tempdir()?;
     let dir = out.path().to_path_buf();

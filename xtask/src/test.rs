@@ -21,12 +21,20 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
             "warnings",
         ],
     )?;
+    // One S3 server on loopback for the whole run (each test process would otherwise start
+    // its own): the Lance cases on S3, the multi-process cases and the parity test use it.
+    let s3 = s3_server()?;
+    let with_s3 = |cmd: &mut std::process::Command| {
+        cmd.env(s3_loopback::ENDPOINT_ENV, s3.endpoint());
+    };
     // The multi-process cases spawn the `ctxlog` binary; cargo builds it for the CLI's own
     // integration tests, with the same (all) features.
     if cargo::has_nextest() {
         let mut args = vec!["nextest", "run", "--workspace", "--all-features", "--profile", "ci"];
         args.extend(extra.iter().map(String::as_str));
-        cargo::run("tests (nextest)", &args)?;
+        let mut cmd = cargo::cargo(&args)?;
+        with_s3(&mut cmd);
+        cargo::step("tests (nextest)", &mut cmd)?;
     } else {
         eprintln!("xtask: cargo-nextest not found, falling back to `cargo test` (no per-test timeouts)");
         let mut args = vec!["test", "--workspace", "--all-features"];
@@ -34,8 +42,26 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
             args.push("--");
             args.extend(extra.iter().map(String::as_str));
         }
-        cargo::run("tests", &args)?;
+        let mut cmd = cargo::cargo(&args)?;
+        with_s3(&mut cmd);
+        cargo::step("tests", &mut cmd)?;
     }
     cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])?;
-    crate::smoke::run()
+    crate::smoke::run(&s3)
+}
+
+/// The S3 server on loopback for this run: moto, installed under the target directory the
+/// first time (python3 with venv is all it needs).
+pub(crate) fn s3_server() -> Result<s3_loopback::Server> {
+    let started = std::time::Instant::now();
+    let venv = cargo::target_dir()?
+        .join("s3-loopback")
+        .join(format!("moto-{}", s3_loopback::MOTO_VERSION));
+    let server = s3_loopback::Server::start(&venv).map_err(|e| anyhow::anyhow!("the S3 server on loopback: {e}"))?;
+    eprintln!(
+        "xtask: S3 server on loopback … ok ({}, {:.1} s)",
+        server.endpoint(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(server)
 }

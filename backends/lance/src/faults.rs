@@ -250,13 +250,19 @@ pub struct Faults {
     rng: Mutex<StdRng>,
     injected: Mutex<BTreeMap<(Op, &'static str), u64>>,
     requests: AtomicU64,
+    next_id: AtomicU64,
 }
 
 struct Armed {
+    id: u64,
     rule: Rule,
     seen: u64,
     fired: u64,
 }
+
+/// Names a rule added to a [`Faults`], to remove it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleId(u64);
 
 impl fmt::Debug for Faults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -274,6 +280,7 @@ impl Faults {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: Mutex::new(BTreeMap::new()),
             requests: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
         })
     }
 
@@ -281,12 +288,21 @@ impl Faults {
         self.seed
     }
 
-    pub fn add(&self, rule: Rule) {
+    /// Add a rule; it applies to requests from now on.
+    pub fn add(&self, rule: Rule) -> RuleId {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.rules.lock().expect("not poisoned").push(Armed {
+            id,
             rule,
             seen: 0,
             fired: 0,
         });
+        RuleId(id)
+    }
+
+    /// Remove a rule: requests from now on pass it by.
+    pub fn remove(&self, id: RuleId) {
+        self.rules.lock().expect("not poisoned").retain(|a| a.id != id.0);
     }
 
     /// Remove every rule: requests pass untouched from now on.

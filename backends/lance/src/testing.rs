@@ -5,16 +5,74 @@ use ctxlog_core::{CompactOptions, CompactReport, Entry, Error, Result, StoreOpti
 use lance::Dataset;
 use lance::dataset::{WriteMode, WriteParams};
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use crate::LanceStore;
 pub use crate::compact::StopPoint;
 use crate::error::lance_err;
+use crate::faults::{Action, Faults, Op, Rule, RuleId};
 use crate::io::lance_uri;
 use crate::schema::{Stamped, schema, to_batch};
 
+/// A URI's base and the storage options of its query string.
+fn split_uri(uri: &str) -> (String, HashMap<String, String>) {
+    let (base, query) = uri.split_once('?').unwrap_or((uri, ""));
+    let options = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    (base.to_string(), options)
+}
+
+/// The fault injector of every store a test opens at one URI (see [`open_faulted`]).
+pub fn faults_for(uri: &str) -> Arc<Faults> {
+    static ALL: OnceLock<Mutex<HashMap<String, Arc<Faults>>>> = OnceLock::new();
+    let (base, _) = split_uri(uri);
+    ALL.get_or_init(Default::default)
+        .lock()
+        .expect("not poisoned")
+        .entry(base)
+        .or_insert_with(|| Faults::new(0))
+        .clone()
+}
+
+/// Open the store at `uri` (storage options in its query) with the URI's fault injector, so
+/// that a test can make this very store's requests misbehave.
+pub async fn open_faulted(uri: &str, mut options: StoreOptions) -> Result<Arc<dyn ctxlog_core::Store>> {
+    let (base, storage) = split_uri(uri);
+    options.storage_options.extend(storage);
+    Ok(Arc::new(
+        LanceStore::open_with_faults(&base, options, Some(faults_for(uri))).await?,
+    ))
+}
+
+/// While the guard lives, every WAL write of the store at `uri` (opened with
+/// [`open_faulted`]) fails before reaching storage, so appends end indeterminate: Lance
+/// retries, then poisons its writer.
+pub fn fail_wal_writes(uri: &str) -> FaultGuard {
+    let faults = faults_for(uri);
+    let id = faults.add(Rule::new(&[Op::PutIfAbsent, Op::Put], Action::FailBefore).path("/wal/"));
+    FaultGuard { faults, id }
+}
+
+/// Removes a fault rule when dropped.
+pub struct FaultGuard {
+    faults: Arc<Faults>,
+    id: RuleId,
+}
+
+impl Drop for FaultGuard {
+    fn drop(&mut self) {
+        self.faults.remove(self.id);
+    }
+}
+
 /// Store an entry exactly as given (epoch, seq, hash and all), bypassing every check, by
 /// appending it to the base table: what a broken writer or a damaged store leaves behind.
+/// Storage options come from the URI's query.
 pub async fn inject_raw_entry(uri: &str, e: &Entry) -> Result<()> {
-    let uri = lance_uri(uri)?;
+    let (uri, storage) = split_uri(uri);
+    let uri = lance_uri(&uri)?;
     let stamped = [Stamped {
         shard: e.shard,
         epoch: e.epoch,
@@ -27,42 +85,13 @@ pub async fn inject_raw_entry(uri: &str, e: &Entry) -> Result<()> {
     let reader = RecordBatchIterator::new(vec![Ok(batch)], schema());
     let params = WriteParams {
         mode: WriteMode::Append,
+        store_params: Some(crate::io::store_params(&uri, &storage, None)),
         ..Default::default()
     };
     Dataset::write(reader, uri.as_str(), Some(params))
         .await
         .map_err(|e| lance_err("inject", None, Written::Unknown, e))?;
     Ok(())
-}
-
-/// While alive, every WAL write of the store's shards fails (each shard's `wal` directory
-/// is replaced by a file), so appends end indeterminate. Local stores only.
-pub struct WriteStall {
-    dirs: Vec<std::path::PathBuf>,
-}
-
-impl Drop for WriteStall {
-    fn drop(&mut self) {
-        for wal in &self.dirs {
-            let _ = std::fs::remove_file(wal);
-            let _ = std::fs::rename(wal.with_extension("stalled"), wal);
-        }
-    }
-}
-
-/// While the guard lives, every WAL write of the store at `dataset_dir` fails.
-pub fn stall_writes(dataset_dir: &std::path::Path) -> Result<WriteStall> {
-    let io = |e: std::io::Error| Error::backend("lance", "stall", None, Written::Nothing, e);
-    let mut dirs = Vec::new();
-    for shard in std::fs::read_dir(dataset_dir.join("_mem_wal")).map_err(io)? {
-        let wal = shard.map_err(io)?.path().join("wal");
-        if wal.is_dir() {
-            std::fs::rename(&wal, wal.with_extension("stalled")).map_err(io)?;
-            std::fs::write(&wal, b"stalled by ctxlog-lance testing").map_err(io)?;
-            dirs.push(wal);
-        }
-    }
-    Ok(WriteStall { dirs })
 }
 
 /// Run one compaction pass that stops at `stop`, as a crash there would.

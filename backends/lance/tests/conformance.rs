@@ -1,8 +1,13 @@
-//! The conformance suite on Lance: every case, named `lance::<case>`, each on a fresh
-//! dataset directory.
+//! The conformance suite on Lance: every case on a local dataset directory
+//! (`lance::<case>`) and, with the `s3` feature, on the loopback S3 server
+//! (`lance_s3::<case>`), each on a fresh store.
 
 mod common;
 
 fn main() -> std::process::ExitCode {
-    ctxlog_conformance::main(&[common::LANCE])
+    ctxlog_conformance::main(&[
+        common::LANCE,
+        #[cfg(feature = "s3")]
+        common::LANCE_S3,
+    ])
 }

@@ -57,6 +57,22 @@ fn backends() -> Vec<Backend> {
             ..out[0]
         });
     }
+    // Lance on the loopback S3 server: the binary gets `--store 's3://…?endpoint=…'`.
+    #[cfg(feature = "s3")]
+    out.push(Backend {
+        name: "lance_s3",
+        store_uri: |root| {
+            let server = s3_loopback::shared().unwrap_or_else(|e| panic!("no S3 server on loopback: {e}"));
+            let bucket = s3_loopback::bucket_for(root);
+            server
+                .create_bucket(&bucket)
+                .unwrap_or_else(|e| panic!("creating bucket {bucket}: {e}"));
+            server.uri(&bucket, "store.lance")
+        },
+        op_timeout: Duration::from_secs(30),
+        case_timeout: Duration::from_secs(240),
+        ..out[0]
+    });
     out
 }
 

@@ -63,7 +63,19 @@ fn sqlite_and_lance_agree_byte_for_byte() {
                             let mut outputs = Vec::new();
                             let sqlite = backend("sqlite", |r| format!("sqlite:{}", r.join("store.db").display()));
                             let lance = backend("lance", |r| r.join("store.lance").display().to_string());
-                            for backend in [sqlite, lance] {
+                            #[allow(unused_mut)]
+                            let mut backends = vec![sqlite, lance];
+                            // And Lance on the loopback S3 server.
+                            #[cfg(feature = "s3")]
+                            backends.push(backend("lance_s3", |r| {
+                                let server = s3_loopback::shared().unwrap_or_else(|e| panic!("no S3 server: {e}"));
+                                let bucket = s3_loopback::bucket_for(r);
+                                server
+                                    .create_bucket(&bucket)
+                                    .unwrap_or_else(|e| panic!("bucket {bucket}: {e}"));
+                                server.uri(&bucket, "store.lance")
+                            }));
+                            for backend in backends {
                                 // One fixed physical clock: both stores get the same HLCs.
                                 let options = StoreOptions {
                                     clock: ManualClock::new(1_780_000_000_000),
@@ -75,9 +87,11 @@ fn sqlite_and_lance_agree_byte_for_byte() {
                                 write_history(store.as_ref(), &history, observer.as_mut()).await?;
                                 outputs.push(observe(store.as_ref()).await?);
                             }
-                            ensure!(outputs[0].0 == outputs[1].0, "canonical projections differ");
-                            ensure!(outputs[0].1 == outputs[1].1, "canonical conflict lists differ");
-                            ensure!(outputs[0].2 == outputs[1].2, "session views differ");
+                            for (i, o) in outputs.iter().enumerate().skip(1) {
+                                ensure!(outputs[0].0 == o.0, "canonical projections differ (sqlite vs #{i})");
+                                ensure!(outputs[0].1 == o.1, "canonical conflict lists differ (sqlite vs #{i})");
+                                ensure!(outputs[0].2 == o.2, "session views differ (sqlite vs #{i})");
+                            }
                             anyhow::Ok(())
                         })
                         .map_err(|e| TestCaseError::fail(format!("{e:#}")))

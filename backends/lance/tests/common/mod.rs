@@ -10,29 +10,48 @@ use ctxlog_lance::LanceStore;
 
 /// Lance: one dataset directory per store. Its operations are slower than SQLite's (every
 /// append is a WAL object, every close flushes a generation), hence the wider deadlines and
-/// fewer random histories. A raw entry is appended to the base table; a stall makes every
-/// WAL write fail (each shard's `wal` directory is replaced by a file).
+/// fewer random histories. Stores are opened with their URI's fault injector: a raw entry is
+/// appended to the base table; a stall makes every WAL write fail before reaching storage.
 pub(crate) const LANCE: Backend = Backend {
     name: "lance",
     store_uri: |root| root.join("store.lance").display().to_string(),
-    open: |uri, options| Box::pin(async move { LanceStore::open(&uri, options).await }),
+    open: |uri, options| Box::pin(async move { ctxlog_lance::testing::open_faulted(&uri, options).await }),
     op_timeout: Duration::from_secs(30),
     case_timeout: Duration::from_secs(170),
     proptest_cases: 6,
-    inject_raw_entry: |uri, entry| {
-        Box::pin(async move {
-            ctxlog_lance::testing::inject_raw_entry(&uri, &entry).await?;
-            Ok(())
-        })
-    },
-    stall_writes: |uri| {
-        Box::pin(async move {
-            let dir = ctxlog_lance::testing::local_dir(&uri)?;
-            let guard = ctxlog_lance::testing::stall_writes(&dir)?;
-            Ok(Box::new(guard) as FaultGuard)
-        })
-    },
+    inject_raw_entry,
+    stall_writes,
 };
+
+/// Lance over S3 on the loopback server (moto): the same store in a bucket of its own per
+/// case, every storage option in the URI's query.
+#[cfg(feature = "s3")]
+pub(crate) const LANCE_S3: Backend = Backend {
+    name: "lance_s3",
+    store_uri: |root| {
+        let server = s3_loopback::shared().unwrap_or_else(|e| panic!("no S3 server on loopback: {e}"));
+        let bucket = s3_loopback::bucket_for(root);
+        server
+            .create_bucket(&bucket)
+            .unwrap_or_else(|e| panic!("creating bucket {bucket}: {e}"));
+        server.uri(&bucket, "store.lance")
+    },
+    op_timeout: Duration::from_secs(30),
+    case_timeout: Duration::from_secs(240),
+    proptest_cases: 4,
+    ..LANCE
+};
+
+fn inject_raw_entry(uri: String, entry: ctxlog_core::Entry) -> ctxlog_conformance::BoxFuture<anyhow::Result<()>> {
+    Box::pin(async move {
+        ctxlog_lance::testing::inject_raw_entry(&uri, &entry).await?;
+        Ok(())
+    })
+}
+
+fn stall_writes(uri: String) -> ctxlog_conformance::BoxFuture<anyhow::Result<FaultGuard>> {
+    Box::pin(async move { Ok(Box::new(ctxlog_lance::testing::fail_wal_writes(&uri)) as FaultGuard) })
+}
 
 /// Run one Lance-only case with a fresh root and the backend's deadline.
 pub(crate) fn run(name: &str, case: CaseFn) {
@@ -52,9 +71,4 @@ pub(crate) async fn open_tuned(
     Ok(Arc::new(
         LanceStore::open_store(uri, options).await?.with_tuning(tuning),
     ))
-}
-
-/// Silence "unused" for helpers some test files do not use.
-pub(crate) fn _unused() -> Duration {
-    Duration::ZERO
 }
