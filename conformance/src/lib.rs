@@ -37,7 +37,7 @@ pub mod prelude {
         Body, CompactOptions, Conflict, ConflictKind, Entry, Error, Hlc, Record, Store, StoreOptions, WriterId, Written,
     };
 
-    pub use crate::{Case, Ctx, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
+    pub use crate::{Case, Ctx, Fault, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
 }
 
 /// A boxed, sendable future: what descriptors and cases return.
@@ -45,6 +45,28 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A guard that keeps a fault in place until dropped.
 pub type FaultGuard = Box<dyn std::any::Any + Send>;
+
+/// What a fault case asks of the object store under a backend (rule 18).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Every write of an append fails before it reaches storage.
+    AppendFailsBefore,
+    /// The next write of an append lands, and its answer is lost.
+    AppendLandsUnanswered,
+    /// Every write of an append never answers (until its caller gives up).
+    AppendStalls,
+    /// Reads are answered "503 SlowDown" one time in fifty.
+    ReadsThrottled,
+    /// Writes of data and manifests fail before reaching storage, one time in two.
+    WritesFailOften,
+    /// Conditional writes (creation markers, claims, commits) fail, before or after they
+    /// land, one time in ten each.
+    ConditionalWritesFlaky,
+}
+
+/// Make the object store under the store at `uri` misbehave as `fault` says until the guard
+/// drops. Only stores opened through the descriptor's `open` are affected.
+pub type FaultHook = fn(uri: String, fault: Fault) -> BoxFuture<anyhow::Result<FaultGuard>>;
 
 /// How a backend opens the store at a URI.
 pub type OpenFn = fn(uri: String, options: StoreOptions) -> BoxFuture<ctxlog_core::Result<Arc<dyn Store>>>;
@@ -69,6 +91,9 @@ pub struct Backend {
     /// Make appends to the store fail or stall with an indeterminate outcome until the
     /// guard drops (rule 4).
     pub stall_writes: fn(uri: String) -> BoxFuture<anyhow::Result<FaultGuard>>,
+    /// The faults of the object store under the backend; `None` for a backend that has no
+    /// object store (its fault cases are reported as not applicable, never skipped silently).
+    pub faults: Option<FaultHook>,
 }
 
 /// What every case gets: a fresh root, a store URI inside it, and the backend's knobs.
@@ -142,6 +167,8 @@ pub struct Case {
     pub rule: &'static str,
     /// The case itself.
     pub run: CaseFn,
+    /// Whether it needs the backend's object-store faults ([`Backend::faults`]).
+    pub needs_faults: bool,
 }
 
 /// A [`Case`] for an async function `f(ctx) -> anyhow::Result<()>` of a rule module (which
@@ -153,6 +180,13 @@ macro_rules! case {
             name: stringify!($f),
             rule: RULE,
             run: |ctx| Box::pin($f(ctx)),
+            needs_faults: false,
+        }
+    };
+    ($f:ident, needs faults) => {
+        $crate::Case {
+            needs_faults: true,
+            ..$crate::case!($f)
         }
     };
 }
@@ -215,21 +249,32 @@ pub fn run_trials(backends: &[Backend], cases: &[Case]) -> std::process::ExitCod
     for backend in backends {
         for case in cases {
             let (backend, case, results) = (*backend, *case, results.clone());
-            trials.push(libtest_mimic::Trial::test(
-                format!("{}::{}", backend.name, case.name),
-                move || {
-                    let outcome = run_case(backend, case.name, case.run);
-                    results.lock().expect("not poisoned").push(serde_json::json!({
-                        "backend": backend.name,
-                        "rule": case.rule,
-                        "case": case.name,
-                        "passed": outcome.is_ok(),
-                        "seconds": outcome.as_ref().map(|d| d.as_secs_f64()).unwrap_or(0.0),
-                        "error": outcome.as_ref().err(),
-                    }));
-                    outcome.map(|_| ()).map_err(libtest_mimic::Failed::from)
-                },
-            ));
+            let name = format!("{}::{}", backend.name, case.name);
+            if case.needs_faults && backend.faults.is_none() {
+                // Not applicable, and visibly so: the backend has no object store to fault.
+                results.lock().expect("not poisoned").push(serde_json::json!({
+                    "backend": backend.name,
+                    "rule": case.rule,
+                    "case": case.name,
+                    "passed": serde_json::Value::Null,
+                    "seconds": 0.0,
+                    "error": "not applicable: the backend has no object store to fault",
+                }));
+                trials.push(libtest_mimic::Trial::test(name, || Ok(())).with_ignored_flag(true));
+                continue;
+            }
+            trials.push(libtest_mimic::Trial::test(name, move || {
+                let outcome = run_case(backend, case.name, case.run);
+                results.lock().expect("not poisoned").push(serde_json::json!({
+                    "backend": backend.name,
+                    "rule": case.rule,
+                    "case": case.name,
+                    "passed": outcome.is_ok(),
+                    "seconds": outcome.as_ref().map(|d| d.as_secs_f64()).unwrap_or(0.0),
+                    "error": outcome.as_ref().err(),
+                }));
+                outcome.map(|_| ()).map_err(libtest_mimic::Failed::from)
+            }));
         }
     }
     let conclusion = libtest_mimic::run(&args, trials);
@@ -338,5 +383,6 @@ pub mod memory {
                 Ok(Box::new(store.stall_writes()) as FaultGuard)
             })
         },
+        faults: None,
     };
 }

@@ -76,7 +76,7 @@ pub(crate) fn run(backend: Option<String>, filter: Option<String>, json: Option<
     }
     let failed: Vec<String> = results
         .iter()
-        .filter(|r| r["passed"] != true)
+        .filter(|r| r["passed"] == false)
         .map(|r| {
             format!(
                 "{}::{}: {}",
@@ -148,6 +148,9 @@ fn table(results: &[Value]) -> String {
                         if r["passed"] == true {
                             passed += 1;
                             format!(" ok {secs:.2} s |")
+                        } else if r["passed"].is_null() {
+                            total -= 1;
+                            " n/a |".to_string()
                         } else {
                             " FAILED |".to_string()
                         }

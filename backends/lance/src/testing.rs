@@ -50,20 +50,30 @@ pub async fn open_faulted(uri: &str, mut options: StoreOptions) -> Result<Arc<dy
 /// [`open_faulted`]) fails before reaching storage, so appends end indeterminate: Lance
 /// retries, then poisons its writer.
 pub fn fail_wal_writes(uri: &str) -> FaultGuard {
-    let faults = faults_for(uri);
-    let id = faults.add(Rule::new(&[Op::PutIfAbsent, Op::Put], Action::FailBefore).path("/wal/"));
-    FaultGuard { faults, id }
+    with_rules(
+        uri,
+        vec![Rule::new(&[Op::PutIfAbsent, Op::Put], Action::FailBefore).path("/wal/")],
+    )
 }
 
-/// Removes a fault rule when dropped.
+/// Put `rules` on the fault injector of the stores at `uri` until the guard drops.
+pub fn with_rules(uri: &str, rules: Vec<Rule>) -> FaultGuard {
+    let faults = faults_for(uri);
+    let ids = rules.into_iter().map(|r| faults.add(r)).collect();
+    FaultGuard { faults, ids }
+}
+
+/// Removes fault rules when dropped.
 pub struct FaultGuard {
     faults: Arc<Faults>,
-    id: RuleId,
+    ids: Vec<RuleId>,
 }
 
 impl Drop for FaultGuard {
     fn drop(&mut self) {
-        self.faults.remove(self.id);
+        for id in &self.ids {
+            self.faults.remove(*id);
+        }
     }
 }
 

@@ -33,6 +33,8 @@ const SQLITE: Backend = Backend {
             Ok(Box::new(guard) as FaultGuard)
         })
     },
+    // A file on a local disk: no object store to fault.
+    faults: None,
 };
 
 fn main() -> std::process::ExitCode {

@@ -2,6 +2,7 @@
 
 pub mod creation;
 pub mod durability;
+pub mod faults;
 pub mod fencing;
 pub mod history;
 pub mod idempotency;
@@ -22,6 +23,7 @@ pub fn all() -> Vec<crate::Case> {
         input::cases(),
         creation::cases(),
         maintenance::cases(),
+        faults::cases(),
     ]
     .concat()
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctxlog_conformance::{Backend, CaseFn, FaultGuard, run_case};
+use ctxlog_conformance::{Backend, CaseFn, Fault, FaultGuard, run_case};
 use ctxlog_core::Store;
 use ctxlog_lance::LanceStore;
 
@@ -21,6 +21,7 @@ pub(crate) const LANCE: Backend = Backend {
     proptest_cases: 6,
     inject_raw_entry,
     stall_writes,
+    faults: Some(faults),
 };
 
 /// Lance over S3 on the loopback server (moto): the same store in a bucket of its own per
@@ -46,6 +47,30 @@ fn inject_raw_entry(uri: String, entry: ctxlog_core::Entry) -> ctxlog_conformanc
     Box::pin(async move {
         ctxlog_lance::testing::inject_raw_entry(&uri, &entry).await?;
         Ok(())
+    })
+}
+
+/// The fault rules each case asks for, on the store's fault injector.
+fn faults(uri: String, fault: Fault) -> ctxlog_conformance::BoxFuture<anyhow::Result<FaultGuard>> {
+    use ctxlog_lance::faults::{Action, Op, Rule, When};
+    Box::pin(async move {
+        let wal_writes = [Op::PutIfAbsent, Op::Put];
+        let rules = match fault {
+            Fault::AppendFailsBefore => vec![Rule::new(&wal_writes, Action::FailBefore).path("/wal/")],
+            Fault::AppendLandsUnanswered => vec![Rule::new(&wal_writes, Action::FailAfter).path("/wal/").limit(1)],
+            Fault::AppendStalls => vec![Rule::new(&wal_writes, Action::Stall).path("/wal/")],
+            Fault::ReadsThrottled => {
+                vec![Rule::new(&[Op::Get, Op::Head, Op::List], Action::Throttle).when(When::Probability(0.02))]
+            }
+            Fault::WritesFailOften => vec![
+                Rule::new(&[Op::Put, Op::PutIfAbsent, Op::Multipart], Action::FailBefore).when(When::Probability(0.5)),
+            ],
+            Fault::ConditionalWritesFlaky => vec![
+                Rule::new(&[Op::PutIfAbsent], Action::FailBefore).when(When::Probability(0.1)),
+                Rule::new(&[Op::PutIfAbsent], Action::FailAfter).when(When::Probability(0.1)),
+            ],
+        };
+        Ok(Box::new(ctxlog_lance::testing::with_rules(&uri, rules)) as FaultGuard)
     })
 }
 
