@@ -6,12 +6,11 @@
 mod workload;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use ctxlog::{CompactOptions, Location, Store, StoreOptions, WriterId};
+use ctxlog::{CompactOptions, Location, StoreOptions, WriterId};
 use serde_json::{Value, json};
 
 use crate::workload::Workload;
@@ -27,6 +26,10 @@ struct Cli {
     /// Storage options for object stores (KEY=VALUE, repeatable).
     #[arg(long = "storage-option")]
     storage_options: Vec<String>,
+    /// Delay every object-store request of the measured handles by this many milliseconds
+    /// (Lance): a stand-in for the first-byte time of a remote object store.
+    #[arg(long, default_value_t = 0.0)]
+    latency_ms: f64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -67,6 +70,20 @@ enum Cmd {
     Copy {
         #[arg(long)]
         to: PathBuf,
+    },
+    /// A session view from a fresh handle: time and requests.
+    Session {
+        #[arg(long)]
+        bot: String,
+        #[arg(long)]
+        session: String,
+    },
+    /// How long a writer takes to learn that a successor fenced it: writer A appends
+    /// `batches` batches and goes on appending while writer B (another handle, the same
+    /// writer id) takes the shard over; timed from B's claim to A's first fenced append.
+    Fence {
+        #[arg(long, default_value_t = 20)]
+        batches: usize,
     },
     /// Durable append throughput and latency of one writer.
     Append {
@@ -136,6 +153,7 @@ async fn run(cli: Cli) -> Result<Value> {
     if cli.cold {
         drop_from_page_cache(&location)?;
     }
+    measured::init(cli.latency_ms);
     let mut out = match cli.cmd {
         Cmd::Generate {
             entries,
@@ -155,17 +173,21 @@ async fn run(cli: Cli) -> Result<Value> {
             generate(&cli.store, &w, compact).await?
         }
         Cmd::FirstScan => first_scan(&cli.store, &location).await?,
-        Cmd::Refresh { extra, seed } => refresh(&cli.store, extra, seed).await?,
-        Cmd::Conflicts => conflicts(&cli.store).await?,
+        Cmd::Session { bot, session } => session_view(&cli.store, &location, &bot, &session).await?,
+        Cmd::Fence { batches } => fence(&cli.store, &location, batches).await?,
+        Cmd::Refresh { extra, seed } => refresh(&cli.store, &location, extra, seed).await?,
+        Cmd::Conflicts => conflicts(&cli.store, &location).await?,
         Cmd::Floor => floor(&cli.store, &location).await?,
         Cmd::Append {
             writer,
             batch,
             records,
             seed,
-        } => append(&cli.store, &writer, batch, records, seed).await?,
+        } => append(&cli.store, &location, &writer, batch, records, seed).await?,
         Cmd::Copy { .. } => unreachable!("handled above"),
     };
+    out["requests"] = measured::requests();
+    out["latency_ms"] = json!(cli.latency_ms);
     out["peak_rss_kb"] = json!(peak_rss_kb());
     out["store_bytes"] = json!(store_bytes(&location));
     out["cache"] = json!(if cli.cold { "cold" } else { "warm" });
@@ -212,14 +234,11 @@ async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {
 
 async fn first_scan(uri: &str, location: &Location) -> Result<Value> {
     let started = Instant::now();
-    let (store, reads) = open_counting(uri, location).await?;
+    let store = measured::open(uri, location).await?;
     let mut p = store.projector();
     let report = p.refresh().await?;
     let seconds = started.elapsed().as_secs_f64();
-    let reads = match reads {
-        Some(counter) => json!(read_requests(&counter).await?),
-        None => Value::Null,
-    };
+    let reads = measured::reads();
     let stats = p.stats();
     Ok(json!({
         "seconds": seconds,
@@ -231,8 +250,76 @@ async fn first_scan(uri: &str, location: &Location) -> Result<Value> {
     }))
 }
 
-async fn refresh(uri: &str, extra: usize, seed: u64) -> Result<Value> {
-    let store = ctxlog::open(uri, options()).await?;
+async fn session_view(uri: &str, location: &Location, bot: &str, session: &str) -> Result<Value> {
+    let started = Instant::now();
+    let store = measured::open(uri, location).await?;
+    let view = store.projector().session(bot, session).await?;
+    Ok(json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "records": view.len(),
+        "object_reads": measured::reads(),
+    }))
+}
+
+async fn fence(uri: &str, location: &Location, batches: usize) -> Result<Value> {
+    let w = Workload {
+        entries: (batches + 10_000) * 10,
+        writers: 1,
+        bots: 2,
+        sessions_per_bot: 2,
+        seed: 5,
+    };
+    let id = WriterId::new("fenced-writer")?;
+    let records = w.records(0, id.as_str());
+    let mut chunks = records.chunks(10).map(<[_]>::to_vec).collect::<Vec<_>>().into_iter();
+    drop(ctxlog::open(uri, creating()).await?); // the store, if it is new
+    let a_store = measured::open(uri, location).await?;
+    let mut a = a_store.open_shard(&id).await?;
+    let mut append_us = Vec::new();
+    for chunk in chunks.by_ref().take(batches) {
+        let t = Instant::now();
+        a.append(chunk).await?;
+        append_us.push(t.elapsed().as_micros() as u64);
+    }
+    // A goes on appending while B — another replica with the same writer id, its own
+    // handle — takes the shard over. Measured: from the start of B's claim to A's first
+    // append that fails as fenced.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<Instant>();
+    let a_task = tokio::spawn(async move {
+        let mut during = 0u64;
+        let Ok(claim_started) = started_rx.await else { bail!("the takeover never started") };
+        for chunk in chunks {
+            match a.append(chunk).await {
+                Ok(_) => during += 1,
+                Err(ctxlog::Error::Fenced { .. }) => return Ok((claim_started.elapsed(), during)),
+                Err(e) => bail!("the old writer failed otherwise: {e}"),
+            }
+        }
+        bail!("the old writer was never fenced")
+    });
+    let b_store = measured::open(uri, location).await?;
+    let before = measured::snapshot();
+    let t = Instant::now();
+    let _ = started_tx.send(t);
+    let b = b_store.open_shard(&id).await?;
+    let takeover_seconds = t.elapsed().as_secs_f64();
+    let takeover_requests = measured::since(&before);
+    let (learned, appended_meanwhile) = tokio::time::timeout(Duration::from_secs(600), a_task)
+        .await
+        .context("the old writer did not learn it was fenced within 600 s")???;
+    b.close().await?;
+    append_us.sort_unstable();
+    Ok(json!({
+        "seconds": learned.as_secs_f64(),
+        "appends_acknowledged_meanwhile": appended_meanwhile,
+        "takeover_seconds": takeover_seconds,
+        "takeover_requests": takeover_requests,
+        "append_median_us": append_us.get(append_us.len() / 2),
+    }))
+}
+
+async fn refresh(uri: &str, location: &Location, extra: usize, seed: u64) -> Result<Value> {
+    let store = measured::open(uri, location).await?;
     let mut p = store.projector();
     let first = Instant::now();
     p.refresh().await?;
@@ -263,9 +350,9 @@ async fn refresh(uri: &str, extra: usize, seed: u64) -> Result<Value> {
     }))
 }
 
-async fn conflicts(uri: &str) -> Result<Value> {
+async fn conflicts(uri: &str, location: &Location) -> Result<Value> {
     let started = Instant::now();
-    let store = ctxlog::open(uri, options()).await?;
+    let store = measured::open(uri, location).await?;
     let found = store.conflict_discovery().conflicts(None).await?;
     let seconds = started.elapsed().as_secs_f64();
     let mut by_kind = serde_json::Map::new();
@@ -308,8 +395,8 @@ fn sqlite_floor(path: &Path) -> Result<u64> {
     Ok(n)
 }
 
-async fn append(uri: &str, writer: &str, batch: usize, records: usize, seed: u64) -> Result<Value> {
-    let store = ctxlog::open(uri, options()).await?;
+async fn append(uri: &str, location: &Location, writer: &str, batch: usize, records: usize, seed: u64) -> Result<Value> {
+    let store = measured::open(uri, location).await?;
     let w = Workload {
         entries: records,
         writers: 1,
@@ -368,33 +455,6 @@ async fn copy(location: &Location, storage_options: &[String], to: &Path) -> Res
     }
 }
 
-/// Something that counts a store's object reads (Lance).
-#[cfg(feature = "lance")]
-type ReadCounter = Arc<ctxlog_lance::LanceStore>;
-#[cfg(not(feature = "lance"))]
-type ReadCounter = std::convert::Infallible;
-
-#[cfg(feature = "lance")]
-async fn read_requests(counter: &ReadCounter) -> Result<u64> {
-    Ok(counter.read_requests().await?)
-}
-#[cfg(not(feature = "lance"))]
-async fn read_requests(counter: &ReadCounter) -> Result<u64> {
-    match *counter {}
-}
-
-/// Open a store; for Lance, also a handle that counts its object reads (open included).
-async fn open_counting(uri: &str, location: &Location) -> Result<(Arc<dyn Store>, Option<ReadCounter>)> {
-    match location {
-        #[cfg(feature = "lance")]
-        Location::Lance { uri: dataset, .. } => {
-            let store = Arc::new(ctxlog_lance::LanceStore::open_store(dataset, options_for(location)).await?);
-            Ok((store.clone(), Some(store)))
-        }
-        _ => Ok((ctxlog::open(uri, options()).await?, None)),
-    }
-}
-
 /// Shards and generations (Lance); `null` elsewhere.
 async fn layout(location: &Location) -> Value {
     match location {
@@ -404,6 +464,90 @@ async fn layout(location: &Location) -> Value {
             .map(|(shards, pending, total)| json!({"shards": shards, "generations_unfolded": pending, "generations": total}))
             .unwrap_or(Value::Null),
         _ => Value::Null,
+    }
+}
+
+/// The handles a measurement opens: for Lance, every object-store request passes through
+/// one process-wide injector that counts requests by kind and bytes read and, with
+/// `--latency-ms`, delays each request.
+mod measured {
+    use std::sync::{Arc, OnceLock};
+
+    use anyhow::Result;
+    use ctxlog::{Location, Store};
+    use serde_json::{Value, json};
+
+    #[cfg(feature = "lance")]
+    static REQUESTS: OnceLock<Arc<ctxlog_lance::faults::Faults>> = OnceLock::new();
+    #[cfg(not(feature = "lance"))]
+    static REQUESTS: OnceLock<()> = OnceLock::new();
+
+    pub(super) fn init(latency_ms: f64) {
+        #[cfg(feature = "lance")]
+        {
+            use ctxlog_lance::faults::{Action, Faults, Latency, Op, Rule};
+            let f = Faults::new(0);
+            if latency_ms > 0.0 {
+                let d = std::time::Duration::from_secs_f64(latency_ms / 1000.0);
+                f.add(Rule::new(&Op::ALL, Action::Delay(Latency::Fixed(d))));
+            }
+            let _ = REQUESTS.set(f);
+        }
+        #[cfg(not(feature = "lance"))]
+        {
+            let _ = (latency_ms, REQUESTS.set(()));
+        }
+    }
+
+    pub(super) async fn open(uri: &str, location: &Location) -> Result<Arc<dyn Store>> {
+        match location {
+            #[cfg(feature = "lance")]
+            Location::Lance { uri: dataset, .. } => Ok(Arc::new(
+                ctxlog_lance::LanceStore::open_with_faults(dataset, super::options_for(location), REQUESTS.get().cloned())
+                    .await?,
+            )),
+            _ => Ok(ctxlog::open(uri, super::options()).await?),
+        }
+    }
+
+    /// Requests so far, by kind.
+    pub(super) fn snapshot() -> std::collections::BTreeMap<String, u64> {
+        #[cfg(feature = "lance")]
+        if let Some(f) = REQUESTS.get() {
+            return f.requests_by_op().into_iter().map(|(op, n)| (op.as_str().to_string(), n)).collect();
+        }
+        std::collections::BTreeMap::new()
+    }
+
+    /// Requests since `before`, by kind (kinds with none left out).
+    pub(super) fn since(before: &std::collections::BTreeMap<String, u64>) -> Value {
+        let now = snapshot();
+        let diff: std::collections::BTreeMap<&String, u64> = now
+            .iter()
+            .map(|(k, n)| (k, n - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        json!(diff)
+    }
+
+    /// Read requests (get, head, list) so far; `null` where nothing counts them (SQLite).
+    pub(super) fn reads() -> Value {
+        let s = snapshot();
+        if s.is_empty() {
+            return Value::Null;
+        }
+        json!(["get", "head", "list"].iter().map(|k| s.get(*k).copied().unwrap_or(0)).sum::<u64>())
+    }
+
+    /// Every request so far by kind, and bytes read; `null` for SQLite.
+    pub(super) fn requests() -> Value {
+        #[cfg(feature = "lance")]
+        if let Some(f) = REQUESTS.get() {
+            if f.requests() > 0 {
+                return json!({"by_kind": snapshot(), "total": f.requests(), "bytes_read": f.bytes_read()});
+            }
+        }
+        Value::Null
     }
 }
 

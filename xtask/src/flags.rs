@@ -41,6 +41,22 @@ pub(crate) enum Task {
     Tidy,
     /// Mutation testing of the core and the SQLite backend against the fast suite.
     Mutants(MutantsArgs),
+    /// A seeded soak: writers killed, taken over and faulted while they append; compaction
+    /// and a reader beside them; then every acknowledgement checked.
+    Chaos(ChaosArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ChaosArgs {
+    /// `sqlite`, `lance` (a local directory) or `lance-s3` (the loopback S3 server).
+    #[arg(long, default_value = "sqlite")]
+    pub backend: String,
+    /// How long to run.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// The seed of the soak's decisions and of every writer's faults.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 #[derive(Args)]

@@ -6,12 +6,14 @@
 //! - `bench`: `first-scan` and `append` (see `bench/`).
 //! - `tidy`: docs and code in step (part of `test`).
 //! - `mutants`: mutation testing of the core and the SQLite backend.
+//! - `chaos`: a seeded soak with kills, takeovers, faults and compaction.
 //!
 //! Every cargo call gets `PROTOC` from a vendored `protoc`, so Lance's build scripts work on
 //! a machine with only the Rust toolchain (`cargo.rs`).
 
 mod bench;
 mod cargo;
+mod chaos;
 mod conformance;
 mod flags;
 mod mutants;
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Task::Bench(args) => bench::run(args),
         Task::Tidy => tidy::run(),
         Task::Mutants(args) => mutants::run(&args),
+        Task::Chaos(args) => chaos::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

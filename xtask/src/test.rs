@@ -47,7 +47,8 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
         cargo::step("tests", &mut cmd)?;
     }
     cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])?;
-    crate::smoke::run(&s3)
+    crate::smoke::run(&s3)?;
+    crate::chaos::short(&s3)
 }
 
 /// The S3 server on loopback for this run: moto, installed under the target directory the

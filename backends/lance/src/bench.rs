@@ -1,4 +1,4 @@
-//! What `cargo xtask bench` measures directly: the raw-scan floor, object reads, layout.
+//! What `cargo xtask bench` measures directly: the raw-scan floor, the layout, copies.
 
 use ctxlog_core::{Result, StoreOptions, Written};
 
@@ -33,16 +33,6 @@ pub async fn layout(uri: &str, options: StoreOptions) -> Result<(usize, usize, u
         t.shards.iter().map(|s| s.generations.len()).sum(),
         t.shards.iter().map(|s| s.flushed).sum(),
     ))
-}
-
-impl LanceStore {
-    /// Object-store read requests this handle has made so far (all its datasets, WAL and
-    /// manifests share the store's session).
-    pub async fn read_requests(&self) -> Result<u64> {
-        let ds = self.shared.latest().await?;
-        let (store, _) = self.shared.io(&ds).await?;
-        Ok(store.io_stats_snapshot().read_iops)
-    }
 }
 
 /// Copy every object of the dataset at `uri` into the local directory `to` (for

@@ -249,7 +249,8 @@ pub struct Faults {
     rules: Mutex<Vec<Armed>>,
     rng: Mutex<StdRng>,
     injected: Mutex<BTreeMap<(Op, &'static str), u64>>,
-    requests: AtomicU64,
+    requests: Mutex<BTreeMap<Op, u64>>,
+    bytes_read: AtomicU64,
     next_id: AtomicU64,
 }
 
@@ -279,7 +280,8 @@ impl Faults {
             rules: Mutex::new(Vec::new()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: Mutex::new(BTreeMap::new()),
-            requests: AtomicU64::new(0),
+            requests: Mutex::new(BTreeMap::new()),
+            bytes_read: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
         })
     }
@@ -317,13 +319,23 @@ impl Faults {
 
     /// Requests seen so far (faulted or not).
     pub fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.requests_by_op().values().sum()
+    }
+
+    /// Requests seen so far (faulted or not), by kind.
+    pub fn requests_by_op(&self) -> BTreeMap<Op, u64> {
+        self.requests.lock().expect("not poisoned").clone()
+    }
+
+    /// Bytes of the object ranges that gets answered so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// The action for this request, if a rule fires. Rules are tried in the order added;
     /// the first that fires wins.
     pub fn decide(&self, op: Op, path: &str) -> Option<Action> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        *self.requests.lock().expect("not poisoned").entry(op).or_default() += 1;
         let mut rules = self.rules.lock().expect("not poisoned");
         for armed in rules.iter_mut() {
             if !armed.rule.matches(op, path) || armed.rule.limit.is_some_and(|l| armed.fired >= l) {
@@ -481,13 +493,19 @@ impl ObjectStore for FaultyStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
         let op = if options.head { Op::Head } else { Op::Get };
-        faulted(
+        let got = faulted(
             &self.faults,
             op,
             location.as_ref(),
             self.inner.get_opts(location, options),
         )
-        .await
+        .await?;
+        if op == Op::Get {
+            self.faults
+                .bytes_read
+                .fetch_add(got.range.end - got.range.start, Ordering::Relaxed);
+        }
+        Ok(got)
     }
 
     fn delete_stream(

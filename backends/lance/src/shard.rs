@@ -34,6 +34,17 @@ pub struct WriterTuning {
     pub max_memtable_bytes: usize,
     /// Backstop for the WAL flush ticker; every durable put also triggers its own flush.
     pub wal_flush_interval: Duration,
+    /// Appends after which a writer freezes its memtable (it becomes a generation in the
+    /// background), whatever its size. This bounds the WAL tail a successor replays when it
+    /// takes the shard over — one round trip per entry, one after another — and the WAL
+    /// positions it probes to find the tip. Unlike the limits above it may change between
+    /// opens.
+    pub max_wal_tail: u64,
+    /// How often, at most, an append first reads the shard manifest to see whether a
+    /// successor has claimed the shard. Without it a writer learns it is fenced only when
+    /// the successor's sentinel reaches the WAL tip, and a successor probing for the tip
+    /// chases a writer that goes on appending: measured over S3, tens of seconds.
+    pub fence_check_interval: Duration,
 }
 
 impl Default for WriterTuning {
@@ -44,6 +55,9 @@ impl Default for WriterTuning {
             max_memtable_batches: 1_000,
             max_memtable_bytes: 64 * 1024 * 1024,
             wal_flush_interval: Duration::from_millis(500),
+            // At 20 ms per request, a takeover replays such a tail in about 1.3 s.
+            max_wal_tail: 64,
+            fence_check_interval: Duration::from_secs(1),
         }
     }
 }
@@ -54,6 +68,10 @@ pub(crate) struct LanceShard {
     writer: Option<Arc<ShardWriter>>,
     store: Arc<ObjectStore>,
     base_path: Path,
+    /// Appends since this handle last froze its memtable (see `WriterTuning::max_wal_tail`).
+    since_freeze: u64,
+    /// When this handle last read its shard's epoch (see `WriterTuning::fence_check_interval`).
+    fence_checked: Instant,
 }
 
 impl LanceShard {
@@ -124,6 +142,8 @@ impl LanceShard {
                 writer: Some(writer.clone()),
                 store,
                 base_path,
+                since_freeze: 0,
+                fence_checked: Instant::now(),
             };
             // Seqs and HLCs are ctxlog's: recover them from what the shard holds.
             let recovered = tiers::recover(&inner, shard).await?;
@@ -217,6 +237,7 @@ impl Shard for LanceShard {
                 shard: self.state.shard(),
             });
         };
+        self.check_fence().await?;
         let staged = self.state.stage(records)?;
         // From here until an outcome is known the handle counts as poisoned: if the caller
         // drops this future after the batch reached the memtable, the batch still becomes
@@ -229,6 +250,9 @@ impl Shard for LanceShard {
             // Refused before the memtable (nothing written), but Lance's writer itself is
             // poisoned by an earlier failure of its own and never recovers: so is the handle.
             self.state.poison();
+        }
+        if result.is_ok() {
+            self.bound_wal_tail(&writer).await;
         }
         result
     }
@@ -296,6 +320,52 @@ impl Refusal {
 }
 
 impl LanceShard {
+    /// Every `fence_check_interval`, read the shard's epoch: a successor's claim fences
+    /// this handle before anything is put. Best effort: if the read fails or is slow, the
+    /// append goes on, and the successor's sentinel still fences it at the WAL.
+    async fn check_fence(&mut self) -> Result<()> {
+        if self.fence_checked.elapsed() < self.shared.tuning.fence_check_interval {
+            return Ok(());
+        }
+        self.fence_checked = Instant::now();
+        let shard = self.state.shard();
+        let manifests = ShardManifestStore::new(self.store.clone(), &self.base_path, shard.0, 2);
+        let budget = self.shared.timeout() / 4;
+        match tokio::time::timeout(budget, current_epoch(&manifests, shard)).await {
+            Ok(Ok(now)) if now > self.state.epoch() => {
+                self.state.mark_fenced(Some(now));
+                Err(self.state.fenced(Some(now), Written::Nothing))
+            }
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::debug!(%shard, error = %e, "reading the shard epoch failed");
+                Ok(())
+            }
+            Err(_) => {
+                tracing::debug!(%shard, "reading the shard epoch timed out");
+                Ok(())
+            }
+        }
+    }
+
+    /// Every `max_wal_tail` appends, freeze the memtable: its flush to a generation runs in
+    /// the background and moves the shard's replay point (and its published WAL cursor)
+    /// past the entries it holds. Best effort and bounded: the batch is already durable,
+    /// and a failure here (a fence, say) is for the next append to report.
+    async fn bound_wal_tail(&mut self, writer: &ShardWriter) {
+        self.since_freeze += 1;
+        if self.since_freeze < self.shared.tuning.max_wal_tail {
+            return;
+        }
+        self.since_freeze = 0;
+        let shard = self.state.shard();
+        match tokio::time::timeout(self.shared.timeout(), writer.force_freeze_active()).await {
+            Ok(Ok(_fence)) => {}
+            Ok(Err(e)) => tracing::debug!(%shard, error = %e, "freezing the memtable failed"),
+            Err(_) => tracing::debug!(%shard, "freezing the memtable timed out"),
+        }
+    }
+
     /// One durable put of the staged batch, under the deadline, its outcome classified: a
     /// definite error only with proof that nothing can land.
     async fn put(&self, writer: &ShardWriter, staged: &Staged) -> std::result::Result<(), Refusal> {

@@ -27,6 +27,12 @@ use crate::store::Shared;
 /// WAL entries fetched at once while reading a tail.
 const WAL_READ_AHEAD: usize = 16;
 
+/// Independent reads in flight at once: shard manifests, generation datasets, their scans
+/// and shards' WAL tails. On object storage every read is a round trip, so reads that do
+/// not depend on each other are issued together, up to this window (which bounds memory:
+/// a generation's rows are held until its turn to be visited comes).
+const READ_WINDOW: usize = 8;
+
 pub(crate) fn read_err(e: lance::Error) -> ctxlog_core::Error {
     lance_err("read", None, Written::Nothing, e)
 }
@@ -84,12 +90,12 @@ pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tier
         Some(s) => vec![s.0],
         None => base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?,
     };
-    let mut shards = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Some(t) = shard_tier(shared, &store, &base_path, ShardId(id), compacted.get(&id).copied()).await? {
-            shards.push(t);
-        }
-    }
+    let shards: Vec<Option<ShardTier>> = futures::stream::iter(ids)
+        .map(|id| shard_tier(shared, &store, &base_path, ShardId(id), compacted.get(&id).copied()))
+        .buffered(READ_WINDOW)
+        .try_collect()
+        .await?;
+    let shards = shards.into_iter().flatten().collect();
     Ok(Tiers {
         base,
         store,
@@ -176,12 +182,17 @@ pub(crate) struct Walked {
 /// The datasets a walk reads, in `source` order: the base table, then each shard's
 /// generations not yet folded.
 pub(crate) async fn open_sources(shared: &Shared, t: &Tiers) -> Result<Vec<Dataset>> {
-    let mut out = vec![t.base.clone()];
-    for shard in &t.shards {
-        for g in &shard.generations {
-            out.push(shared.open_dataset(&g.uri).await.map_err(read_err)?);
-        }
-    }
+    // Owned items: borrowed ones trip the compiler's higher-ranked lifetime check inside
+    // `async_trait` futures.
+    let all: Vec<Generation> = t.shards.iter().flat_map(|s| s.generations.clone()).collect();
+    let generations: Vec<Dataset> = futures::stream::iter(all)
+        .map(|g: Generation| async move { shared.open_dataset(&g.uri).await.map_err(read_err) })
+        .buffered(READ_WINDOW)
+        .try_collect()
+        .await?;
+    let mut out = Vec::with_capacity(generations.len() + 1);
+    out.push(t.base.clone());
+    out.extend(generations);
     Ok(out)
 }
 
@@ -194,34 +205,60 @@ pub(crate) async fn walk(
     how: Walk<'_>,
     mut visit: impl FnMut(Rows<'_>) -> Result<()>,
 ) -> Result<Walked> {
-    let filter = t.only.map(shard_filter);
-    for (i, ds) in sources.iter().enumerate() {
-        // Only the base table holds other shards' rows.
-        let filter = if i == 0 { filter.as_deref() } else { None };
-        let source = i as u32;
-        scan_table(ds, how, filter, |batch| visit(Rows::Table { batch, source })).await?;
+    // The base table streams (Lance reads its fragments concurrently); only it holds other
+    // shards' rows. Generations are small: read up to a window of them at once, each
+    // visited whole, in source order.
+    if let Some(base) = sources.first() {
+        let filter = t.only.map(shard_filter);
+        scan_table(base, how, filter.as_deref(), |batch| visit(Rows::Table { batch, source: 0 })).await?;
     }
-    let mut wal_next = Vec::with_capacity(t.shards.len());
-    for shard in &t.shards {
-        let next = read_wal(
-            &t.store,
-            &t.base_path,
-            shard.shard,
-            shard.wal_from,
-            shard.wal_known,
-            |e| {
-                for (b, batch) in e.batches.iter().enumerate() {
-                    visit(Rows::Wal {
-                        batch,
-                        position: e.entry_position,
-                        batch_no: b as u32,
-                    })?;
-                }
+    let mut generations = futures::stream::iter(sources.iter().cloned().enumerate().skip(1))
+        .map(|(i, ds): (usize, Dataset)| async move {
+            let mut batches = Vec::new();
+            scan_table(&ds, how, None, |b| {
+                batches.push(b.clone());
                 Ok(())
-            },
-        )
-        .await?;
-        wal_next.push((shard.shard, next));
+            })
+            .await?;
+            Ok::<_, ctxlog_core::Error>((i as u32, batches))
+        })
+        .buffered(READ_WINDOW);
+    while let Some((source, batches)) = generations.try_next().await? {
+        for batch in &batches {
+            visit(Rows::Table { batch, source })?;
+        }
+    }
+    // WAL tails: shards at once, each tail visited whole, in shard order.
+    let mut tails = futures::stream::iter(t.shards.clone())
+        .map(|shard: ShardTier| async move {
+            let mut entries = Vec::new();
+            let next = read_wal(
+                &t.store,
+                &t.base_path,
+                shard.shard,
+                shard.wal_from,
+                shard.wal_known,
+                |e| {
+                    entries.push(e.clone());
+                    Ok(())
+                },
+            )
+            .await?;
+            Ok::<_, ctxlog_core::Error>((shard.shard, next, entries))
+        })
+        .buffered(READ_WINDOW);
+    let mut wal_next = Vec::with_capacity(t.shards.len());
+    while let Some((shard, next, entries)) = tails.try_next().await? {
+        for e in &entries {
+            for (b, batch) in e.batches.iter().enumerate() {
+                visit(Rows::Wal {
+                    batch,
+                    position: e.entry_position,
+                    batch_no: b as u32,
+                })?;
+            }
+        }
+        wal_next.push((shard, next));
     }
     Ok(Walked { wal_next })
 }
@@ -321,10 +358,16 @@ pub(crate) struct Recovered {
     pub max_hlc: u64,
 }
 
-/// The highest seq and HLC a shard holds, from what is authoritative whatever was folded
-/// or removed: the base table's rows of the shard (what compaction folded, whether or not
-/// the generations or WAL entries it folded still exist), the generations not folded yet,
-/// and the WAL past what those cover (holes included).
+/// The highest seq and HLC a shard holds, read from its newest tiers only, so that a
+/// takeover costs one generation and the WAL tail, not the shard's history.
+///
+/// A shard's seqs and HLCs only grow from the base table to its generations to its WAL
+/// tail: a writer's clock and seqs never go back (they are recovered here on every open),
+/// generations are flushed memtables in WAL order, and compaction folds the oldest
+/// generations first. So the maxima are in the WAL tail (holes included) and the newest
+/// generation not yet folded; only when every generation is folded is it the base table
+/// (its rows of the shard — what compaction folded, whether or not the generations or WAL
+/// entries it folded still exist).
 pub(crate) async fn recover(shared: &Shared, shard: ShardId) -> Result<Recovered> {
     let t = tiers(shared, Some(shard)).await?;
     let mut out = Recovered::default();
@@ -332,7 +375,12 @@ pub(crate) async fn recover(shared: &Shared, shard: ShardId) -> Result<Recovered
         columns: Some(&POSITION_COLUMNS),
         row_ids: false,
     };
-    walk_all(shared, &t, how, |r| {
+    // The walk reads its first source as the table of the shard's older rows.
+    let newest = match t.shards.first().and_then(|s| s.generations.last()) {
+        Some(g) => shared.open_dataset(&g.uri).await.map_err(read_err)?,
+        None => t.base.clone(),
+    };
+    walk(&t, &[newest], how, |r| {
         rows(r.batch(), |c, i| {
             out.last_seq = out.last_seq.max(c.seq(i));
             out.max_hlc = out.max_hlc.max(c.hlc(i)?.0);

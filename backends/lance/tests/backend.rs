@@ -290,3 +290,90 @@ fn memory_uri_is_one_store_per_process() {
         })
     });
 }
+
+/// A writer that goes on appending while a successor takes its shard over learns it is
+/// fenced from the successor's claim, before the successor reaches the WAL tip: here the
+/// successor is held just before its WAL sentinel, and the old writer's next append is
+/// refused as fenced with nothing written. (Without the epoch check the append lands,
+/// and over S3 a successor probing for the tip chased such a writer for tens of seconds.)
+#[test]
+fn a_writer_learns_of_a_claim_before_the_successor_reaches_the_wal() {
+    use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
+    run("a_writer_learns_of_a_claim_before_the_successor_reaches_the_wal", |ctx| {
+        Box::pin(async move {
+            let tuning = WriterTuning {
+                fence_check_interval: Duration::ZERO,
+                ..WriterTuning::default()
+            };
+            let a_store = store(&ctx, tuning).await?;
+            let mut a = a_store.open_shard(&w("w1")).await?;
+            a.append(recs("before", "s", 2)).await?;
+
+            let gate = Gate::new();
+            let faults = Faults::new(1);
+            faults.add(Rule::new(&[Op::PutIfAbsent], Action::Pause(gate.clone())).path("/wal/"));
+            let b_store = LanceStore::open_with_faults(&ctx.uri, ctx.options(), Some(faults)).await?;
+            let claim = tokio::spawn(async move { b_store.open_shard(&w("w1")).await });
+            ensure!(
+                gate.arrivals(1, Duration::from_secs(30)).await,
+                "the successor never reached its WAL sentinel"
+            );
+            // The successor's epoch is claimed; its sentinel is not written yet.
+            match a.append(recs("after", "s", 2)).await {
+                Err(Error::Fenced { written, .. }) => {
+                    ensure!(written == ctxlog_core::Written::Nothing, "a refused append wrote {written:?}")
+                }
+                other => anyhow::bail!("expected the old writer to be fenced, got {other:?}"),
+            }
+            gate.release(Verdict::Proceed);
+            let mut b = tokio::time::timeout(Duration::from_secs(30), claim)
+                .await
+                .context("the successor's claim did not finish")???;
+            b.append(recs("successor", "s", 1)).await?;
+            b.close().await?;
+            let view = ctxlog_conformance::ids(&ctx.store().await?.projector().session("bot", "s").await?);
+            ensure!(
+                view == ["before-0", "before-1", "successor-0"],
+                "expected the old writer's first batch and the successor's, got {view:?}"
+            );
+            Ok(())
+        })
+    });
+}
+
+/// A writer freezes its memtable every `max_wal_tail` appends, so the WAL a successor
+/// replays stays short however long the writer lives; and a reopened writer, which
+/// recovers its seqs from the newest tiers only, goes on after the last seq.
+#[test]
+fn the_wal_tail_a_takeover_replays_is_bounded() {
+    run("the_wal_tail_a_takeover_replays_is_bounded", |ctx| {
+        Box::pin(async move {
+            let tuning = WriterTuning {
+                max_wal_tail: 4,
+                ..WriterTuning::default()
+            };
+            let s = store(&ctx, tuning.clone()).await?;
+            let mut shard = s.open_shard(&w("w1")).await?;
+            for b in 0..10 {
+                shard.append(recs(&format!("b{b}"), "s", 1)).await?;
+            }
+            // Close waits for every flush outstanding: the two frozen by the bound, then
+            // the rest.
+            shard.close().await?;
+            let generations = ctxlog_lance::testing::generation_dirs(&ctx.uri)?;
+            ensure!(
+                generations.len() == 3,
+                "expected 3 generations (appends 1-4, 5-8, 9-10), got {}",
+                generations.len()
+            );
+            let s = store(&ctx, tuning).await?;
+            let mut reopened = s.open_shard(&w("w1")).await?;
+            let ack = reopened.append(recs("next", "s", 1)).await?;
+            ensure!(ack.first_seq == 11, "expected seq 11 after 10, got {}", ack.first_seq);
+            reopened.close().await?;
+            let conflicts = s.conflict_discovery().conflicts(None).await?;
+            ensure!(conflicts.is_empty(), "expected no conflicts, got {conflicts:?}");
+            Ok(())
+        })
+    });
+}

@@ -1,5 +1,6 @@
 //! The conformance suite on Lance: every case on a local dataset directory
-//! (`lance::<case>`) and, with the `s3` feature, on the loopback S3 server
+//! (`lance::<case>`), on Lance's in-process object store (`lance_memory::<case>`) and, with
+//! the `s3` feature, on the loopback S3 server
 //! (`lance_s3::<case>`), each on a fresh store.
 
 mod common;
@@ -7,6 +8,7 @@ mod common;
 fn main() -> std::process::ExitCode {
     ctxlog_conformance::main(&[
         common::LANCE,
+        common::LANCE_MEMORY,
         #[cfg(feature = "s3")]
         common::LANCE_S3,
     ])

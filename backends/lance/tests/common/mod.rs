@@ -24,6 +24,17 @@ pub(crate) const LANCE: Backend = Backend {
     faults: Some(faults),
 };
 
+/// Lance on `memory://`: the object store Lance keeps in the process (one per name, for
+/// the life of the process; nextest runs every case in a process of its own).
+pub(crate) const LANCE_MEMORY: Backend = Backend {
+    name: "lance_memory",
+    store_uri: |root| {
+        let name = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        format!("memory://{name}/store.lance")
+    },
+    ..LANCE
+};
+
 /// Lance over S3 on the loopback server (moto): the same store in a bucket of its own per
 /// case, every storage option in the URI's query.
 #[cfg(feature = "s3")]
