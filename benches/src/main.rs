@@ -287,7 +287,9 @@ async fn fence(uri: &str, location: &Location, batches: usize) -> Result<Value> 
     let (started_tx, started_rx) = tokio::sync::oneshot::channel::<Instant>();
     let a_task = tokio::spawn(async move {
         let mut during = 0u64;
-        let Ok(claim_started) = started_rx.await else { bail!("the takeover never started") };
+        let Ok(claim_started) = started_rx.await else {
+            bail!("the takeover never started")
+        };
         for chunk in chunks {
             match a.append(chunk).await {
                 Ok(_) => during += 1,
@@ -395,7 +397,14 @@ fn sqlite_floor(path: &Path) -> Result<u64> {
     Ok(n)
 }
 
-async fn append(uri: &str, location: &Location, writer: &str, batch: usize, records: usize, seed: u64) -> Result<Value> {
+async fn append(
+    uri: &str,
+    location: &Location,
+    writer: &str,
+    batch: usize,
+    records: usize,
+    seed: u64,
+) -> Result<Value> {
     let store = measured::open(uri, location).await?;
     let w = Workload {
         entries: records,
@@ -503,8 +512,12 @@ mod measured {
         match location {
             #[cfg(feature = "lance")]
             Location::Lance { uri: dataset, .. } => Ok(Arc::new(
-                ctxlog_lance::LanceStore::open_with_faults(dataset, super::options_for(location), REQUESTS.get().cloned())
-                    .await?,
+                ctxlog_lance::LanceStore::open_with_faults(
+                    dataset,
+                    super::options_for(location),
+                    REQUESTS.get().cloned(),
+                )
+                .await?,
             )),
             _ => Ok(ctxlog::open(uri, super::options()).await?),
         }
@@ -514,7 +527,11 @@ mod measured {
     pub(super) fn snapshot() -> std::collections::BTreeMap<String, u64> {
         #[cfg(feature = "lance")]
         if let Some(f) = REQUESTS.get() {
-            return f.requests_by_op().into_iter().map(|(op, n)| (op.as_str().to_string(), n)).collect();
+            return f
+                .requests_by_op()
+                .into_iter()
+                .map(|(op, n)| (op.as_str().to_string(), n))
+                .collect();
         }
         std::collections::BTreeMap::new()
     }
@@ -536,7 +553,12 @@ mod measured {
         if s.is_empty() {
             return Value::Null;
         }
-        json!(["get", "head", "list"].iter().map(|k| s.get(*k).copied().unwrap_or(0)).sum::<u64>())
+        json!(
+            ["get", "head", "list"]
+                .iter()
+                .map(|k| s.get(*k).copied().unwrap_or(0))
+                .sum::<u64>()
+        )
     }
 
     /// Every request so far by kind, and bytes read; `null` for SQLite.

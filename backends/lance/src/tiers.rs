@@ -210,7 +210,10 @@ pub(crate) async fn walk(
     // visited whole, in source order.
     if let Some(base) = sources.first() {
         let filter = t.only.map(shard_filter);
-        scan_table(base, how, filter.as_deref(), |batch| visit(Rows::Table { batch, source: 0 })).await?;
+        scan_table(base, how, filter.as_deref(), |batch| {
+            visit(Rows::Table { batch, source: 0 })
+        })
+        .await?;
     }
     let mut generations = futures::stream::iter(sources.iter().cloned().enumerate().skip(1))
         .map(|(i, ds): (usize, Dataset)| async move {
@@ -319,13 +322,25 @@ pub(crate) async fn read_wal(
     let mut next = from;
     loop {
         let start = next;
-        let window: Vec<Option<WalReadEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
+        let read_err = |e| lance_err("read the WAL", Some(shard), Written::Nothing, e);
+        let mut window: Vec<Option<WalReadEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
             .map(|pos| tailer.read_entry(pos))
             .buffered(WAL_READ_AHEAD)
             .try_collect()
             .await
-            .map_err(|e| lance_err("read the WAL", Some(shard), Written::Nothing, e))?;
+            .map_err(read_err)?;
         let last_present = window.iter().rposition(Option::is_some);
+        // The window's reads run concurrently, so they are no snapshot: the read of a
+        // position may answer "missing" just before the writer puts it and the next, which
+        // a later read of the window sees. A writer puts its entries one after another, so
+        // once a later entry was seen, a second read of a missing position is final.
+        if let Some(l) = last_present {
+            for i in 0..l {
+                if window[i].is_none() {
+                    window[i] = tailer.read_entry(start + i as u64).await.map_err(read_err)?;
+                }
+            }
+        }
         for (i, entry) in window.into_iter().enumerate() {
             let pos = start + i as u64;
             match entry {

@@ -299,46 +299,52 @@ fn memory_uri_is_one_store_per_process() {
 #[test]
 fn a_writer_learns_of_a_claim_before_the_successor_reaches_the_wal() {
     use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
-    run("a_writer_learns_of_a_claim_before_the_successor_reaches_the_wal", |ctx| {
-        Box::pin(async move {
-            let tuning = WriterTuning {
-                fence_check_interval: Duration::ZERO,
-                ..WriterTuning::default()
-            };
-            let a_store = store(&ctx, tuning).await?;
-            let mut a = a_store.open_shard(&w("w1")).await?;
-            a.append(recs("before", "s", 2)).await?;
+    run(
+        "a_writer_learns_of_a_claim_before_the_successor_reaches_the_wal",
+        |ctx| {
+            Box::pin(async move {
+                let tuning = WriterTuning {
+                    fence_check_interval: Duration::ZERO,
+                    ..WriterTuning::default()
+                };
+                let a_store = store(&ctx, tuning).await?;
+                let mut a = a_store.open_shard(&w("w1")).await?;
+                a.append(recs("before", "s", 2)).await?;
 
-            let gate = Gate::new();
-            let faults = Faults::new(1);
-            faults.add(Rule::new(&[Op::PutIfAbsent], Action::Pause(gate.clone())).path("/wal/"));
-            let b_store = LanceStore::open_with_faults(&ctx.uri, ctx.options(), Some(faults)).await?;
-            let claim = tokio::spawn(async move { b_store.open_shard(&w("w1")).await });
-            ensure!(
-                gate.arrivals(1, Duration::from_secs(30)).await,
-                "the successor never reached its WAL sentinel"
-            );
-            // The successor's epoch is claimed; its sentinel is not written yet.
-            match a.append(recs("after", "s", 2)).await {
-                Err(Error::Fenced { written, .. }) => {
-                    ensure!(written == ctxlog_core::Written::Nothing, "a refused append wrote {written:?}")
+                let gate = Gate::new();
+                let faults = Faults::new(1);
+                faults.add(Rule::new(&[Op::PutIfAbsent], Action::Pause(gate.clone())).path("/wal/"));
+                let b_store = LanceStore::open_with_faults(&ctx.uri, ctx.options(), Some(faults)).await?;
+                let claim = tokio::spawn(async move { b_store.open_shard(&w("w1")).await });
+                ensure!(
+                    gate.arrivals(1, Duration::from_secs(30)).await,
+                    "the successor never reached its WAL sentinel"
+                );
+                // The successor's epoch is claimed; its sentinel is not written yet.
+                match a.append(recs("after", "s", 2)).await {
+                    Err(Error::Fenced { written, .. }) => {
+                        ensure!(
+                            written == ctxlog_core::Written::Nothing,
+                            "a refused append wrote {written:?}"
+                        )
+                    }
+                    other => anyhow::bail!("expected the old writer to be fenced, got {other:?}"),
                 }
-                other => anyhow::bail!("expected the old writer to be fenced, got {other:?}"),
-            }
-            gate.release(Verdict::Proceed);
-            let mut b = tokio::time::timeout(Duration::from_secs(30), claim)
-                .await
-                .context("the successor's claim did not finish")???;
-            b.append(recs("successor", "s", 1)).await?;
-            b.close().await?;
-            let view = ctxlog_conformance::ids(&ctx.store().await?.projector().session("bot", "s").await?);
-            ensure!(
-                view == ["before-0", "before-1", "successor-0"],
-                "expected the old writer's first batch and the successor's, got {view:?}"
-            );
-            Ok(())
-        })
-    });
+                gate.release(Verdict::Proceed);
+                let mut b = tokio::time::timeout(Duration::from_secs(30), claim)
+                    .await
+                    .context("the successor's claim did not finish")???;
+                b.append(recs("successor", "s", 1)).await?;
+                b.close().await?;
+                let view = ctxlog_conformance::ids(&ctx.store().await?.projector().session("bot", "s").await?);
+                ensure!(
+                    view == ["before-0", "before-1", "successor-0"],
+                    "expected the old writer's first batch and the successor's, got {view:?}"
+                );
+                Ok(())
+            })
+        },
+    );
 }
 
 /// A writer freezes its memtable every `max_wal_tail` appends, so the WAL a successor
@@ -373,6 +379,67 @@ fn the_wal_tail_a_takeover_replays_is_bounded() {
             reopened.close().await?;
             let conflicts = s.conflict_discovery().conflicts(None).await?;
             ensure!(conflicts.is_empty(), "expected no conflicts, got {conflicts:?}");
+            Ok(())
+        })
+    });
+}
+
+/// A refresh reads a window of WAL positions at once, so its reads are no snapshot: here
+/// the read of the next position answers "missing", the writer then puts that entry and
+/// the one after, and the read of the position after sees it. The refresh must not take
+/// the first for a hole and skip it for good.
+#[test]
+fn a_refresh_racing_the_writer_never_skips_a_wal_entry() {
+    use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
+    run("a_refresh_racing_the_writer_never_skips_a_wal_entry", |ctx| {
+        Box::pin(async move {
+            const WAIT: Duration = Duration::from_secs(30);
+            let writer_store = store(&ctx, WriterTuning::default()).await?;
+            let mut shard = writer_store.open_shard(&w("w1")).await?;
+            shard.append(recs("b0", "s0", 3)).await?;
+            let faults = Faults::new(1);
+            let reader = LanceStore::open_with_faults(&ctx.uri, ctx.options(), Some(faults.clone())).await?;
+            let mut p = reader.projector();
+            p.refresh().await?;
+            ensure!(p.stats().live == 3, "the warm reader sees the first batch");
+
+            // The next two positions the writer will put.
+            let id = w("w1").shard_id();
+            let next = (1..)
+                .find(|&pos| {
+                    ctxlog_lance::testing::wal_entry_file(&ctx.uri, id, pos).is_ok_and(|f| !f.exists())
+                })
+                .expect("a free position");
+            let name = |pos| -> anyhow::Result<String> {
+                let f = ctxlog_lance::testing::wal_entry_file(&ctx.uri, id, pos)?;
+                Ok(f.file_name().context("a file name")?.to_string_lossy().into_owned())
+            };
+            let answered = Gate::new(); // holds the answer "missing" for `next`
+            let asked = Gate::new(); // holds the read of `next + 1` before it is made
+            faults.add(Rule::new(&[Op::Get], Action::PauseAfter(answered.clone())).path(&name(next)?));
+            faults.add(Rule::new(&[Op::Get], Action::Pause(asked.clone())).path(&name(next + 1)?));
+
+            let refresh = tokio::spawn(async move {
+                let done = p.refresh().await;
+                (p, done)
+            });
+            ensure!(answered.arrivals(1, WAIT).await, "the refresh never read position {next}");
+            ensure!(asked.arrivals(1, WAIT).await, "the refresh never read position {}", next + 1);
+            shard.append(recs("b1", "s1", 3)).await?;
+            shard.append(recs("b2", "s2", 3)).await?;
+            asked.release(Verdict::Proceed);
+            answered.release(Verdict::Proceed);
+            let (mut p, done) = tokio::time::timeout(WAIT, refresh)
+                .await
+                .context("the refresh did not finish")??;
+            done?;
+            p.refresh().await?;
+            ensure!(
+                p.stats().live == 9,
+                "expected all three batches (9 records) after the writer's acks, got {}",
+                p.stats().live
+            );
+            shard.close().await?;
             Ok(())
         })
     });

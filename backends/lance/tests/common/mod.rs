@@ -29,7 +29,10 @@ pub(crate) const LANCE: Backend = Backend {
 pub(crate) const LANCE_MEMORY: Backend = Backend {
     name: "lance_memory",
     store_uri: |root| {
-        let name = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = root
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         format!("memory://{name}/store.lance")
     },
     ..LANCE
