@@ -71,7 +71,15 @@ enum Cmd {
         #[arg(long)]
         to: PathBuf,
     },
-    /// A session view from a fresh handle: time and requests.
+    /// Copy a local Lance store to an object-store URI where nothing exists yet.
+    Upload {
+        #[arg(long)]
+        to: String,
+    },
+    /// Fold every flushed generation into the base table (Lance; SQLite checkpoints).
+    Compact,
+    /// A session view from a fresh handle: the first scan, then the view (its time and
+    /// requests apart).
     Session {
         #[arg(long)]
         bot: String,
@@ -150,6 +158,9 @@ async fn run(cli: Cli) -> Result<Value> {
     if let Cmd::Copy { to } = &cli.cmd {
         return copy(&location, &cli.storage_options, to).await;
     }
+    if let Cmd::Upload { to } = &cli.cmd {
+        return upload(&location, to, &cli.storage_options).await;
+    }
     if cli.cold {
         drop_from_page_cache(&location)?;
     }
@@ -184,7 +195,8 @@ async fn run(cli: Cli) -> Result<Value> {
             records,
             seed,
         } => append(&cli.store, &location, &writer, batch, records, seed).await?,
-        Cmd::Copy { .. } => unreachable!("handled above"),
+        Cmd::Compact => compact_all(&cli.store).await?,
+        Cmd::Copy { .. } | Cmd::Upload { .. } => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();
     out["latency_ms"] = json!(cli.latency_ms);
@@ -217,13 +229,7 @@ async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {
     }
     let mut folded = 0;
     if compact && store.backend() == "lance" {
-        for _ in 0..10_000 {
-            let r = store.compact(&CompactOptions::default()).await?;
-            folded += r.generations_merged;
-            if r.generations_remaining == 0 {
-                break;
-            }
-        }
+        folded = fold_all(store.as_ref()).await?.1;
     }
     Ok(json!({
         "entries": written,
@@ -253,12 +259,63 @@ async fn first_scan(uri: &str, location: &Location) -> Result<Value> {
 async fn session_view(uri: &str, location: &Location, bot: &str, session: &str) -> Result<Value> {
     let started = Instant::now();
     let store = measured::open(uri, location).await?;
-    let view = store.projector().session(bot, session).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    let scanned = Instant::now();
+    let before = measured::snapshot();
+    let view = p.session(bot, session).await?;
     Ok(json!({
         "seconds": started.elapsed().as_secs_f64(),
+        "view_seconds": scanned.elapsed().as_secs_f64(),
+        "view_requests": measured::since(&before),
         "records": view.len(),
         "object_reads": measured::reads(),
     }))
+}
+
+/// Compaction passes until nothing is left to fold: (passes, generations merged).
+async fn fold_all(store: &dyn ctxlog::Store) -> Result<(u64, u64)> {
+    let (mut passes, mut merged) = (0u64, 0u64);
+    loop {
+        let r = store.compact(&CompactOptions::default()).await?;
+        passes += 1;
+        merged += r.generations_merged;
+        if r.generations_remaining == 0 {
+            return Ok((passes, merged));
+        }
+        if passes >= 10_000 {
+            bail!("compaction did not converge in {passes} passes");
+        }
+    }
+}
+
+async fn compact_all(uri: &str) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let started = Instant::now();
+    let (passes, merged) = fold_all(store.as_ref()).await?;
+    Ok(json!({"seconds": started.elapsed().as_secs_f64(), "passes": passes, "generations_merged": merged}))
+}
+
+/// Copy a local Lance store to an object-store URI.
+async fn upload(location: &Location, to: &str, storage_options: &[String]) -> Result<Value> {
+    #[cfg(feature = "lance")]
+    if let Location::Lance { uri, .. } = location {
+        let Location::Lance {
+            uri: dest,
+            storage_options: mut opts,
+        } = Location::parse(to)?
+        else {
+            bail!("upload: the destination must be a Lance store URI");
+        };
+        for o in storage_options {
+            let (k, v) = o.split_once('=').with_context(|| "a storage option is not KEY=VALUE")?;
+            opts.push((k.to_string(), v.to_string()));
+        }
+        let (objects, bytes) = ctxlog_lance::bench::copy_from_local(uri, &dest, opts).await?;
+        return Ok(json!({"objects": objects, "bytes": bytes}));
+    }
+    let _ = (location, to, storage_options);
+    bail!("upload: only local Lance stores can be uploaded")
 }
 
 async fn fence(uri: &str, location: &Location, batches: usize) -> Result<Value> {
@@ -564,10 +621,10 @@ mod measured {
     /// Every request so far by kind, and bytes read; `null` for SQLite.
     pub(super) fn requests() -> Value {
         #[cfg(feature = "lance")]
-        if let Some(f) = REQUESTS.get() {
-            if f.requests() > 0 {
-                return json!({"by_kind": snapshot(), "total": f.requests(), "bytes_read": f.bytes_read()});
-            }
+        if let Some(f) = REQUESTS.get()
+            && f.requests() > 0
+        {
+            return json!({"by_kind": snapshot(), "total": f.requests(), "bytes_read": f.bytes_read()});
         }
         Value::Null
     }

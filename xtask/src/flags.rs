@@ -71,6 +71,9 @@ pub(crate) enum BenchKind {
     FirstScan(FirstScanArgs),
     /// Durable append throughput and latency per backend, batch size and writer count.
     Append(AppendArgs),
+    /// Lance's first scan on the S3 server on loopback with latency added to every
+    /// request, against the same log on the local disk; compacted and not.
+    ObjectStore(ObjectStoreArgs),
 }
 
 #[derive(Args, Clone)]
@@ -139,4 +142,24 @@ pub(crate) struct MutantsArgs {
     /// Parallel jobs (each builds its own copy: memory and CPU heavy).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ObjectStoreArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Log sizes in entries.
+    #[arg(long, value_delimiter = ',', default_value = "100k,1m")]
+    pub sizes: Vec<String>,
+    /// Writer counts (one shard each).
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    pub writers: Vec<usize>,
+    /// Added to every object-store request, in milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub latency_ms: f64,
+    /// Fresh-process runs per figure.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
 }

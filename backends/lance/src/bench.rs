@@ -1,5 +1,7 @@
 //! What `cargo xtask bench` measures directly: the raw-scan floor, the layout, copies.
 
+use std::sync::Arc;
+
 use ctxlog_core::{Result, StoreOptions, Written};
 
 use crate::LanceStore;
@@ -80,4 +82,59 @@ pub async fn copy_to_local(
         bytes += data.len() as u64;
     }
     Ok((n, bytes))
+}
+
+/// Copy the local store `from` object by object to `to` (an object-store URI where
+/// nothing exists yet), up to 16 puts at once: a store generated on local disk, measured
+/// on object storage. Returns (objects, bytes).
+pub async fn copy_from_local(from: &str, to: &str, storage_options: Vec<(String, String)>) -> Result<(u64, u64)> {
+    use futures::{StreamExt, TryStreamExt};
+    use lance::io::ObjectStoreParams;
+    use lance_io::object_store::{ObjectStore, ObjectStoreRegistry};
+    use object_store::ObjectStoreExt as _;
+    let io = |e: std::io::Error| ctxlog_core::Error::backend("lance", "copy", None, Written::Unknown, e);
+    let os = |e: object_store::Error| ctxlog_core::Error::backend("lance", "copy", None, Written::Unknown, e);
+    let from = crate::io::local_dir(&crate::io::lance_uri(from)?)
+        .ok_or_else(|| ctxlog_core::Error::invalid("from", None, "the source of an upload must be a local store"))?;
+    let from = from.as_path();
+    let uri = crate::io::lance_uri(to)?;
+    let options: std::collections::HashMap<String, String> = storage_options.into_iter().collect();
+    let params: ObjectStoreParams = crate::io::store_params(&uri, &options, None);
+    let (store, base) = ObjectStore::from_uri_and_params(Arc::new(ObjectStoreRegistry::default()), &uri, &params)
+        .await
+        .map_err(|e| crate::error::lance_err("copy", None, Written::Nothing, e))?;
+    // Regular files only, never following a link (as a restore does).
+    let mut files = Vec::new();
+    let mut dirs = vec![from.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).map_err(io)? {
+            let e = e.map_err(io)?;
+            let kind = e.file_type().map_err(io)?;
+            if kind.is_dir() {
+                dirs.push(e.path());
+            } else if kind.is_file() {
+                files.push(e.path());
+            }
+        }
+    }
+    let copied: Vec<u64> = futures::stream::iter(files)
+        .map(|file| {
+            let (store, base) = (store.clone(), base.clone());
+            async move {
+                let rel = file
+                    .strip_prefix(from)
+                    .expect("under the root")
+                    .to_string_lossy()
+                    .into_owned();
+                let data = std::fs::read(&file).map_err(io)?;
+                let len = data.len() as u64;
+                let dst = object_store::path::Path::from(format!("{base}/{rel}"));
+                store.inner.put(&dst, data.into()).await.map_err(os)?;
+                Ok::<_, ctxlog_core::Error>(len)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    Ok((copied.len() as u64, copied.iter().sum()))
 }

@@ -6,17 +6,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use ctxlog_core::backend::index::{ProjectionIndex, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
 use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId};
+use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use lance::dataset::ProjectionRequest;
-use lance::dataset::mem_wal::{DatasetMemWalExt, WalTailer};
+use lance::dataset::mem_wal::{DatasetMemWalExt, WalReadEntry, WalTailer};
 
 use crate::schema::{Columns, INDEX_COLUMNS};
 use crate::store::Shared;
-use crate::tiers::{Rows, Walk, open_sources, read_err, read_wal, tiers, walk};
+use crate::tiers::{READ_WINDOW, Rows, Walk, open_sources, read_err, read_wal, tiers, walk};
 
 /// Where an entry can be fetched from, kept by the index with each put as a [`RowRef`].
 #[derive(Clone, Copy, Debug)]
@@ -145,33 +147,49 @@ impl IndexSource for LanceIndex {
         let base = shared.latest().await?;
         let (store, base_path) = shared.io(&base).await?;
         let ids = base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?;
-        for id in ids {
-            let shard = ShardId(id);
-            match cursor.wal_next.get(&shard) {
-                Some(&from) => {
-                    let next = read_wal(&store, &base_path, shard, from, 0, |e| {
-                        for (b, batch) in e.batches.iter().enumerate() {
-                            let rows = Rows::Wal {
-                                batch,
-                                position: e.entry_position,
-                                batch_no: b as u32,
-                            };
-                            apply(rows, 0, index, &mut done)?;
-                        }
+        let (known, new): (Vec<ShardId>, Vec<ShardId>) = ids
+            .into_iter()
+            .map(ShardId)
+            .partition(|s| cursor.wal_next.contains_key(s));
+        // Known shards' WAL tails at once (a round trip each, most of them empty), applied
+        // in shard order.
+        let tails: Vec<(ShardId, u64, Vec<WalReadEntry>)> = futures::stream::iter(known)
+            .map(|shard| {
+                let from = cursor.wal_next[&shard];
+                let (store, base_path) = (&store, &base_path);
+                async move {
+                    let mut entries = Vec::new();
+                    let next = read_wal(store, base_path, shard, from, 0, |e| {
+                        entries.push(e.clone());
                         Ok(())
                     })
                     .await?;
-                    cursor.wal_next.insert(shard, next);
+                    Ok::<_, Error>((shard, next, entries))
                 }
-                None => {
-                    let t = tiers(shared, Some(shard)).await?;
-                    let sources = open_sources(shared, &t).await?;
-                    let first = cursor.sources.len() as u32;
-                    let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, &mut done)).await?;
-                    cursor.sources.extend(sources);
-                    cursor.wal_next.extend(walked.wal_next);
+            })
+            .buffered(READ_WINDOW)
+            .try_collect()
+            .await?;
+        for (shard, next, entries) in tails {
+            for e in &entries {
+                for (b, batch) in e.batches.iter().enumerate() {
+                    let rows = Rows::Wal {
+                        batch,
+                        position: e.entry_position,
+                        batch_no: b as u32,
+                    };
+                    apply(rows, 0, index, &mut done)?;
                 }
             }
+            cursor.wal_next.insert(shard, next);
+        }
+        for shard in new {
+            let t = tiers(shared, Some(shard)).await?;
+            let sources = open_sources(shared, &t).await?;
+            let first = cursor.sources.len() as u32;
+            let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, &mut done)).await?;
+            cursor.sources.extend(sources);
+            cursor.wal_next.extend(walked.wal_next);
         }
         Ok(done)
     }
@@ -190,14 +208,23 @@ impl IndexSource for LanceIndex {
                 }
             }
         }
-        for (source, rows) in takes {
-            let ds = cursor.sources.get(source as usize).ok_or_else(|| Error::Corrupt {
-                shard: None,
-                what: format!("an indexed entry names unknown source {source}"),
-            })?;
-            let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
-            let projection = ProjectionRequest::from(Arc::new(ds.schema().clone()));
-            let batch = ds.take_rows(&ids, projection).await.map_err(read_err)?;
+        // Each dataset's take and each WAL entry's read is one request (or a few) that no
+        // other depends on: all are issued at once, up to a window.
+        let taken: Vec<(Vec<(usize, u64)>, RecordBatch)> = futures::stream::iter(takes)
+            .map(|(source, rows)| async move {
+                let ds = cursor.sources.get(source as usize).ok_or_else(|| Error::Corrupt {
+                    shard: None,
+                    what: format!("an indexed entry names unknown source {source}"),
+                })?;
+                let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
+                let projection = ProjectionRequest::from(Arc::new(ds.schema().clone()));
+                let batch = ds.take_rows(&ids, projection).await.map_err(read_err)?;
+                Ok::<_, Error>((rows, batch))
+            })
+            .buffer_unordered(READ_WINDOW)
+            .try_collect()
+            .await?;
+        for (rows, batch) in taken {
             let cols = Columns::new(&batch)?;
             for (i, (slot, _)) in rows.iter().enumerate() {
                 out[*slot] = Some(cols.entry(i)?);
@@ -206,15 +233,26 @@ impl IndexSource for LanceIndex {
         if !wal.is_empty() {
             let base = self.shared.latest().await?;
             let (store, base_path) = self.shared.io(&base).await?;
-            for ((shard, position), rows) in wal {
-                let entry = WalTailer::new(store.clone(), base_path.clone(), shard.0)
-                    .read_entry(position)
-                    .await
-                    .map_err(read_err)?
-                    .ok_or_else(|| Error::Corrupt {
-                        shard: Some(shard),
-                        what: format!("WAL entry {position} vanished"),
-                    })?;
+            let read: Vec<(ShardId, u64, Vec<(usize, u32, u32)>, WalReadEntry)> = futures::stream::iter(wal)
+                .map(|((shard, position), rows)| {
+                    let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
+                    async move {
+                        let entry =
+                            tailer
+                                .read_entry(position)
+                                .await
+                                .map_err(read_err)?
+                                .ok_or_else(|| Error::Corrupt {
+                                    shard: Some(shard),
+                                    what: format!("WAL entry {position} vanished"),
+                                })?;
+                        Ok::<_, Error>((shard, position, rows, entry))
+                    }
+                })
+                .buffer_unordered(READ_WINDOW)
+                .try_collect()
+                .await?;
+            for (shard, position, rows, entry) in read {
                 for (slot, b, i) in rows {
                     let batch = entry.batches.get(b as usize).ok_or_else(|| Error::Corrupt {
                         shard: Some(shard),

@@ -31,7 +31,7 @@ const WAL_READ_AHEAD: usize = 16;
 /// and shards' WAL tails. On object storage every read is a round trip, so reads that do
 /// not depend on each other are issued together, up to this window (which bounds memory:
 /// a generation's rows are held until its turn to be visited comes).
-const READ_WINDOW: usize = 8;
+pub(crate) const READ_WINDOW: usize = 8;
 
 pub(crate) fn read_err(e: lance::Error) -> ctxlog_core::Error {
     lance_err("read", None, Written::Nothing, e)
@@ -335,9 +335,9 @@ pub(crate) async fn read_wal(
         // a later read of the window sees. A writer puts its entries one after another, so
         // once a later entry was seen, a second read of a missing position is final.
         if let Some(l) = last_present {
-            for i in 0..l {
-                if window[i].is_none() {
-                    window[i] = tailer.read_entry(start + i as u64).await.map_err(read_err)?;
+            for (pos, slot) in (start..).zip(&mut window[..l]) {
+                if slot.is_none() {
+                    *slot = tailer.read_entry(pos).await.map_err(read_err)?;
                 }
             }
         }

@@ -406,9 +406,7 @@ fn a_refresh_racing_the_writer_never_skips_a_wal_entry() {
             // The next two positions the writer will put.
             let id = w("w1").shard_id();
             let next = (1..)
-                .find(|&pos| {
-                    ctxlog_lance::testing::wal_entry_file(&ctx.uri, id, pos).is_ok_and(|f| !f.exists())
-                })
+                .find(|&pos| ctxlog_lance::testing::wal_entry_file(&ctx.uri, id, pos).is_ok_and(|f| !f.exists()))
                 .expect("a free position");
             let name = |pos| -> anyhow::Result<String> {
                 let f = ctxlog_lance::testing::wal_entry_file(&ctx.uri, id, pos)?;
@@ -423,8 +421,15 @@ fn a_refresh_racing_the_writer_never_skips_a_wal_entry() {
                 let done = p.refresh().await;
                 (p, done)
             });
-            ensure!(answered.arrivals(1, WAIT).await, "the refresh never read position {next}");
-            ensure!(asked.arrivals(1, WAIT).await, "the refresh never read position {}", next + 1);
+            ensure!(
+                answered.arrivals(1, WAIT).await,
+                "the refresh never read position {next}"
+            );
+            ensure!(
+                asked.arrivals(1, WAIT).await,
+                "the refresh never read position {}",
+                next + 1
+            );
             shard.append(recs("b1", "s1", 3)).await?;
             shard.append(recs("b2", "s2", 3)).await?;
             asked.release(Verdict::Proceed);

@@ -7,6 +7,7 @@
 
 mod append;
 mod first_scan;
+mod object_store;
 mod plot;
 pub(crate) mod probe;
 pub(crate) mod restore;
@@ -26,6 +27,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     match args.what {
         BenchKind::FirstScan(a) => first_scan::run(&a),
         BenchKind::Append(a) => append::run(&a),
+        BenchKind::ObjectStore(a) => object_store::run(&a),
     }
 }
 

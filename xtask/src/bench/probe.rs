@@ -18,7 +18,7 @@ pub(crate) fn output_within(cmd: &mut Command, deadline: Duration) -> Result<std
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .with_context(|| format!("start {cmd:?}"))?;
+        .with_context(|| format!("start {:?}", cmd.get_program()))?;
     // Drain the pipes on threads, so a chatty child cannot block on a full pipe.
     let mut out = child.stdout.take().context("stdout")?;
     let mut err = child.stderr.take().context("stderr")?;
@@ -35,7 +35,8 @@ pub(crate) fn output_within(cmd: &mut Command, deadline: Duration) -> Result<std
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("{cmd:?} did not finish within {deadline:?}");
+            // The program only: its arguments may carry a URI's storage options.
+            bail!("{:?} did not finish within {deadline:?}", cmd.get_program());
         }
     };
     let stdout = out_t.join().map_err(|_| anyhow::anyhow!("stdout reader panicked"))??;
@@ -54,8 +55,9 @@ pub(crate) fn probe(bin: &Path, store: &str, cold: bool, args: &[&str]) -> Resul
     let out = output_within(&mut cmd, PROBE_DEADLINE)?;
     if !out.status.success() {
         bail!(
-            "ctxlog-bench {} on {store} failed ({}): {}",
+            "ctxlog-bench {} on {} failed ({}): {}",
             args.join(" "),
+            ctxlog::redact_uri(store),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

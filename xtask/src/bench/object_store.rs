@@ -1,0 +1,276 @@
+//! `cargo xtask bench object-store`: what a Lance first scan costs on object storage.
+//!
+//! Each log is generated on the local disk, measured there, uploaded to the S3 server on
+//! loopback and measured again with a fixed latency added to every request (a stand-in
+//! for the first-byte time of a remote object store); then the same after compaction has
+//! folded every generation into the base table. Reported per row: wall time (median of
+//! fresh processes), requests by kind, bytes read, the ratio to the local first scan, and
+//! what a session view costs after the scan. The server on loopback has costs of its own
+//! (moto answers a range read of a large object in tens of milliseconds), so each S3 figure
+//! is also taken without added latency: the difference, divided by the latency, is the
+//! number of round trips on the critical path — what a remote store's latency multiplies.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::probe::probe;
+use super::stats::{Stat, fmt_secs};
+use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
+use crate::flags::ObjectStoreArgs;
+use crate::stores::{remove_store, store_uri};
+
+/// The session a view is measured on (every generated log has it).
+const VIEW: (&str, &str) = ("bot-0", "s-0000");
+
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    entries: u64,
+    writers: usize,
+    compacted: bool,
+    generations_unfolded: Value,
+    local_first_scan: Option<Stat>,
+    s3_first_scan: Option<Stat>,
+    s3_first_scan_no_latency: Option<Stat>,
+    s3_round_trips: Option<f64>,
+    s3_over_local: Option<f64>,
+    local_requests: Value,
+    s3_requests: Value,
+    s3_bytes_read: Value,
+    view_records: Value,
+    view_requests: Value,
+    view_seconds: Value,
+    view_round_trips: Option<f64>,
+}
+
+pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
+    let mut common = a.common.clone();
+    common.backends = vec!["lance".into()];
+    let bin = bench_binary(&common)?;
+    let out = out_dir(&common)?;
+    let server = crate::test::s3_server()?;
+    let latency = a.latency_ms.to_string();
+    let hidden = common.json || common.quiet;
+    let mut rows = Vec::new();
+    for size in a.sizes.iter().map(|s| parse_size(s)).collect::<Result<Vec<_>>>()? {
+        for &writers in &a.writers {
+            let raw = generated(&bin, size, writers, a.seed, &out, hidden)?;
+            let compacted = out.join("stores").join(format!(
+                "lance-{}-w{writers}-s{}-compacted.lance",
+                size_label(size),
+                a.seed
+            ));
+            remove_store(&store_uri("lance", &compacted));
+            super::restore::copy_dir(&crate::stores::path_of(&raw), &compacted)?;
+            let compacted = store_uri("lance", &compacted);
+            probe(&bin, &compacted, false, &["compact"])?;
+            for (uri, folded) in [(&raw, false), (&compacted, true)] {
+                let bucket = format!(
+                    "bench-{}-w{writers}-{}",
+                    size_label(size),
+                    if folded { "compacted" } else { "raw" }
+                );
+                server
+                    .create_bucket(&bucket)
+                    .map_err(|e| anyhow::anyhow!("bucket {bucket}: {e}"))?;
+                let s3 = server.uri(&bucket, "store.lance");
+                let pb = progress(
+                    hidden,
+                    (a.runs * 3 + 3) as u64,
+                    &format!(
+                        "{} w{writers} {}",
+                        size_label(size),
+                        if folded { "compacted" } else { "raw" }
+                    ),
+                );
+                probe(&bin, uri, false, &["upload", "--to", &s3])?;
+                pb.inc(1);
+                let (local, local_last) = runs(&bin, uri, &[], a.runs, &pb)?;
+                let s3_args = ["--latency-ms", latency.as_str()];
+                let (remote, s3_last) = runs(&bin, &s3, &s3_args, a.runs, &pb)?;
+                let (remote_0, _) = runs(&bin, &s3, &[], a.runs, &pb)?;
+                let view_args = ["session", "--bot", VIEW.0, "--session", VIEW.1];
+                let view = probe(&bin, &s3, false, &[&s3_args[..], &view_args[..]].concat())?;
+                let view_0 = probe(&bin, &s3, false, &view_args)?;
+                pb.finish_and_clear();
+                let trips = |with: f64, without: f64| (with - without).max(0.0) / (a.latency_ms / 1000.0);
+                let ratio = match (&remote, &local) {
+                    (Some(r), Some(l)) if l.median > 0.0 => Some(r.median / l.median),
+                    _ => None,
+                };
+                rows.push(Row {
+                    entries: local_last["entries"].as_u64().unwrap_or(0),
+                    writers,
+                    compacted: folded,
+                    generations_unfolded: local_last["layout"]["generations_unfolded"].clone(),
+                    local_first_scan: local,
+                    s3_round_trips: match (&remote, &remote_0) {
+                        (Some(r), Some(z)) if a.latency_ms > 0.0 => Some(trips(r.median, z.median)),
+                        _ => None,
+                    },
+                    s3_first_scan: remote,
+                    s3_first_scan_no_latency: remote_0,
+                    s3_over_local: ratio,
+                    local_requests: local_last["requests"]["by_kind"].clone(),
+                    s3_requests: s3_last["requests"]["by_kind"].clone(),
+                    s3_bytes_read: s3_last["requests"]["bytes_read"].clone(),
+                    view_records: view["records"].clone(),
+                    view_requests: view["view_requests"].clone(),
+                    view_seconds: view["view_seconds"].clone(),
+                    view_round_trips: match (view["view_seconds"].as_f64(), view_0["view_seconds"].as_f64()) {
+                        (Some(w), Some(z)) if a.latency_ms > 0.0 => Some(trips(w, z)),
+                        _ => None,
+                    },
+                });
+            }
+            remove_store(&compacted);
+        }
+    }
+    let doc = json!({
+        "kind": "object-store",
+        "date": chrono_stamp(),
+        "machine": machine(),
+        "server": "moto on loopback",
+        "latency_ms": a.latency_ms,
+        "runs": a.runs,
+        "seed": a.seed,
+        "rows": rows,
+    });
+    let text = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(out.join(format!("object-store-{}.json", chrono_stamp())), &text)?;
+    std::fs::write(out.join("object-store-latest.json"), &text)?;
+    if common.quiet {
+        return Ok(());
+    }
+    if common.json {
+        println!("{text}");
+        return Ok(());
+    }
+    println!("{}", table(&rows, a.latency_ms));
+    for r in &rows {
+        let tag = format!(
+            "{}_w{}_{}",
+            size_label(r.entries as usize),
+            r.writers,
+            if r.compacted { "compacted" } else { "raw" }
+        );
+        if let Some(s) = &r.s3_first_scan {
+            println!("METRIC:object_store.first_scan.{tag}:{:.6}:s", s.median);
+        }
+        if let Some(x) = r.s3_round_trips {
+            println!("METRIC:object_store.round_trips.{tag}:{x:.1}:round_trips");
+        }
+        if let Some(x) = r.s3_over_local {
+            println!("METRIC:object_store.s3_over_local.{tag}:{x:.4}:ratio");
+        }
+        println!("METRIC:object_store.requests.{tag}:{}:requests", total(&r.s3_requests));
+        println!(
+            "METRIC:object_store.view_requests.{tag}:{}:requests",
+            total(&r.view_requests)
+        );
+    }
+    eprintln!("xtask: figures in {}", out.join("object-store-latest.json").display());
+    Ok(())
+}
+
+/// `runs` fresh-process first scans: their times, and the last probe's output.
+fn runs(
+    bin: &Path,
+    uri: &str,
+    pre: &[&str],
+    runs: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<(Option<Stat>, Value)> {
+    let mut times = Vec::new();
+    let mut last = Value::Null;
+    for _ in 0..runs {
+        let mut args = pre.to_vec();
+        args.push("first-scan");
+        last = probe(bin, uri, false, &args)?;
+        times.push(last["seconds"].as_f64().context("seconds")?);
+        pb.inc(1);
+    }
+    Ok((Stat::of(times), last))
+}
+
+/// A log generated with `writers` writers and left as they wrote it (nothing folded).
+fn generated(bin: &Path, size: usize, writers: usize, seed: u64, out: &Path, hidden: bool) -> Result<String> {
+    let dir = out.join("stores");
+    std::fs::create_dir_all(&dir)?;
+    let name = format!("lance-{}-w{writers}-s{seed}-raw", size_label(size));
+    let uri = store_uri("lance", &dir.join(format!("{name}.lance")));
+    let done = dir.join(format!("{name}.done"));
+    if done.exists() {
+        return Ok(uri);
+    }
+    remove_store(&uri);
+    let pb = progress(hidden, 1, &format!("generating lance {} w{writers}", size_label(size)));
+    let v = probe(
+        bin,
+        &uri,
+        false,
+        &[
+            "generate",
+            "--entries",
+            &size.to_string(),
+            "--writers",
+            &writers.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ],
+    )?;
+    pb.finish_and_clear();
+    std::fs::write(&done, v.to_string())?;
+    Ok(uri)
+}
+
+fn total(by_kind: &Value) -> u64 {
+    by_kind
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_u64).sum())
+        .unwrap_or(0)
+}
+
+fn kinds(by_kind: &Value) -> String {
+    let m: BTreeMap<String, u64> = serde_json::from_value(by_kind.clone()).unwrap_or_default();
+    m.iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn table(rows: &[Row], latency_ms: f64) -> String {
+    let mut s = format!(
+        "| entries | writers | compacted | generations unfolded | local first scan | S3 + {latency_ms} ms | S3 + 0 ms | S3 / local | round trips | requests (by kind) | bytes read | session view: records, requests, round trips, time |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let show = |x: &Option<Stat>| x.as_ref().map(|s| fmt_secs(s.median)).unwrap_or_else(|| "-".into());
+    let num = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.1} MiB | {}, {}, {}, {} |\n",
+            size_label(r.entries as usize),
+            r.writers,
+            if r.compacted { "yes" } else { "no" },
+            r.generations_unfolded,
+            show(&r.local_first_scan),
+            show(&r.s3_first_scan),
+            show(&r.s3_first_scan_no_latency),
+            r.s3_over_local
+                .map(|x| format!("{x:.2}×"))
+                .unwrap_or_else(|| "-".into()),
+            num(r.s3_round_trips),
+            total(&r.s3_requests),
+            kinds(&r.s3_requests),
+            r.s3_bytes_read.as_f64().unwrap_or(0.0) / (1024.0 * 1024.0),
+            r.view_records,
+            total(&r.view_requests),
+            num(r.view_round_trips),
+            r.view_seconds.as_f64().map(fmt_secs).unwrap_or_else(|| "-".into()),
+        ));
+    }
+    s
+}
