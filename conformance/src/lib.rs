@@ -144,7 +144,8 @@ impl Ctx {
     pub async fn open(&self, uri: &str, options: StoreOptions) -> anyhow::Result<Arc<dyn Store>> {
         (self.backend.open)(uri.to_string(), options)
             .await
-            .map_err(|e| anyhow::anyhow!("opening {uri}: {e}"))
+            // Typed (a case may downcast it), and never with a storage option's value.
+            .map_err(|e| anyhow::Error::new(e).context(format!("opening {}", ctxlog_core::redact_uri(uri))))
     }
 
     /// A second, independent store at another URI under the same root.

@@ -120,4 +120,21 @@ mod tests {
         );
         assert_eq!(local_dir("s3://b/a.lance"), None);
     }
+
+    /// Local stores go through the store that syncs every file and its directory before a
+    /// put returns; object stores keep their own client (their puts are durable on success).
+    #[test]
+    fn local_writes_go_through_the_syncing_store() {
+        let none = HashMap::new();
+        let local = store_params(&lance_uri("/x/a.lance").unwrap(), &none, None);
+        assert!(
+            local.object_store_wrapper.is_some(),
+            "a local store must sync its writes"
+        );
+        let s3 = store_params(&lance_uri("s3://b/a.lance").unwrap(), &none, None);
+        assert!(
+            s3.object_store_wrapper.is_none(),
+            "an object store keeps its own client"
+        );
+    }
 }

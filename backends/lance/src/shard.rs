@@ -214,21 +214,7 @@ async fn abort_quietly(writer: &ShardWriter, timeout: Duration) {
 
 #[async_trait]
 impl Shard for LanceShard {
-    fn shard_id(&self) -> ShardId {
-        self.state.shard()
-    }
-
-    fn writer(&self) -> &WriterId {
-        self.state.writer()
-    }
-
-    fn epoch(&self) -> Epoch {
-        self.state.epoch()
-    }
-
-    fn observe(&mut self, hlc: Hlc) -> Result<()> {
-        self.state.observe(hlc)
-    }
+    ctxlog_core::shard_methods_from_writer_state!();
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
         self.state.check_usable()?;

@@ -103,21 +103,7 @@ fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> Result<Claime
 
 #[async_trait]
 impl Shard for SqliteShard {
-    fn shard_id(&self) -> ShardId {
-        self.state.shard()
-    }
-
-    fn writer(&self) -> &WriterId {
-        self.state.writer()
-    }
-
-    fn epoch(&self) -> Epoch {
-        self.state.epoch()
-    }
-
-    fn observe(&mut self, hlc: Hlc) -> Result<()> {
-        self.state.observe(hlc)
-    }
+    ctxlog_core::shard_methods_from_writer_state!();
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
         self.state.check_usable()?;

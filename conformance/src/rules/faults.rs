@@ -61,26 +61,7 @@ async fn settle_failed_append(
             other => bail!("after an indeterminate error ({err}) the handle must be poisoned, got {other:?}"),
         }
     }
-    let store = ctx.store().await?;
-    let mut reopened = store.open_shard(&w("w1")).await.context("reopen after the fault")?;
-    reopened
-        .append(batch.clone())
-        .await
-        .context("retry with the same ids")?;
-    let mut expected = before;
-    expected.extend(ids_of(&batch));
-    let view = ids(&store.projector().session("bot", "s").await?);
-    ensure!(
-        view == expected,
-        "expected each record once, {expected:?}, got {view:?}"
-    );
-    let conflicts = store.conflict_discovery().conflicts(None).await?;
-    ensure!(
-        conflicts.is_empty(),
-        "expected no conflict after the retry, got {conflicts:?}"
-    );
-    reopened.close().await?;
-    Ok(())
+    retry_counts_once(ctx, batch, before).await
 }
 
 /// An append whose writes fail before reaching storage fails within its deadline; what
@@ -173,13 +154,14 @@ pub async fn stalled_append_ends_at_its_deadline(ctx: Ctx) -> anyhow::Result<()>
     drop(guard);
     let closed = bounded("close after a stall", ctx.backend.op_timeout, shard.close()).await?;
     let _ = closed; // a poisoned handle's close may report what it could not flush
-    settle_after_stall(&ctx, batch, before).await
+    retry_counts_once(&ctx, batch, before).await
 }
 
-/// After a stalled (poisoned) handle: a reopened writer retries the same ids, once each.
-async fn settle_after_stall(ctx: &Ctx, batch: Vec<Record>, before: Vec<String>) -> anyhow::Result<()> {
+/// After a failed or stalled append: a reopened writer retries the same ids, and each
+/// record is visible once, after `before`, without a conflict.
+async fn retry_counts_once(ctx: &Ctx, batch: Vec<Record>, before: Vec<String>) -> anyhow::Result<()> {
     let store = ctx.store().await?;
-    let mut reopened = store.open_shard(&w("w1")).await.context("reopen after the stall")?;
+    let mut reopened = store.open_shard(&w("w1")).await.context("reopen after the fault")?;
     reopened
         .append(batch.clone())
         .await
@@ -190,6 +172,11 @@ async fn settle_after_stall(ctx: &Ctx, batch: Vec<Record>, before: Vec<String>) 
     ensure!(
         view == expected,
         "expected each record once, {expected:?}, got {view:?}"
+    );
+    let conflicts = store.conflict_discovery().conflicts(None).await?;
+    ensure!(
+        conflicts.is_empty(),
+        "expected no conflict after the retry, got {conflicts:?}"
     );
     reopened.close().await?;
     Ok(())

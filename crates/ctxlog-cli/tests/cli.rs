@@ -177,6 +177,11 @@ async fn demo_runs_the_quickstart_on_a_fresh_store() {
     assert!(text.contains("divergent_put"), "{text}");
     assert!(text.contains("1 retried duplicate(s) ignored"), "{text}");
     assert!(text.contains("gone from every view"), "{text}");
+    // The commands it suggests work as printed after `cargo run` (no `ctxlog` on the PATH).
+    assert!(
+        text.contains("cargo run --release -- --store"),
+        "the suggested commands must run from the repository: {text}"
+    );
     // The demo's store is a real store: the CLI reads it back.
     let out = ctxlog(&store, &["conflicts"], "").await;
     assert_eq!(lines(&out).len(), 1);

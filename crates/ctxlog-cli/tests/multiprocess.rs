@@ -62,14 +62,7 @@ fn backends() -> Vec<Backend> {
     #[cfg(feature = "s3")]
     out.push(Backend {
         name: "lance_s3",
-        store_uri: |root| {
-            let server = s3_loopback::shared().unwrap_or_else(|e| panic!("no S3 server on loopback: {e}"));
-            let bucket = s3_loopback::bucket_for(root);
-            server
-                .create_bucket(&bucket)
-                .unwrap_or_else(|e| panic!("creating bucket {bucket}: {e}"));
-            server.uri(&bucket, "store.lance")
-        },
+        store_uri: s3_loopback::store_uri_for,
         op_timeout: Duration::from_secs(30),
         case_timeout: Duration::from_secs(240),
         ..out[0]

@@ -68,14 +68,7 @@ fn sqlite_and_lance_agree_byte_for_byte() {
                             let mut backends = vec![sqlite, lance];
                             // And Lance on the loopback S3 server.
                             #[cfg(feature = "s3")]
-                            backends.push(backend("lance_s3", |r| {
-                                let server = s3_loopback::shared().unwrap_or_else(|e| panic!("no S3 server: {e}"));
-                                let bucket = s3_loopback::bucket_for(r);
-                                server
-                                    .create_bucket(&bucket)
-                                    .unwrap_or_else(|e| panic!("bucket {bucket}: {e}"));
-                                server.uri(&bucket, "store.lance")
-                            }));
+                            backends.push(backend("lance_s3", s3_loopback::store_uri_for));
                             for backend in backends {
                                 // One fixed physical clock: both stores get the same HLCs.
                                 let options = StoreOptions {

@@ -206,6 +206,19 @@ impl Server {
     }
 }
 
+/// The URI of a Lance store in a bucket of its own for a test's root, on the shared server
+/// (started if need be), every storage option in the query. For a test's store-URI hook,
+/// which cannot fail: a server that cannot start or a bucket that cannot be made panics,
+/// naming what failed.
+pub fn store_uri_for(root: &Path) -> String {
+    let server = shared().unwrap_or_else(|e| panic!("no S3 server on loopback: {e}"));
+    let bucket = bucket_for(root);
+    server
+        .create_bucket(&bucket)
+        .unwrap_or_else(|e| panic!("creating bucket {bucket}: {e}"));
+    server.uri(&bucket, "store.lance")
+}
+
 /// A bucket name for a test's root: lowercase letters, digits and hyphens, 3–63 long,
 /// unique per root.
 pub fn bucket_for(root: &Path) -> String {

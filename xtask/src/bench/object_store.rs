@@ -129,7 +129,33 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
             remove_store(&compacted);
         }
     }
+    // How long an old writer takes to learn that a successor fenced it, and what the
+    // takeover costs, on S3 with the same latency: writer A appends, then goes on appending
+    // while B (the same writer id) claims the shard.
+    let mut fences = Vec::new();
+    for batches in [200usize, 1000] {
+        let bucket = format!("bench-fence-{batches}");
+        server
+            .create_bucket(&bucket)
+            .map_err(|e| anyhow::anyhow!("bucket {bucket}: {e}"))?;
+        let s3 = server.uri(&bucket, "store.lance");
+        let v = probe(
+            &bin,
+            &s3,
+            false,
+            &["--latency-ms", &latency, "fence", "--batches", &batches.to_string()],
+        )?;
+        fences.push(json!({
+            "batches_before": batches,
+            "old_writer_learned_seconds": v["seconds"],
+            "appends_acknowledged_meanwhile": v["appends_acknowledged_meanwhile"],
+            "takeover_seconds": v["takeover_seconds"],
+            "takeover_requests": v["takeover_requests"],
+            "append_median_us": v["append_median_us"],
+        }));
+    }
     let doc = json!({
+        "fence": fences,
         "kind": "object-store",
         "date": chrono_stamp(),
         "machine": machine(),
@@ -150,6 +176,16 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
         return Ok(());
     }
     println!("{}", table(&rows, a.latency_ms));
+    for f in &fences {
+        println!(
+            "fence after {} appends: the old writer learned in {} s ({} appends acknowledged meanwhile); the takeover took {} s ({} requests)",
+            f["batches_before"],
+            f["old_writer_learned_seconds"],
+            f["appends_acknowledged_meanwhile"],
+            f["takeover_seconds"],
+            total(&f["takeover_requests"]),
+        );
+    }
     for r in &rows {
         let tag = format!(
             "{}_w{}_{}",

@@ -19,6 +19,30 @@ use crate::ids::{Epoch, Seq, ShardId, WriterId};
 use crate::record::Record;
 use crate::validate::Limits;
 
+/// The [`Shard`](crate::Shard) methods that every backend answers from its handle's
+/// [`WriterState`], which must be a field named `state`: `shard_id`, `writer`, `epoch` and
+/// `observe`. Use it inside `impl Shard for …`.
+#[macro_export]
+macro_rules! shard_methods_from_writer_state {
+    () => {
+        fn shard_id(&self) -> $crate::ShardId {
+            self.state.shard()
+        }
+
+        fn writer(&self) -> &$crate::WriterId {
+            self.state.writer()
+        }
+
+        fn epoch(&self) -> $crate::Epoch {
+            self.state.epoch()
+        }
+
+        fn observe(&mut self, hlc: $crate::Hlc) -> $crate::Result<()> {
+            self.state.observe(hlc)
+        }
+    };
+}
+
 /// One shard handle's view of its shard.
 #[derive(Debug)]
 pub struct WriterState {

@@ -298,21 +298,7 @@ impl MemoryShard {
 
 #[async_trait]
 impl Shard for MemoryShard {
-    fn shard_id(&self) -> ShardId {
-        self.state.shard()
-    }
-
-    fn writer(&self) -> &WriterId {
-        self.state.writer()
-    }
-
-    fn epoch(&self) -> Epoch {
-        self.state.epoch()
-    }
-
-    fn observe(&mut self, hlc: Hlc) -> Result<()> {
-        self.state.observe(hlc)
-    }
+    crate::shard_methods_from_writer_state!();
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
         self.state.check_usable()?;
