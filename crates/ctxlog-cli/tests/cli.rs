@@ -177,10 +177,22 @@ async fn demo_runs_the_quickstart_on_a_fresh_store() {
     assert!(text.contains("divergent_put"), "{text}");
     assert!(text.contains("1 retried duplicate(s) ignored"), "{text}");
     assert!(text.contains("gone from every view"), "{text}");
-    // The commands it suggests work as printed after `cargo run` (no `ctxlog` on the PATH).
+    // Every command it suggests works as printed after `cargo run` (no `ctxlog` on the PATH).
+    let suggested: Vec<&str> = text
+        .split("Try it yourself")
+        .nth(1)
+        .expect("the demo suggests commands")
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     assert!(
-        text.contains("cargo run --release -- --store"),
-        "the suggested commands must run from the repository: {text}"
+        !suggested.is_empty()
+            && suggested
+                .iter()
+                .all(|l| l.starts_with("cargo run --release -- --store")),
+        "the suggested commands must run from the repository: {suggested:?}"
     );
     // The demo's store is a real store: the CLI reads it back.
     let out = ctxlog(&store, &["conflicts"], "").await;
