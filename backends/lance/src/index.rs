@@ -18,7 +18,7 @@ use lance::dataset::mem_wal::{DatasetMemWalExt, WalReadEntry, WalTailer};
 
 use crate::schema::{Columns, INDEX_COLUMNS};
 use crate::store::Shared;
-use crate::tiers::{READ_WINDOW, Rows, Walk, open_sources, read_err, read_wal, tiers, walk};
+use crate::tiers::{READ_WINDOW, Rows, Walk, open_sources, read_err, read_tails, tiers, wal_rows, walk};
 
 /// Where an entry can be fetched from, kept by the index with each put as a [`RowRef`].
 #[derive(Clone, Copy, Debug)]
@@ -153,33 +153,10 @@ impl IndexSource for LanceIndex {
             .partition(|s| cursor.wal_next.contains_key(s));
         // Known shards' WAL tails at once (a round trip each, most of them empty), applied
         // in shard order.
-        let tails: Vec<(ShardId, u64, Vec<WalReadEntry>)> = futures::stream::iter(known)
-            .map(|shard| {
-                let from = cursor.wal_next[&shard];
-                let (store, base_path) = (&store, &base_path);
-                async move {
-                    let mut entries = Vec::new();
-                    let next = read_wal(store, base_path, shard, from, 0, |e| {
-                        entries.push(e.clone());
-                        Ok(())
-                    })
-                    .await?;
-                    Ok::<_, Error>((shard, next, entries))
-                }
-            })
-            .buffered(READ_WINDOW)
-            .try_collect()
-            .await?;
-        for (shard, next, entries) in tails {
-            for e in &entries {
-                for (b, batch) in e.batches.iter().enumerate() {
-                    let rows = Rows::Wal {
-                        batch,
-                        position: e.entry_position,
-                        batch_no: b as u32,
-                    };
-                    apply(rows, 0, index, &mut done)?;
-                }
+        let wanted = known.into_iter().map(|s| (s, cursor.wal_next[&s], 0)).collect();
+        for (shard, next, entries) in read_tails(&store, &base_path, wanted).await? {
+            for rows in entries.iter().flat_map(wal_rows) {
+                apply(rows, 0, index, &mut done)?;
             }
             cursor.wal_next.insert(shard, next);
         }

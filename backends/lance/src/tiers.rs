@@ -232,34 +232,11 @@ pub(crate) async fn walk(
         }
     }
     // WAL tails: shards at once, each tail visited whole, in shard order.
-    let mut tails = futures::stream::iter(t.shards.clone())
-        .map(|shard: ShardTier| async move {
-            let mut entries = Vec::new();
-            let next = read_wal(
-                &t.store,
-                &t.base_path,
-                shard.shard,
-                shard.wal_from,
-                shard.wal_known,
-                |e| {
-                    entries.push(e.clone());
-                    Ok(())
-                },
-            )
-            .await?;
-            Ok::<_, ctxlog_core::Error>((shard.shard, next, entries))
-        })
-        .buffered(READ_WINDOW);
+    let wanted = t.shards.iter().map(|s| (s.shard, s.wal_from, s.wal_known)).collect();
     let mut wal_next = Vec::with_capacity(t.shards.len());
-    while let Some((shard, next, entries)) = tails.try_next().await? {
-        for e in &entries {
-            for (b, batch) in e.batches.iter().enumerate() {
-                visit(Rows::Wal {
-                    batch,
-                    position: e.entry_position,
-                    batch_no: b as u32,
-                })?;
-            }
+    for (shard, next, entries) in read_tails(&t.store, &t.base_path, wanted).await? {
+        for rows in entries.iter().flat_map(wal_rows) {
+            visit(rows)?;
         }
         wal_next.push((shard, next));
     }
@@ -301,9 +278,9 @@ async fn scan_table(
     Ok(())
 }
 
-/// Read a shard's WAL from `from` to its end, fetching `WAL_READ_AHEAD` entries at a time;
-/// `f` sees entries in position order. Returns the first position not read (where the next
-/// read starts).
+/// Read a shard's WAL from `from` to its end, fetching `WAL_READ_AHEAD` entries at a time.
+/// Returns the first position not read (where the next read starts) and the entries read,
+/// in position order.
 ///
 /// The end is the first missing position with nothing after it. A missing position with an
 /// entry after it — later in the same read-ahead window, or at or below `known` (a position
@@ -316,9 +293,9 @@ pub(crate) async fn read_wal(
     shard: ShardId,
     from: u64,
     known: u64,
-    mut f: impl FnMut(&WalReadEntry) -> Result<()>,
-) -> Result<u64> {
+) -> Result<(u64, Vec<WalReadEntry>)> {
     let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
+    let mut entries = Vec::new();
     let mut next = from;
     loop {
         let start = next;
@@ -344,15 +321,44 @@ pub(crate) async fn read_wal(
         for (i, entry) in window.into_iter().enumerate() {
             let pos = start + i as u64;
             match entry {
-                Some(e) => f(&e)?,
+                Some(e) => entries.push(e),
                 None if last_present.is_some_and(|l| i < l) || pos <= known => {
                     tracing::warn!(%shard, position = pos, "a WAL entry is missing below later entries (a hole); reading on");
                 }
-                None => return Ok(pos),
+                None => return Ok((pos, entries)),
             }
         }
         next = start + WAL_READ_AHEAD as u64;
     }
+}
+
+/// What [`read_tails`] read of one shard: its next WAL position and the entries before it.
+pub(crate) type Tail = (ShardId, u64, Vec<WalReadEntry>);
+
+/// The WAL tails of several shards, each `(shard, from, known)` as for [`read_wal`]: read up
+/// to `READ_WINDOW` shards at once, returned in the order given.
+pub(crate) async fn read_tails(
+    store: &Arc<ObjectStore>,
+    base_path: &Path,
+    shards: Vec<(ShardId, u64, u64)>,
+) -> Result<Vec<Tail>> {
+    futures::stream::iter(shards)
+        .map(|(shard, from, known)| async move {
+            let (next, entries) = read_wal(store, base_path, shard, from, known).await?;
+            Ok::<_, ctxlog_core::Error>((shard, next, entries))
+        })
+        .buffered(READ_WINDOW)
+        .try_collect()
+        .await
+}
+
+/// The record batches of a WAL entry, as rows of a walk.
+pub(crate) fn wal_rows(e: &WalReadEntry) -> impl Iterator<Item = Rows<'_>> {
+    e.batches.iter().enumerate().map(|(b, batch)| Rows::Wal {
+        batch,
+        position: e.entry_position,
+        batch_no: b as u32,
+    })
 }
 
 /// Rows of a batch that are ctxlog entries (not MemWAL's delete markers).
