@@ -36,6 +36,7 @@ fn entries(n: usize) -> Vec<Entry> {
                 hlc: Hlc(i as u64),
                 content_hash: record.content_hash(),
                 record,
+                purged: false,
             }
         })
         .collect()

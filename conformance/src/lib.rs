@@ -37,7 +37,7 @@ pub mod prelude {
         Body, CompactOptions, Conflict, ConflictKind, Entry, Error, Hlc, Record, Store, StoreOptions, WriterId, Written,
     };
 
-    pub use crate::{Case, Ctx, Fault, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
+    pub use crate::{Case, Ctx, Fault, Need, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
 }
 
 /// A boxed, sendable future: what descriptors and cases return.
@@ -94,6 +94,31 @@ pub struct Backend {
     /// The faults of the object store under the backend; `None` for a backend that has no
     /// object store (its fault cases are reported as not applicable, never skipped silently).
     pub faults: Option<FaultHook>,
+    /// Whether every byte of a store lives in files under the case's root directory (a
+    /// local disk), so that a case can read them as an auditor would. False for in-memory
+    /// and object stores: their secret-scan case is reported as not applicable.
+    pub files_in_root: bool,
+}
+
+/// What a case needs of a backend beyond the traits. A backend without it reports the case
+/// as not applicable and says why; it is never skipped silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// The object-store faults ([`Backend::faults`]).
+    Faults,
+    /// The store's bytes in files under the case's root ([`Backend::files_in_root`]).
+    Files,
+}
+
+impl Backend {
+    /// Why `case` does not apply to this backend, if it does not.
+    pub fn lacks(&self, case: &Case) -> Option<&'static str> {
+        case.needs.iter().find_map(|need| match need {
+            Need::Faults if self.faults.is_none() => Some("not applicable: the backend has no object store to fault"),
+            Need::Files if !self.files_in_root => Some("not applicable: the store's bytes are not in local files"),
+            _ => None,
+        })
+    }
 }
 
 /// What every case gets: a fresh root, a store URI inside it, and the backend's knobs.
@@ -168,8 +193,8 @@ pub struct Case {
     pub rule: &'static str,
     /// The case itself.
     pub run: CaseFn,
-    /// Whether it needs the backend's object-store faults ([`Backend::faults`]).
-    pub needs_faults: bool,
+    /// What it needs of a backend beyond the traits.
+    pub needs: &'static [Need],
 }
 
 /// A [`Case`] for an async function `f(ctx) -> anyhow::Result<()>` of a rule module (which
@@ -181,12 +206,12 @@ macro_rules! case {
             name: stringify!($f),
             rule: RULE,
             run: |ctx| Box::pin($f(ctx)),
-            needs_faults: false,
+            needs: &[],
         }
     };
-    ($f:ident, needs faults) => {
+    ($f:ident, needs $($need:ident),+) => {
         $crate::Case {
-            needs_faults: true,
+            needs: &[$($crate::Need::$need),+],
             ..$crate::case!($f)
         }
     };
@@ -251,15 +276,15 @@ pub fn run_trials(backends: &[Backend], cases: &[Case]) -> std::process::ExitCod
         for case in cases {
             let (backend, case, results) = (*backend, *case, results.clone());
             let name = format!("{}::{}", backend.name, case.name);
-            if case.needs_faults && backend.faults.is_none() {
-                // Not applicable, and visibly so: the backend has no object store to fault.
+            if let Some(why) = backend.lacks(&case) {
+                // Not applicable, and visibly so (the report says why).
                 results.lock().expect("not poisoned").push(serde_json::json!({
                     "backend": backend.name,
                     "rule": case.rule,
                     "case": case.name,
                     "passed": serde_json::Value::Null,
                     "seconds": 0.0,
-                    "error": "not applicable: the backend has no object store to fault",
+                    "error": why,
                 }));
                 trials.push(libtest_mimic::Trial::test(name, || Ok(())).with_ignored_flag(true));
                 continue;
@@ -385,5 +410,6 @@ pub mod memory {
             })
         },
         faults: None,
+        files_in_root: false,
     };
 }

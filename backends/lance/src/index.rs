@@ -16,6 +16,7 @@ use lance::Dataset;
 use lance::dataset::ProjectionRequest;
 use lance::dataset::mem_wal::{DatasetMemWalExt, WalReadEntry, WalTailer};
 
+use crate::reclaim;
 use crate::schema::{Columns, INDEX_COLUMNS};
 use crate::store::Shared;
 use crate::tiers::{READ_WINDOW, Rows, Walk, open_sources, read_err, read_tails, tiers, wal_rows, walk};
@@ -30,6 +31,9 @@ enum RowPlace {
 }
 
 const WAL_TAG: u64 = 1 << 63;
+
+/// Rows wanted from one WAL entry: (output slot, batch, row).
+type WalSlots = Vec<(usize, u32, u32)>;
 
 impl RowPlace {
     fn to_ref(self) -> RowRef {
@@ -142,25 +146,41 @@ impl IndexSource for LanceIndex {
             cursor.scanned = true;
             return Ok(done);
         }
-        // Refresh: the WAL past each known shard's cursor; a shard new since the last scan
-        // is read whole (its rows in the base table, its generations not folded, its WAL).
+        // Refresh: the WAL past each known shard's cursor. A shard new since the last scan,
+        // or one whose cursor is below its WAL floor (gc may have deleted the entries there:
+        // their rows are in generations or the base table), is read whole: its rows in the
+        // base table, its generations not folded, its WAL.
         let base = shared.latest().await?;
         let (store, base_path) = shared.io(&base).await?;
+        let floors = reclaim::floors(&base);
+        let below = |s: &ShardId, next: u64| next < floors.get(s).copied().unwrap_or(0);
         let ids = base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?;
-        let (known, new): (Vec<ShardId>, Vec<ShardId>) = ids
+        let (known, mut whole): (Vec<ShardId>, Vec<ShardId>) = ids
             .into_iter()
             .map(ShardId)
-            .partition(|s| cursor.wal_next.contains_key(s));
+            .partition(|s| cursor.wal_next.get(s).is_some_and(|n| !below(s, *n)));
         // Known shards' WAL tails at once (a round trip each, most of them empty), applied
         // in shard order.
-        let wanted = known.into_iter().map(|s| (s, cursor.wal_next[&s], 0)).collect();
-        for (shard, next, entries) in read_tails(&store, &base_path, wanted).await? {
+        let wanted: Vec<(ShardId, u64, u64)> = known.into_iter().map(|s| (s, cursor.wal_next[&s], 0)).collect();
+        let read = read_tails(&store, &base_path, wanted.clone()).await?;
+        // A gc that raised a floor while the tails were read may have deleted entries they
+        // expected (a missing entry reads as the end): such shards are read whole.
+        let floors = if read.is_empty() {
+            floors
+        } else {
+            reclaim::floors(&shared.latest().await?)
+        };
+        for ((shard, next, entries), (_, from, _)) in read.into_iter().zip(wanted) {
             for rows in entries.iter().flat_map(wal_rows) {
                 apply(rows, 0, index, &mut done)?;
             }
-            cursor.wal_next.insert(shard, next);
+            if from < floors.get(&shard).copied().unwrap_or(0) {
+                whole.push(shard);
+            } else {
+                cursor.wal_next.insert(shard, next);
+            }
         }
-        for shard in new {
+        for shard in whole {
             let t = tiers(shared, Some(shard)).await?;
             let sources = open_sources(shared, &t).await?;
             let first = cursor.sources.len() as u32;
@@ -172,11 +192,50 @@ impl IndexSource for LanceIndex {
     }
 
     async fn fetch(&self, cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
+        match self.fetch_pinned(cursor, keys).await {
+            Ok(entries) => Ok(entries),
+            // What the index pinned may be gone (gc deleted a folded generation, a WAL entry
+            // below its floor, a superseded version's files): find the rows again by key.
+            Err(pinned) => self.fetch_by_key(keys).await.map_err(|_| pinned),
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.timeout()
+    }
+}
+
+impl LanceIndex {
+    /// The entries of `keys` from the store as it is now, by `(shard, seq, epoch)`.
+    async fn fetch_by_key(&self, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
+        let mut by_shard: HashMap<ShardId, u64> = HashMap::new();
+        for (k, _) in keys {
+            let low = by_shard.entry(k.shard).or_insert(k.seq);
+            *low = (*low).min(k.seq);
+        }
+        let mut found: HashMap<OrderKey, Entry> = HashMap::new();
+        for (shard, low) in by_shard {
+            for e in crate::entries::read_shard(&self.shared, shard, low - 1, usize::MAX).await? {
+                found.insert(e.key(), e);
+            }
+        }
+        keys.iter()
+            .map(|(k, _)| {
+                found.remove(k).ok_or_else(|| Error::Corrupt {
+                    shard: Some(k.shard),
+                    what: format!("entry seq {} epoch {} is indexed but missing", k.seq, k.epoch),
+                })
+            })
+            .collect()
+    }
+
+    /// The entries of `keys` from where the index saw them.
+    async fn fetch_pinned(&self, cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
         let mut out: Vec<Option<Entry>> = vec![None; keys.len()];
         // Group by where the rows are, so that each dataset gets one `take` and each WAL
         // entry one read.
         let mut takes: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
-        let mut wal: HashMap<(ShardId, u64), Vec<(usize, u32, u32)>> = HashMap::new();
+        let mut wal: HashMap<(ShardId, u64), WalSlots> = HashMap::new();
         for (slot, (k, at)) in keys.iter().enumerate() {
             match RowPlace::of(*at) {
                 RowPlace::Table { source, row_id } => takes.entry(source).or_default().push((slot, row_id)),
@@ -210,7 +269,7 @@ impl IndexSource for LanceIndex {
         if !wal.is_empty() {
             let base = self.shared.latest().await?;
             let (store, base_path) = self.shared.io(&base).await?;
-            let read: Vec<(ShardId, u64, Vec<(usize, u32, u32)>, WalReadEntry)> = futures::stream::iter(wal)
+            let read: Vec<(ShardId, u64, WalSlots, WalReadEntry)> = futures::stream::iter(wal)
                 .map(|((shard, position), rows)| {
                     let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
                     async move {
@@ -248,9 +307,5 @@ impl IndexSource for LanceIndex {
                 })
             })
             .collect()
-    }
-
-    fn timeout(&self) -> Duration {
-        self.shared.timeout()
     }
 }

@@ -28,6 +28,7 @@ pub mod faults;
 mod index;
 mod io;
 mod open;
+mod reclaim;
 mod schema;
 mod shard;
 mod store;
@@ -46,8 +47,8 @@ use ctxlog_core::backend::history::ScanConflictDiscovery;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::backend::with_deadline;
 use ctxlog_core::{
-    CompactOptions, CompactReport, ConflictDiscovery, Entry, Projector, Result, Shard, ShardId, ShardInfo, Store,
-    StoreOptions, WriterId, Written,
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, GcOptions, GcReport, Projector, PurgeOptions, PurgeReport,
+    Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
 };
 
 use crate::error::BACKEND;
@@ -146,5 +147,32 @@ impl Store for LanceStore {
 
     async fn compact(&self, options: &CompactOptions) -> Result<CompactReport> {
         compact::compact(&self.shared, options, None).await
+    }
+
+    /// Folded generations, WAL entries below each shard's recorded floor (never a fence
+    /// entry), and base-table versions superseded longer ago than the grace period. See
+    /// `reclaim.rs`.
+    async fn gc(&self, options: &GcOptions) -> Result<GcReport> {
+        with_deadline(
+            "gc",
+            self.shared.timeout(),
+            None,
+            Written::Unknown,
+            reclaim::gc(&self.shared, options),
+        )
+        .await
+    }
+
+    /// Fold, erase the base table's rows of tombstoned ids, rewrite their fragments; `gc`
+    /// deletes the older copies. See `reclaim.rs`.
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        with_deadline(
+            "purge",
+            self.shared.timeout(),
+            None,
+            Written::Unknown,
+            reclaim::purge(&self.shared, options),
+        )
+        .await
     }
 }

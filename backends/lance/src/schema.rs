@@ -333,10 +333,12 @@ impl<'a> Columns<'a> {
     pub(crate) fn entry(&self, i: usize) -> Result<Entry> {
         let text = Self::need(self.text, BODY_TEXT)?;
         let bytes = Self::need(self.bytes, BODY_BYTES)?;
-        let body = match (text.is_valid(i), bytes.is_valid(i)) {
-            (true, false) => Body::Text(text.value(i).to_string()),
-            (false, true) => Body::Bytes(bytes.value(i).to_vec()),
-            _ => return Err(corrupt(format!("entry seq {} has no single body", self.seq(i)))),
+        let (body, purged) = match (text.is_valid(i), bytes.is_valid(i)) {
+            (true, false) => (Body::Text(text.value(i).to_string()), false),
+            (false, true) => (Body::Bytes(bytes.value(i).to_vec()), false),
+            // Neither: the body was erased by a purge (rule 16); what is left reads as empty text.
+            (false, false) => (Body::Text(String::new()), true),
+            (true, true) => return Err(corrupt(format!("entry seq {} has two bodies", self.seq(i)))),
         };
         let metadata = Self::need(self.metadata, METADATA)?;
         let metadata = if metadata.is_valid(i) {
@@ -368,6 +370,7 @@ impl<'a> Columns<'a> {
                 created_at,
                 kind: self.kind(i)?,
             },
+            purged,
         })
     }
 }

@@ -71,11 +71,9 @@ pub(crate) struct Tiers {
     pub only: Option<ShardId>,
 }
 
-/// The tiers of every shard, or of one.
-pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tiers> {
-    let base = shared.latest().await?;
-    let (store, base_path) = shared.io(&base).await?;
-    let compacted: HashMap<Uuid, u64> = base
+/// Per shard, the newest generation folded into the base table at `ds`'s version.
+pub(crate) async fn folded(ds: &Dataset) -> Result<HashMap<Uuid, u64>> {
+    Ok(ds
         .mem_wal_index_details()
         .await
         .map_err(read_err)?
@@ -85,7 +83,14 @@ pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tier
                 .map(|c| (c.shard_id, c.generation))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default())
+}
+
+/// The tiers of every shard, or of one.
+pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tiers> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    let compacted = folded(&base).await?;
     let ids = match only {
         Some(s) => vec![s.0],
         None => base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use ctxlog_conformance::w;
 use ctxlog_conformance::{Ctx, recs};
-use ctxlog_core::{CompactOptions, Conflict, Error, Store, Written};
+use ctxlog_core::{CompactOptions, Conflict, Error, Shard, Store, Written};
 use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
 use ctxlog_lance::{LanceStore, WriterTuning};
 
@@ -23,6 +23,25 @@ async fn faulted(ctx: &Ctx, faults: &Arc<Faults>) -> anyhow::Result<Arc<dyn Stor
     Ok(Arc::new(
         LanceStore::open_with_faults(&ctx.uri, ctx.options(), Some(faults.clone())).await?,
     ))
+}
+
+/// The task of writer A's append (A has appended `a-0`, `a-1` to shard `same`): its batch is
+/// in A's memtable and its WAL put waits at the returned gate.
+type PausedAppend = tokio::task::JoinHandle<(Box<dyn Shard>, ctxlog_core::Result<ctxlog_core::AppendAck>)>;
+
+async fn paused_before_its_wal_put(ctx: &Ctx, seed: u64) -> anyhow::Result<(Arc<Gate>, PausedAppend)> {
+    let faults = Faults::new(seed);
+    let a_store = faulted(ctx, &faults).await?;
+    let mut a = a_store.open_shard(&w("same")).await?;
+    a.append(recs("a", "s", 2)).await?;
+    let gate = Gate::new();
+    faults.add(Rule::new(&[Op::PutIfAbsent], Action::Pause(gate.clone())).path("/wal/"));
+    let appending = tokio::spawn(async move {
+        let r = a.append(recs("lost", "s", 3)).await;
+        (a, r)
+    });
+    ensure!(gate.arrivals(1, WAIT).await, "A's WAL put never started");
+    Ok((gate, appending))
 }
 
 async fn ids(ctx: &Ctx, session: &str) -> anyhow::Result<Vec<String>> {
@@ -78,17 +97,7 @@ fn a_failed_open_after_a_claim_is_indeterminate() {
 fn fenced_before_the_wal_put_is_definite() {
     run("fenced_before_the_wal_put_is_definite", |ctx| {
         Box::pin(async move {
-            let faults = Faults::new(2);
-            let a_store = faulted(&ctx, &faults).await?;
-            let mut a = a_store.open_shard(&w("same")).await?;
-            a.append(recs("a", "s", 2)).await?;
-            let gate = Gate::new();
-            faults.add(Rule::new(&[Op::PutIfAbsent], Action::Pause(gate.clone())).path("/wal/"));
-            let appending = tokio::spawn(async move {
-                let r = a.append(recs("lost", "s", 3)).await;
-                (a, r)
-            });
-            ensure!(gate.arrivals(1, WAIT).await, "A's WAL put never started");
+            let (gate, appending) = paused_before_its_wal_put(&ctx, 2).await?;
             // The batch is in A's memtable; its WAL put waits. B takes the shard over.
             let mut b = ctx.store().await?.open_shard(&w("same")).await?;
             gate.release(Verdict::Proceed);
@@ -107,6 +116,87 @@ fn fenced_before_the_wal_put_is_definite() {
             ensure!(ids(&ctx, "s").await? == ["a-0", "a-1", "b-0"]);
             let conflicts = ctx.store().await?.conflict_discovery().conflicts(None).await?;
             ensure!(conflicts.is_empty(), "{conflicts:?}");
+            Ok(())
+        })
+    });
+}
+
+/// Rule 15: reclaim never lets a fenced writer acknowledge an append that is then lost. A
+/// writer paused just before its WAL put; a successor takes the shard over, appends, closes
+/// (flushing everything), compaction folds it all and gc (no grace period) deletes what it
+/// may; then the paused put goes on. Its slot is the successor's fence entry, which gc
+/// keeps: the put collides, the append fails definitely, and every acknowledged record is
+/// there once.
+#[test]
+fn a_paused_writer_cannot_land_in_a_reclaimed_wal() {
+    run("a_paused_writer_cannot_land_in_a_reclaimed_wal", |ctx| {
+        Box::pin(async move {
+            let (gate, appending) = paused_before_its_wal_put(&ctx, 3).await?;
+            let store = ctx.store().await?;
+            let mut b = store.open_shard(&w("same")).await?;
+            b.append(recs("b", "s", 2)).await?;
+            b.close().await?;
+            compact_all(store.as_ref()).await?;
+            let now = ctxlog_core::GcOptions {
+                grace: Duration::ZERO,
+                ..Default::default()
+            };
+            let report = store.gc(&now).await?;
+            ensure!(report.objects_deleted > 0, "gc deleted nothing: {report:?}");
+            gate.release(Verdict::Proceed);
+            let (_a, r) = tokio::time::timeout(WAIT, appending)
+                .await
+                .context("A's append hung")??;
+            match r {
+                Err(Error::Fenced { .. }) => {}
+                other => bail!("expected A's append fenced (its slot is the successor's fence entry), got {other:?}"),
+            }
+            ensure!(ids(&ctx, "s").await? == ["a-0", "a-1", "b-0", "b-1"]);
+            let conflicts = ctx.store().await?.conflict_discovery().conflicts(None).await?;
+            ensure!(conflicts.is_empty(), "{conflicts:?}");
+            Ok(())
+        })
+    });
+}
+
+/// Rules 1 and 15: gc empties only what flushed generations hold. A writer whose last
+/// appends are only in its WAL (not flushed) crashes after a gc pass; its successor replays
+/// them, and every acknowledged record is there.
+#[test]
+fn a_crashed_writers_wal_tail_survives_gc() {
+    run("a_crashed_writers_wal_tail_survives_gc", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let mut a = store.open_shard(&w("same")).await?;
+            for b in 0..3 {
+                a.append(recs(&format!("a{b}"), "s", 2)).await?;
+            }
+            // Flushed (and folded) up to here; what follows is only in the WAL.
+            compact_all(store.as_ref()).await?;
+            let last = a.append(recs("tail", "s", 3)).await?;
+            let now = ctxlog_core::GcOptions {
+                grace: Duration::ZERO,
+                ..Default::default()
+            };
+            for _ in 0..2 {
+                store.gc(&now).await?;
+            }
+            // A crash: the handle is never closed or dropped, its memtable never flushed.
+            std::mem::forget(a);
+            let store = ctx.store().await?;
+            let mut b = store.open_shard(&w("same")).await?;
+            let ack = b.append(recs("b", "s", 1)).await?;
+            ensure!(
+                ack.first_seq == last.last_seq + 1,
+                "seqs after the crash: {ack:?} after {last:?}"
+            );
+            b.close().await?;
+            let expected: Vec<String> = ["a0", "a1", "a2", "tail"]
+                .iter()
+                .flat_map(|p| (0..if *p == "tail" { 3 } else { 2 }).map(move |i| format!("{p}-{i}")))
+                .chain(["b-0".to_string()])
+                .collect();
+            ensure!(ids(&ctx, "s").await? == expected, "expected {expected:?}");
             Ok(())
         })
     });

@@ -10,6 +10,7 @@
 
 mod conn;
 mod read;
+mod reclaim;
 mod schema;
 mod shard;
 mod stall;
@@ -23,8 +24,8 @@ use async_trait::async_trait;
 use ctxlog_core::backend::history::ScanConflictDiscovery;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::{
-    CompactOptions, CompactReport, ConflictDiscovery, Entry, Projector, Result, Shard, ShardId, ShardInfo, Store,
-    StoreOptions, WriterId, Written,
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, GcOptions, GcReport, Projector, PurgeOptions, PurgeReport,
+    Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
 };
 
 use crate::conn::{Access, BACKEND, Conn, sql_error};
@@ -184,6 +185,30 @@ impl Store for SqliteStore {
                 note,
                 ..Default::default()
             })
+        })
+        .await
+    }
+
+    /// Free pages back to the file system (bounded), the WAL truncated when no reader uses
+    /// it. See `reclaim.rs`.
+    async fn gc(&self, options: &GcOptions) -> Result<GcReport> {
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
+        let (path, options) = (self.path.clone(), options.clone());
+        conn.run_by(deadline, "gc", None, Written::Unknown, move |c| {
+            reclaim::gc(c, &path, &options)
+        })
+        .await
+    }
+
+    /// Bodies and metadata of tombstoned ids erased in place, freed bytes zeroed, the WAL
+    /// truncated when no reader uses it. See `reclaim.rs`.
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
+        let options = options.clone();
+        conn.run_by(deadline, "purge", None, Written::Unknown, move |c| {
+            reclaim::purge(c, &options)
         })
         .await
     }

@@ -65,13 +65,15 @@ fn entry(r: &Row<'_>) -> Result<Entry> {
     let kind = Kind::from_u8(r.get::<_, u8>(4).map_err(sql)?).ok_or_else(|| at("unknown kind"))?;
     let hash: Vec<u8> = r.get(7).map_err(sql)?;
     let content_hash = ContentHash::from_slice(&hash).ok_or_else(|| at("content hash is not 32 bytes"))?;
-    let body = match (
+    let (body, purged) = match (
         r.get::<_, Option<String>>(11).map_err(sql)?,
         r.get::<_, Option<Vec<u8>>>(12).map_err(sql)?,
     ) {
-        (Some(t), None) => Body::Text(t),
-        (None, Some(b)) => Body::Bytes(b),
-        _ => return Err(at("body must be text or bytes")),
+        (Some(t), None) => (Body::Text(t), false),
+        (None, Some(b)) => (Body::Bytes(b), false),
+        // Neither: the body was erased by a purge (rule 16); what is left reads as empty text.
+        (None, None) => (Body::Text(String::new()), true),
+        (Some(_), Some(_)) => return Err(at("body must be text or bytes, not both")),
     };
     let metadata = match r.get::<_, Option<String>>(13).map_err(sql)? {
         None => None,
@@ -98,6 +100,7 @@ fn entry(r: &Row<'_>) -> Result<Entry> {
             kind,
         },
         content_hash,
+        purged,
     })
 }
 

@@ -94,6 +94,10 @@ pub(crate) fn holds(c: &Connection) -> rusqlite::Result<Holds> {
 /// Create the schema, under the write lock, unless another creator did; refuse (writing
 /// nothing) if the file gained other tables meanwhile.
 pub(crate) fn create_schema(conn: &mut Connection) -> std::result::Result<(), SchemaError> {
+    // Before the first table, or never: pages freed by a purge or a tombstoned log's gc can
+    // then be returned to the file system a bounded number at a time (`gc`, rule 15). On a
+    // file that already has tables this does nothing.
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     match holds(&tx)? {
         Holds::Store => return Ok(()),

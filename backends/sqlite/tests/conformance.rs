@@ -35,6 +35,7 @@ const SQLITE: Backend = Backend {
     },
     // A file on a local disk: no object store to fault.
     faults: None,
+    files_in_root: true,
 };
 
 fn main() -> std::process::ExitCode {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctxlog_core::{CompactOptions, Error, Record, Store, StoreOptions, WriterId};
+use ctxlog_core::{CompactOptions, Error, GcOptions, PurgeOptions, Record, Store, StoreOptions, WriterId};
 use ctxlog_sqlite::SqliteStore;
 use rusqlite::Connection;
 
@@ -353,4 +353,67 @@ async fn a_file_by_file_copy_tears_where_the_backup_api_does_not() {
         Ok((1000, 0)) | Ok((1250, 0)) => panic!("the file-by-file copy happened to be whole: {torn_view:?}"),
         other => eprintln!("the file-by-file copy is torn, as expected: {other:?}"),
     }
+}
+
+/// Purge and gc never wait for a reader: with a read transaction holding the WAL they
+/// return (reporting the WAL as still in use) instead of waiting for it; once the reader is
+/// gone, gc truncates the WAL to nothing, so no frame keeps an erased byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_and_gc_never_wait_for_a_reader_and_truncate_the_wal_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    store_with_entries(&path, 50).await;
+    // A long store deadline: waiting for the reader would hang until the test's bound.
+    let store = SqliteStore::open(&path, options(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let mut shard = store.open_shard(&w("writer")).await.unwrap();
+    shard
+        .append(vec![
+            Record::tombstone("e-3", "bot", "s"),
+            Record::tombstone("e-4", "bot", "s"),
+        ])
+        .await
+        .unwrap();
+    // The writer stays open throughout: its connection keeps SQLite from deleting the WAL
+    // file on a last close, so only a truncation empties it.
+    let reader = Connection::open(&path).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM entries", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 52);
+    let purged = tokio::time::timeout(Duration::from_secs(20), store.purge(&PurgeOptions::default()))
+        .await
+        .expect("purge waited for a reader")
+        .unwrap();
+    assert_eq!((purged.ids_purged, purged.entries_purged), (2, 4), "{purged:?}");
+    assert!(
+        !purged.erased,
+        "the reader still holds the WAL: not erased yet ({purged:?})"
+    );
+    let held = tokio::time::timeout(Duration::from_secs(20), store.gc(&GcOptions::default()))
+        .await
+        .expect("gc waited for a reader")
+        .unwrap();
+    assert!(
+        held.objects_pending > 0,
+        "expected the WAL reported in use, got {held:?}"
+    );
+    let wal = dir.path().join("store.db-wal");
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let done = bounded("gc", store.gc(&GcOptions::default())).await.unwrap();
+    assert_eq!(done.objects_pending, 0, "{done:?}");
+    assert_eq!(
+        std::fs::metadata(&wal).unwrap().len(),
+        0,
+        "the WAL keeps frames after gc"
+    );
+    shard
+        .append(recs("after", 1))
+        .await
+        .expect("the writer goes on after gc");
+    shard.close().await.unwrap();
 }

@@ -13,12 +13,12 @@ pub const RULE: &str = "Rule 18: object-store faults are survived";
 /// The cases of this module, next to their functions.
 pub fn cases() -> Vec<Case> {
     vec![
-        case!(append_failing_before_storage_is_survived, needs faults),
-        case!(append_landing_unanswered_is_indeterminate, needs faults),
-        case!(stalled_append_ends_at_its_deadline, needs faults),
-        case!(throttled_reads_give_a_whole_view_or_an_error, needs faults),
-        case!(compaction_under_failing_writes_converges, needs faults),
-        case!(creation_and_claims_under_flaky_conditional_writes, needs faults),
+        case!(append_failing_before_storage_is_survived, needs Faults),
+        case!(append_landing_unanswered_is_indeterminate, needs Faults),
+        case!(stalled_append_ends_at_its_deadline, needs Faults),
+        case!(throttled_reads_give_a_whole_view_or_an_error, needs Faults),
+        case!(compaction_under_failing_writes_converges, needs Faults),
+        case!(creation_and_claims_under_flaky_conditional_writes, needs Faults),
     ]
 }
 

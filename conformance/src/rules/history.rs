@@ -43,6 +43,7 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
             hlc: Hlc(ack.last_hlc.0 + seq),
             record,
             content_hash,
+            purged: false,
         }
     };
     // A fenced writer's write that landed: epoch below the one at this seq.

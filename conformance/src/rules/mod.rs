@@ -10,6 +10,7 @@ pub mod input;
 pub mod maintenance;
 pub mod order;
 pub mod reading;
+pub mod reclaim;
 
 /// Every case, in the contract's order.
 pub fn all() -> Vec<crate::Case> {
@@ -23,6 +24,7 @@ pub fn all() -> Vec<crate::Case> {
         input::cases(),
         creation::cases(),
         maintenance::cases(),
+        reclaim::cases(),
         faults::cases(),
     ]
     .concat()

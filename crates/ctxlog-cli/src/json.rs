@@ -6,8 +6,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use chrono::{DateTime, SecondsFormat, Utc};
 use ctxlog::{
-    AppendAck, Body, CompactReport, Conflict, Entry, Error, Kind, ProjectionStats, Record, Result, SessionSummary,
-    ShardInfo,
+    AppendAck, Body, CompactReport, Conflict, Entry, Error, GcReport, Kind, ProjectionStats, PurgeReport, Record,
+    Result, RetainReport, SessionSummary, ShardInfo,
 };
 use serde_json::{Map, Value, json};
 
@@ -109,6 +109,9 @@ pub(crate) fn entry_json(e: &Entry) -> Value {
             Kind::Tombstone => "tombstone",
         }),
     );
+    if e.purged {
+        obj.insert("purged".into(), json!(true));
+    }
     obj.insert("shard".into(), json!(e.shard.to_string()));
     obj.insert("seq".into(), json!(e.seq));
     obj.insert("epoch".into(), json!(e.epoch));
@@ -169,6 +172,41 @@ pub(crate) fn compact_json(r: &CompactReport) -> Value {
         "entries_merged": r.entries_merged,
         "generations_remaining": r.generations_remaining,
         "note": r.note,
+    })
+}
+
+/// What a reclaim pass did.
+pub(crate) fn gc_json(r: &GcReport) -> Value {
+    json!({
+        "objects_deleted": r.objects_deleted,
+        "bytes_reclaimed": r.bytes_reclaimed,
+        "objects_pending": r.objects_pending,
+        "note": r.note,
+    })
+}
+
+/// What a purge pass did.
+pub(crate) fn purge_json(r: &PurgeReport) -> Value {
+    json!({
+        "ids_purged": r.ids_purged,
+        "entries_purged": r.entries_purged,
+        "ids_remaining": r.ids_remaining,
+        "erased": r.erased,
+        "note": r.note,
+    })
+}
+
+/// What a retention pass did.
+pub(crate) fn retain_json(r: &RetainReport) -> Value {
+    let ended: Vec<Value> = r
+        .sessions_ended
+        .iter()
+        .map(|(bot, session)| json!({"bot_id": bot, "session_id": session}))
+        .collect();
+    json!({
+        "sessions_ended": ended,
+        "tombstones": r.tombstones,
+        "sessions_remaining": r.sessions_remaining,
     })
 }
 
@@ -233,6 +271,7 @@ mod tests {
             hlc: ctxlog::Hlc(7),
             content_hash: rec.content_hash(),
             record: rec.clone(),
+            purged: false,
         };
         let mut v = entry_json(&e);
         let obj = v.as_object_mut().unwrap();

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ctxlog::{CompactOptions, Error, Record, StoreOptions, WriterId};
+use ctxlog::{CompactOptions, Error, GcOptions, PurgeOptions, Record, RetainOptions, StoreOptions, WriterId};
 
 #[derive(Parser)]
 #[command(name = "ctxlog", version, about = "A durable, append-only context log for AI agents")]
@@ -71,6 +71,37 @@ enum Command {
         max_generations: usize,
         #[arg(long, default_value_t = CompactOptions::default().max_bytes)]
         max_bytes: u64,
+    },
+    /// Reclaim storage: delete what compaction folded and what no recent version refers to
+    /// (Lance); return free pages and truncate the WAL (SQLite). Run it after `compact`.
+    Gc {
+        /// Never delete anything younger than this, so that readers on an older version
+        /// finish (e.g. `10m`, `1h`, `0s`).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// Most objects deleted in one pass; run again for the rest.
+        #[arg(long, default_value_t = GcOptions::default().max_objects)]
+        max_objects: u64,
+    },
+    /// End idle sessions: tombstone every live record of each session whose newest record is
+    /// older than `--older-than`, under the writer id `ctxlog-maintenance`.
+    Retain {
+        /// How long a session may be idle (e.g. `30d`, `12h`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Only this bot's sessions.
+        #[arg(long)]
+        bot: Option<String>,
+        /// Most sessions ended in one pass; run again for the rest.
+        #[arg(long, default_value_t = RetainOptions::older_than(Duration::ZERO).max_sessions)]
+        max_sessions: usize,
+    },
+    /// Erase the body and metadata of every entry of every tombstoned id (the header stays).
+    /// Older copies of the bytes are deleted by `gc` once past its grace period.
+    Purge {
+        /// Most tombstoned ids purged in one pass; run again for the rest.
+        #[arg(long, default_value_t = PurgeOptions::default().max_ids)]
+        max_ids: u64,
     },
     /// The quickstart: concurrent writers, a session view and a conflict report.
     Demo,
@@ -139,8 +170,11 @@ async fn run(cli: Cli) -> ExitCode {
                 op: "ctxlog command",
                 after: timeout,
                 shard: None,
-                // Only `compact` writes; its commit may be in flight.
-                written: if matches!(cmd, Command::Compact { .. }) {
+                // Only maintenance writes; its commit may be in flight.
+                written: if matches!(
+                    cmd,
+                    Command::Compact { .. } | Command::Gc { .. } | Command::Retain { .. } | Command::Purge { .. }
+                ) {
                     ctxlog::Written::Unknown
                 } else {
                     ctxlog::Written::Nothing
@@ -399,6 +433,31 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
                 })
                 .await?;
             print(json::compact_json(&report));
+        }
+        Command::Gc { grace, max_objects } => {
+            let report = store
+                .gc(&GcOptions {
+                    grace: *grace,
+                    max_objects: *max_objects,
+                })
+                .await?;
+            print(json::gc_json(&report));
+        }
+        Command::Retain {
+            older_than,
+            bot,
+            max_sessions,
+        } => {
+            let options = RetainOptions {
+                older_than: *older_than,
+                bot_id: bot.clone(),
+                max_sessions: *max_sessions,
+            };
+            print(json::retain_json(&ctxlog::retain(store.as_ref(), &options).await?));
+        }
+        Command::Purge { max_ids } => {
+            let report = store.purge(&PurgeOptions { max_ids: *max_ids }).await?;
+            print(json::purge_json(&report));
         }
         Command::Append { .. } | Command::Demo => unreachable!("handled in run"),
     }

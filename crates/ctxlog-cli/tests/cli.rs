@@ -297,3 +297,69 @@ async fn a_foreign_file_is_refused_and_untouched() {
     }
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }
+
+#[tokio::test]
+async fn retain_purge_and_gc_print_their_reports_on_every_local_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let input = [
+        r#"{"id":"m1","bot_id":"b","session_id":"old","role":"user","text":"private","metadata":{"k":"private"}}"#,
+        r#"{"id":"m2","bot_id":"b","session_id":"old","role":"user","text":"also private"}"#,
+    ]
+    .join("\n");
+    let out = ctxlog(&store, &["append", "--writer", "w1"], &input).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Nothing is a day old yet; then everything is older than zero seconds.
+    let out = ctxlog(&store, &["retain", "--older-than", "1d"], "").await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        keys(&lines(&out)[0]),
+        ["sessions_ended", "sessions_remaining", "tombstones"]
+    );
+    assert_eq!(lines(&out)[0]["tombstones"], 0);
+    let out = ctxlog(&store, &["retain", "--older-than", "0s", "--bot", "b"], "").await;
+    let report = &lines(&out)[0];
+    assert_eq!(report["tombstones"], 2, "{report}");
+    assert_eq!(report["sessions_ended"][0]["session_id"], "old");
+
+    let out = ctxlog(&store, &["purge"], "").await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = &lines(&out)[0];
+    assert_eq!(
+        keys(report),
+        ["entries_purged", "erased", "ids_purged", "ids_remaining", "note"]
+    );
+    assert_eq!(
+        (report["ids_purged"].as_u64(), report["entries_purged"].as_u64()),
+        (Some(2), Some(4))
+    );
+    let out = ctxlog(&store, &["gc", "--grace", "0s"], "").await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        keys(&lines(&out)[0]),
+        ["bytes_reclaimed", "note", "objects_deleted", "objects_pending"]
+    );
+    let out = ctxlog(&store, &["gc", "--grace", "ten minutes"], "").await;
+    assert_eq!(out.status.code(), Some(2), "a bad duration is a usage error");
+
+    if ctxlog::compiled_backends().contains(&"lance") {
+        let lance = dir.path().join("s.lance").display().to_string();
+        let out = ctxlog(&lance, &["append", "--writer", "w1"], &input).await;
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for args in [
+            &["retain", "--older-than", "0s"][..],
+            &["purge"],
+            &["gc", "--grace", "0s"],
+        ] {
+            let out = ctxlog(&lance, args, "").await;
+            assert!(
+                out.status.success(),
+                "{args:?} on lance: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let out = ctxlog(&lance, &["session", "--bot", "b", "--session", "old"], "").await;
+        assert!(out.status.success() && out.stdout.is_empty(), "the session was ended");
+    }
+}

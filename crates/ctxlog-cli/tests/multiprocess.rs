@@ -48,6 +48,7 @@ fn backends() -> Vec<Backend> {
         inject_raw_entry: |_, _| unused(),
         stall_writes: |_| unused::<FaultGuard>(),
         faults: None,
+        files_in_root: true,
     }];
     if ctxlog::compiled_backends().contains(&"lance") {
         out.push(Backend {
@@ -65,6 +66,7 @@ fn backends() -> Vec<Backend> {
         store_uri: s3_loopback::store_uri_for,
         op_timeout: Duration::from_secs(30),
         case_timeout: Duration::from_secs(240),
+        files_in_root: false,
         ..out[0]
     });
     out

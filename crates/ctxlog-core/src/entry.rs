@@ -40,9 +40,22 @@ pub struct Entry {
     /// The hash stored with the entry (computed at append time). `ConflictDiscovery`
     /// recomputes it to find corrupt entries.
     pub content_hash: ContentHash,
+    /// True once `Store::purge` erased the entry's body and metadata (rule 16): the header
+    /// stays (so seqs stay dense and the order and conflicts are unchanged), the body reads
+    /// as empty text and the metadata as none, and the content can no longer be checked
+    /// against its hash.
+    pub purged: bool,
 }
 
 impl Entry {
+    /// What is left of an entry once purged: its header, an empty text body, no metadata.
+    /// One definition, so that every backend reads a purged entry back identically.
+    pub fn purge(&mut self) {
+        self.record.body = crate::record::Body::Text(String::new());
+        self.record.metadata = None;
+        self.purged = true;
+    }
+
     /// The entry's place in the contract's order.
     pub fn key(&self) -> OrderKey {
         OrderKey {

@@ -8,7 +8,7 @@
 //!
 //! Modules depend on each other in one direction only: `ids` → `error` → `hlc` → `record`
 //! → `canonical` → `hash` → `entry` → `validate` → `projection` → `options` → `traits` →
-//! `backend` → `testing`.
+//! `retain` → `backend` → `testing`.
 
 #![warn(missing_docs)]
 
@@ -23,6 +23,7 @@ pub mod options;
 pub mod projection;
 pub mod record;
 pub mod redact;
+mod retain;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod traits;
@@ -33,9 +34,13 @@ pub use error::{Error, Result, Unavailability, Written};
 pub use hash::ContentHash;
 pub use hlc::{Hlc, PhysicalClock, SystemClock};
 pub use ids::{Epoch, SHARD_NAMESPACE, Seq, ShardId, WriterId};
-pub use options::{CompactOptions, CompactReport, RefreshReport, StoreOptions};
+pub use options::{
+    CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, RefreshReport, RetainOptions,
+    RetainReport, StoreOptions,
+};
 pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats, conflicts_json};
 pub use record::{Body, Kind, Record};
 pub use redact::redact_uri;
+pub use retain::{MAINTENANCE_WRITER, retain};
 pub use traits::{ConflictDiscovery, Projector, Shard, Store};
 pub use validate::Limits;

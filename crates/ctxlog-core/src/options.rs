@@ -113,3 +113,99 @@ pub struct RefreshReport {
     /// True for the first scan.
     pub first_scan: bool,
 }
+
+/// Bounds of one reclaim pass (`Store::gc`, rule 15).
+#[derive(Clone, Debug)]
+pub struct GcOptions {
+    /// Nothing younger than this is deleted, so that a reader still on an older version of
+    /// the store finishes what it reads. Ten minutes by default.
+    pub grace: Duration,
+    /// Most objects (files, WAL entries, pages) deleted in one pass; run again for the rest.
+    pub max_objects: u64,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            grace: Duration::from_secs(600),
+            max_objects: 10_000,
+        }
+    }
+}
+
+/// What a reclaim pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Objects deleted by this pass (files, WAL entries, generations, SQLite pages).
+    pub objects_deleted: u64,
+    /// Bytes those objects held.
+    pub bytes_reclaimed: u64,
+    /// Reclaimable objects left for a later pass: younger than the grace period, or past
+    /// this pass's bound.
+    pub objects_pending: u64,
+    /// What the backend did, in words.
+    pub note: String,
+}
+
+/// Bounds of one purge pass (`Store::purge`, rule 16).
+#[derive(Clone, Debug)]
+pub struct PurgeOptions {
+    /// Most tombstoned ids purged in one pass; run again for the rest.
+    pub max_ids: u64,
+}
+
+impl Default for PurgeOptions {
+    fn default() -> Self {
+        PurgeOptions { max_ids: 10_000 }
+    }
+}
+
+/// What a purge pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Tombstoned ids whose entries this pass erased.
+    pub ids_purged: u64,
+    /// Entries whose body and metadata this pass erased.
+    pub entries_purged: u64,
+    /// Tombstoned ids with entries still to erase (run again).
+    pub ids_remaining: u64,
+    /// True when no copy of the erased bytes is left in the store's files; false when older
+    /// copies wait for `gc` (after its grace period) to delete them.
+    pub erased: bool,
+    /// What the backend did, in words.
+    pub note: String,
+}
+
+/// Which sessions a retention pass ends (`ctxlog_core::retain`).
+#[derive(Clone, Debug)]
+pub struct RetainOptions {
+    /// Sessions whose newest live record is older than this (by its HLC's wall-clock part,
+    /// against the store's clock) are ended.
+    pub older_than: Duration,
+    /// Only this bot's sessions; every bot's when `None`.
+    pub bot_id: Option<String>,
+    /// Most sessions ended in one pass; run again for the rest.
+    pub max_sessions: usize,
+}
+
+impl RetainOptions {
+    /// End every session (of every bot) idle for longer than `older_than`.
+    pub fn older_than(older_than: Duration) -> Self {
+        RetainOptions {
+            older_than,
+            bot_id: None,
+            max_sessions: 1_000,
+        }
+    }
+}
+
+/// What a retention pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetainReport {
+    /// The sessions ended by this pass, `(bot_id, session_id)`, sorted.
+    pub sessions_ended: Vec<(String, String)>,
+    /// Tombstones written (one per live record of an ended session).
+    pub tombstones: u64,
+    /// Sessions past the cutoff left for a later pass.
+    pub sessions_remaining: u64,
+}

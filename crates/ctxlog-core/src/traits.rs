@@ -6,7 +6,9 @@ use crate::entry::{AppendAck, Checkpoint, Entry, SessionSummary, ShardInfo};
 use crate::error::Result;
 use crate::hlc::Hlc;
 use crate::ids::{Epoch, ShardId, WriterId};
-use crate::options::{CompactOptions, CompactReport, RefreshReport, StoreOptions};
+use crate::options::{
+    CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, RefreshReport, StoreOptions,
+};
 use crate::projection::{Conflict, Projection, ProjectionStats};
 use crate::record::Record;
 
@@ -69,6 +71,34 @@ pub trait Store: Send + Sync + 'static {
     /// a live writer or reader; an interrupted pass changes nothing a reader can see, and the
     /// next pass converges. No entry is lost or duplicated.
     async fn compact(&self, options: &CompactOptions) -> Result<CompactReport>;
+
+    /// Reclaim storage: delete what compaction folded into the base storage and what no
+    /// version a reader may still use refers to, bounded by `options`.
+    ///
+    /// # Contract
+    ///
+    /// **Reclaim is invisible (rule 15).** Nothing younger than `options.grace` is deleted.
+    /// A pass never fences, blocks or fails a live writer or reader (rule 14); an interrupted
+    /// pass leaves a store that reads the same, and the next pass converges. A reader whose
+    /// position points into a reclaimed range catches up from the base storage and misses
+    /// nothing; a writer reopened afterwards keeps its seqs and clock; an append a fenced
+    /// writer has not yet had acknowledged can never be acknowledged and then lost.
+    async fn gc(&self, options: &GcOptions) -> Result<GcReport>;
+
+    /// Erase the body and metadata of every entry of every tombstoned id, bounded by
+    /// `options`.
+    ///
+    /// # Contract
+    ///
+    /// **Forget erases (rule 16).** After a purge and a `gc` past its grace period, no copy of
+    /// an erased body or metadata is left in the store's storage. What stays is each entry's
+    /// header (shard, seq, epoch, hlc, id, bot, session, kind, content hash): seqs stay dense,
+    /// the entry reads back with [`Entry::purged`] set, an empty text body and no metadata,
+    /// and the history checker reports it as neither corrupt nor missing. The projection and
+    /// the conflict list are byte-identical before and after. Ids without a tombstone are
+    /// never touched. Like every maintenance pass, it never fences or fails a live writer or
+    /// reader (rule 14).
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport>;
 }
 
 /// A claimed, writable shard. Long-lived: one per writer per process, never one per call.

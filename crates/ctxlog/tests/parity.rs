@@ -22,6 +22,7 @@ fn backend(name: &'static str, store_uri: fn(&std::path::Path) -> String) -> Bac
         inject_raw_entry: |_, _| Box::pin(async { anyhow::bail!("parity injects nothing") }),
         stall_writes: |_| Box::pin(async { anyhow::bail!("parity injects nothing") as anyhow::Result<FaultGuard> }),
         faults: None,
+        files_in_root: true,
     }
 }
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

@@ -22,6 +22,7 @@ pub(crate) const LANCE: Backend = Backend {
     inject_raw_entry,
     stall_writes,
     faults: Some(faults),
+    files_in_root: true,
 };
 
 /// Lance on `memory://`: the object store Lance keeps in the process (one per name, for
@@ -35,6 +36,7 @@ pub(crate) const LANCE_MEMORY: Backend = Backend {
             .unwrap_or_default();
         format!("memory://{name}/store.lance")
     },
+    files_in_root: false,
     ..LANCE
 };
 
@@ -47,6 +49,7 @@ pub(crate) const LANCE_S3: Backend = Backend {
     op_timeout: Duration::from_secs(30),
     case_timeout: Duration::from_secs(240),
     proptest_cases: 4,
+    files_in_root: false,
     ..LANCE
 };
 

@@ -461,6 +461,7 @@ pub(crate) mod tests {
                         hlc,
                         record,
                         content_hash,
+                        purged: false,
                     }
                 })
                 .collect()

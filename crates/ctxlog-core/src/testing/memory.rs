@@ -21,8 +21,8 @@ use crate::entry::{AppendAck, Entry, OrderKey, ShardInfo};
 use crate::error::{Error, Result, Written};
 use crate::hlc::{Hlc, HlcClock};
 use crate::ids::{Epoch, ShardId, WriterId};
-use crate::options::{CompactOptions, CompactReport, StoreOptions};
-use crate::record::Record;
+use crate::options::{CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, StoreOptions};
+use crate::record::{Kind, Record};
 use crate::traits::{ConflictDiscovery, Projector, Shard, Store};
 
 /// One store's data.
@@ -196,6 +196,45 @@ impl Store for MemoryStore {
             ..Default::default()
         })
     }
+
+    /// Nothing to reclaim: no entry lives twice, and a purged body is gone at once.
+    async fn gc(&self, _options: &GcOptions) -> Result<GcReport> {
+        Ok(GcReport {
+            note: "memory: nothing to reclaim".into(),
+            ..Default::default()
+        })
+    }
+
+    async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        let mut data = self.shared.data.lock().expect("not poisoned");
+        let all = || data.shards.values().flat_map(|s| s.entries.iter());
+        let tombstoned: std::collections::BTreeSet<String> = all()
+            .filter(|e| e.record.kind == Kind::Tombstone)
+            .map(|e| e.record.id.clone())
+            .collect();
+        let pending: std::collections::BTreeSet<String> = all()
+            .filter(|e| !e.purged && tombstoned.contains(&e.record.id))
+            .map(|e| e.record.id.clone())
+            .collect();
+        let now: std::collections::BTreeSet<&String> = pending
+            .iter()
+            .take(usize::try_from(options.max_ids).unwrap_or(usize::MAX))
+            .collect();
+        let mut entries = 0;
+        for e in data.shards.values_mut().flat_map(|s| s.entries.iter_mut()) {
+            if !e.purged && now.contains(&e.record.id) {
+                e.purge();
+                entries += 1;
+            }
+        }
+        Ok(PurgeReport {
+            ids_purged: now.len() as u64,
+            entries_purged: entries,
+            ids_remaining: (pending.len() - now.len()) as u64,
+            erased: true,
+            note: "memory: bodies dropped".into(),
+        })
+    }
 }
 
 /// How far a projector has read: per shard, how many stored entries.
@@ -277,6 +316,7 @@ impl MemoryShard {
             hlc: e.hlc,
             record: e.record.clone(),
             content_hash: e.hash,
+            purged: false,
         });
         {
             let mut data = self.store.shared.data.lock().expect("not poisoned");

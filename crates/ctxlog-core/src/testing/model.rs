@@ -219,7 +219,7 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
         // Corrupt: the stored hash is not the hash of the stored content.
         for e in &entries {
             let actual = ContentHash::of(&e.record);
-            if actual != e.content_hash {
+            if !e.purged && actual != e.content_hash {
                 out.push(Conflict::Corrupt {
                     shard,
                     seq: e.seq,
@@ -254,6 +254,7 @@ mod tests {
             hlc: Hlc(hlc),
             record,
             content_hash,
+            purged: false,
         }
     }
 
