@@ -307,10 +307,10 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
         ds = done.new_dataset.as_ref().clone();
     }
     // Rewrite every fragment with deleted rows, also those an interrupted pass left: the old
-    // bodies are then only in files of superseded versions. Only those: no fragment counts
-    // as too small (insert-only compaction never deletes, so nothing else is rewritten).
+    // bodies are then only in files of superseded versions. Lance's planner also merges
+    // small fragments on the way (what its own optimize does); `target_rows_per_fragment`
+    // is the size of what it writes, so it keeps its default.
     let options = CompactionOptions {
-        target_rows_per_fragment: 1,
         materialize_deletions: true,
         materialize_deletions_threshold: 0.0,
         ..CompactionOptions::default()
