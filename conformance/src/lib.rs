@@ -37,7 +37,9 @@ pub mod prelude {
         Body, CompactOptions, Conflict, ConflictKind, Entry, Error, Hlc, Record, Store, StoreOptions, WriterId, Written,
     };
 
-    pub use crate::{Case, Ctx, Fault, Need, all_entries, bounded, case, ids, ids_of, kinds, rec, recs, w};
+    pub use crate::{
+        Case, Ctx, Fault, Need, all_entries, append_beside, bounded, case, ids, ids_of, kinds, rec, recs, w,
+    };
 }
 
 /// A boxed, sendable future: what descriptors and cases return.
@@ -366,6 +368,33 @@ pub async fn bounded<T>(what: &str, after: Duration, fut: impl Future<Output = T
     tokio::time::timeout(after, fut)
         .await
         .map_err(|_| anyhow::anyhow!("{what} hung past {after:?}"))
+}
+
+/// Append batch `n` (five records of session `s`) while `what` (a maintenance pass) runs:
+/// it must succeed within the backend's deadline, under the handle's own epoch (rule 14).
+/// Returns the ids appended.
+pub async fn append_beside(
+    ctx: &Ctx,
+    shard: &mut dyn ctxlog_core::Shard,
+    what: &str,
+    n: usize,
+) -> anyhow::Result<Vec<String>> {
+    use anyhow::Context as _;
+    let batch = recs(&format!("during{n}"), "s", 5);
+    let ack = bounded(
+        &format!("an append beside {what}"),
+        ctx.backend.op_timeout,
+        shard.append(batch.clone()),
+    )
+    .await?
+    .with_context(|| format!("append {n} beside {what} failed"))?;
+    let epoch = shard.epoch();
+    anyhow::ensure!(
+        ack.epoch == epoch,
+        "expected epoch {epoch}, got {}: {what} fenced the writer",
+        ack.epoch
+    );
+    Ok(ids_of(&batch))
 }
 
 /// Every entry of every shard, as stored.

@@ -73,16 +73,16 @@ pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
     let (store, base_path) = shared.io(&base).await?;
     let shards: Vec<Uuid> = base.list_mem_wal_latest_shard_ids().await.map_err(gc_err)?;
     // 1. Record each shard's floor: the WAL position its flushed generations cover.
-    let mut manifests = HashMap::new();
-    for shard in &shards {
-        let m = ShardManifestStore::new(store.clone(), &base_path, *shard, 2)
-            .latest()
-            .await
-            .map_err(gc_err)?;
-        if let Some(m) = m {
-            manifests.insert(*shard, m);
-        }
-    }
+    // Shard manifests at once, as the readers take them (`tiers::READ_WINDOW`).
+    let manifests: HashMap<Uuid, _> = futures::stream::iter(shards.iter().copied())
+        .map(|shard| {
+            let manifests = ShardManifestStore::new(store.clone(), &base_path, shard, 2);
+            async move { Ok::<_, Error>((shard, manifests.latest().await.map_err(gc_err)?)) }
+        })
+        .buffered(crate::tiers::READ_WINDOW)
+        .try_filter_map(|(shard, m)| async move { Ok(m.map(|m| (shard, m))) })
+        .try_collect()
+        .await?;
     let recorded = floors(&base);
     let raised: Vec<(String, String)> = manifests
         .iter()
@@ -254,9 +254,14 @@ fn purge_err(e: lance::Error) -> Error {
     lance_err("purge", None, Written::Unknown, e)
 }
 
-/// A string literal for a Lance filter.
-fn quoted(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+/// The filter of the rows of `ids` whose body or metadata is still stored.
+fn unerased_rows_of(ids: &[String]) -> String {
+    // String literals of a Lance filter: single quotes, doubled inside.
+    let list: Vec<String> = ids.iter().map(|s| format!("'{}'", s.replace('\'', "''"))).collect();
+    format!(
+        "{ID} IN ({}) AND ({BODY_TEXT} IS NOT NULL OR {BODY_BYTES} IS NOT NULL OR {METADATA} IS NOT NULL)",
+        list.join(", ")
+    )
 }
 
 /// One purge pass: fold what can be folded, erase body and metadata of the base table's
@@ -279,12 +284,9 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
             ..PurgeReport::default()
         });
     }
-    let unerased = format!("({BODY_TEXT} IS NOT NULL OR {BODY_BYTES} IS NOT NULL OR {METADATA} IS NOT NULL)");
     let mut pending = Vec::new();
     for chunk in tombstoned.chunks(IDS_PER_STATEMENT) {
-        let list: Vec<String> = chunk.iter().map(|s| quoted(s)).collect();
-        let filter = format!("{ID} IN ({}) AND {unerased}", list.join(", "));
-        pending.extend(column_values(&base, ID, &filter).await?);
+        pending.extend(column_values(&base, ID, &unerased_rows_of(chunk)).await?);
     }
     pending.sort();
     pending.dedup();
@@ -293,10 +295,8 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
     let mut erased_entries = 0;
     let mut ds = base;
     for chunk in chosen.chunks(IDS_PER_STATEMENT) {
-        let list: Vec<String> = chunk.iter().map(|s| quoted(s)).collect();
-        let filter = format!("{ID} IN ({}) AND {unerased}", list.join(", "));
         let job = UpdateBuilder::new(Arc::new(ds.clone()))
-            .update_where(&filter)
+            .update_where(&unerased_rows_of(chunk))
             .and_then(|b| b.set(BODY_TEXT, "NULL"))
             .and_then(|b| b.set(BODY_BYTES, "NULL"))
             .and_then(|b| b.set(METADATA, "NULL"))

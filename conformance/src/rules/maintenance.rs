@@ -39,20 +39,7 @@ pub async fn compaction_never_fences_or_blocks_a_live_writer(ctx: Ctx) -> anyhow
     };
     let mut n = 0;
     while n < 20 || !compactor.is_finished() {
-        let batch = recs(&format!("during{n}"), "s", 5);
-        let ack = bounded(
-            "an append beside compaction",
-            ctx.backend.op_timeout,
-            shard.append(batch.clone()),
-        )
-        .await?
-        .with_context(|| format!("append {n} beside compaction failed"))?;
-        ensure!(
-            ack.epoch == epoch,
-            "expected epoch {epoch}, got {}: compaction fenced the writer",
-            ack.epoch
-        );
-        appended.extend(ids_of(&batch));
+        appended.extend(append_beside(&ctx, shard.as_mut(), "compaction", n).await?);
         n += 1;
         ensure!(n < 10_000, "compaction never finished");
     }

@@ -44,7 +44,6 @@ fn now() -> GcOptions {
 pub async fn gc_beside_live_writers_and_readers_loses_nothing(ctx: Ctx) -> anyhow::Result<()> {
     let store = ctx.store().await?;
     let mut shard = store.open_shard(&w("live")).await?;
-    let epoch = shard.epoch();
     let mut appended = Vec::new();
     for b in 0..3 {
         let batch = recs(&format!("before{b}"), "s", 5);
@@ -65,20 +64,7 @@ pub async fn gc_beside_live_writers_and_readers_loses_nothing(ctx: Ctx) -> anyho
     };
     let mut n = 0;
     while n < 12 || !maintainer.is_finished() {
-        let batch = recs(&format!("during{n}"), "s", 5);
-        let ack = bounded(
-            "an append beside gc",
-            ctx.backend.op_timeout,
-            shard.append(batch.clone()),
-        )
-        .await?
-        .with_context(|| format!("append {n} beside gc failed"))?;
-        ensure!(
-            ack.epoch == epoch,
-            "expected epoch {epoch}, got {}: gc fenced the writer",
-            ack.epoch
-        );
-        appended.extend(ids_of(&batch));
+        appended.extend(append_beside(&ctx, shard.as_mut(), "gc", n).await?);
         if n % 4 == 0 {
             early.refresh().await.context("a refresh beside gc failed")?;
         }
