@@ -78,6 +78,29 @@ enum Cmd {
     },
     /// Fold every flushed generation into the base table (Lance; SQLite checkpoints).
     Compact,
+    /// Reclaim passes (`Store::gc`) until one deletes nothing: their time and what they freed.
+    Gc {
+        /// The grace period in seconds (0: everything folded is reclaimable at once).
+        #[arg(long, default_value_t = 0)]
+        grace_secs: u64,
+    },
+    /// One retention pass ending the `sessions` longest-idle sessions (any age).
+    Retain {
+        #[arg(long)]
+        sessions: usize,
+    },
+    /// Purge passes until no tombstoned id has bytes left to erase.
+    Purge,
+    /// Scan, and save a projection snapshot in the store (not timed as a first scan).
+    Snapshot,
+    /// What a cold replica pays with a snapshot in the store: open, first scan (from the
+    /// snapshot, then the entries past it), and one session view.
+    ColdStart {
+        #[arg(long)]
+        bot: String,
+        #[arg(long)]
+        session: String,
+    },
     /// A session view from a fresh handle: the first scan, then the view (its time and
     /// requests apart).
     Session {
@@ -112,6 +135,9 @@ fn options() -> StoreOptions {
         create_if_missing: false,
         // Benchmarks scan large logs: the deadline bounds hangs, not work.
         timeout: Duration::from_secs(3600),
+        // A first scan is a full scan, even of a restored store that holds snapshots; only
+        // `cold-start` reads them.
+        read_snapshots: false,
         ..StoreOptions::default()
     }
 }
@@ -196,6 +222,11 @@ async fn run(cli: Cli) -> Result<Value> {
             seed,
         } => append(&cli.store, &location, &writer, batch, records, seed).await?,
         Cmd::Compact => compact_all(&cli.store).await?,
+        Cmd::Gc { grace_secs } => gc_all(&cli.store, Duration::from_secs(grace_secs)).await?,
+        Cmd::Retain { sessions } => retain(&cli.store, sessions).await?,
+        Cmd::Purge => purge_all(&cli.store).await?,
+        Cmd::Snapshot => snapshot(&cli.store).await?,
+        Cmd::ColdStart { bot, session } => cold_start(&cli.store, &location, &bot, &session).await?,
         Cmd::Copy { .. } | Cmd::Upload { .. } => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();
@@ -220,12 +251,14 @@ async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {
                 shard.append(chunk.to_vec()).await?;
             }
             shard.close().await?;
-            anyhow::Ok(records.len())
+            anyhow::Ok((records.len(), records.iter().map(Workload::logical_bytes).sum::<u64>()))
         }));
     }
-    let mut written = 0;
+    let (mut written, mut logical) = (0, 0);
     for t in tasks {
-        written += t.await??;
+        let (n, bytes) = t.await??;
+        written += n;
+        logical += bytes;
     }
     let mut folded = 0;
     if compact && store.backend() == "lance" {
@@ -233,6 +266,7 @@ async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {
     }
     Ok(json!({
         "entries": written,
+        "logical_bytes": logical,
         "seconds": started.elapsed().as_secs_f64(),
         "generations_folded": folded,
     }))
@@ -294,6 +328,104 @@ async fn compact_all(uri: &str) -> Result<Value> {
     let started = Instant::now();
     let (passes, merged) = fold_all(store.as_ref()).await?;
     Ok(json!({"seconds": started.elapsed().as_secs_f64(), "passes": passes, "generations_merged": merged}))
+}
+
+async fn snapshot(uri: &str) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let started = Instant::now();
+    let mut p = store.projector();
+    p.refresh().await?;
+    let r = p.save_snapshot().await?;
+    Ok(json!({"seconds": started.elapsed().as_secs_f64(), "entries": r.entries, "bytes": r.bytes}))
+}
+
+async fn cold_start(uri: &str, location: &Location, bot: &str, session: &str) -> Result<Value> {
+    let started = Instant::now();
+    let store = measured::open_with(uri, location, true).await?;
+    let mut p = store.projector();
+    let report = p.refresh().await?;
+    let scanned = started.elapsed().as_secs_f64();
+    let view = p.session(bot, session).await?;
+    Ok(json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "scan_seconds": scanned,
+        "from_snapshot": report.from_snapshot.is_some(),
+        "entries_read": report.entries_read,
+        "entries": p.stats().entries,
+        "records": view.len(),
+        "object_reads": measured::reads(),
+    }))
+}
+
+/// Reclaim passes until one deletes nothing (at most 100).
+async fn gc_all(uri: &str, grace: Duration) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let started = Instant::now();
+    let (mut passes, mut deleted, mut reclaimed, mut first_pass) = (0u64, 0u64, 0u64, None);
+    loop {
+        let pass = Instant::now();
+        let r = store
+            .gc(&ctxlog::GcOptions {
+                grace,
+                ..ctxlog::GcOptions::default()
+            })
+            .await?;
+        passes += 1;
+        first_pass.get_or_insert(pass.elapsed().as_secs_f64());
+        deleted += r.objects_deleted;
+        reclaimed += r.bytes_reclaimed;
+        if r.objects_deleted == 0 || passes >= 100 {
+            return Ok(json!({
+                "seconds": started.elapsed().as_secs_f64(),
+                "first_pass_seconds": first_pass,
+                "passes": passes,
+                "objects_deleted": deleted,
+                "bytes_reclaimed": reclaimed,
+                "objects_pending": r.objects_pending,
+            }));
+        }
+    }
+}
+
+/// One retention pass over the `sessions` longest-idle sessions.
+async fn retain(uri: &str, sessions: usize) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let started = Instant::now();
+    let r = ctxlog::retain(
+        store.as_ref(),
+        &ctxlog::RetainOptions {
+            max_sessions: sessions,
+            ..ctxlog::RetainOptions::older_than(Duration::ZERO)
+        },
+    )
+    .await?;
+    Ok(json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "sessions_ended": r.sessions_ended.len(),
+        "tombstones": r.tombstones,
+    }))
+}
+
+/// Purge passes until nothing tombstoned is left to erase (at most 1000).
+async fn purge_all(uri: &str) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let started = Instant::now();
+    let (mut passes, mut ids, mut entries) = (0u64, 0u64, 0u64);
+    loop {
+        let r = store.purge(&ctxlog::PurgeOptions::default()).await?;
+        passes += 1;
+        ids += r.ids_purged;
+        entries += r.entries_purged;
+        if r.ids_remaining == 0 || passes >= 1000 {
+            return Ok(json!({
+                "seconds": started.elapsed().as_secs_f64(),
+                "passes": passes,
+                "ids_purged": ids,
+                "entries_purged": entries,
+                "ids_remaining": r.ids_remaining,
+            }));
+        }
+    }
 }
 
 /// Copy a local Lance store to an object-store URI.
@@ -566,17 +698,26 @@ mod measured {
     }
 
     pub(super) async fn open(uri: &str, location: &Location) -> Result<Arc<dyn Store>> {
+        open_with(uri, location, false).await
+    }
+
+    /// [`open`], reading projection snapshots when `snapshots` (a cold start).
+    pub(super) async fn open_with(uri: &str, location: &Location, snapshots: bool) -> Result<Arc<dyn Store>> {
+        let with = |o: ctxlog::StoreOptions| ctxlog::StoreOptions {
+            read_snapshots: snapshots,
+            ..o
+        };
         match location {
             #[cfg(feature = "lance")]
             Location::Lance { uri: dataset, .. } => Ok(Arc::new(
                 ctxlog_lance::LanceStore::open_with_faults(
                     dataset,
-                    super::options_for(location),
+                    with(super::options_for(location)),
                     REQUESTS.get().cloned(),
                 )
                 .await?,
             )),
-            _ => Ok(ctxlog::open(uri, super::options()).await?),
+            _ => Ok(ctxlog::open(uri, with(super::options())).await?),
         }
     }
 

@@ -72,6 +72,13 @@ impl Workload {
         out
     }
 
+    /// What a record holds, as the bounded-storage figures count it: its id, its body and
+    /// its metadata (as JSON).
+    pub(crate) fn logical_bytes(r: &Record) -> u64 {
+        let metadata = r.metadata.as_ref().map_or(0, |m| m.to_string().len());
+        (r.id.len() + r.body.len() + metadata) as u64
+    }
+
     fn fresh(&self, rng: &mut StdRng, sizes: &LogNormal<f64>, name: &str, n: usize) -> Record {
         let bot = rng.random_range(0..self.bots);
         let session = rng.random_range(0..self.sessions_per_bot);

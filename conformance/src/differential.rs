@@ -1,7 +1,8 @@
 //! The differential property test: random histories of puts, duplicates, divergent puts,
-//! tombstones, reopens and observations over several writers, written through the public
-//! API, must read back exactly as written and give the same canonical projection, session
-//! views and conflict list as the reference model.
+//! tombstones, reopens, observations, projection snapshots and compaction with gc over
+//! several writers, written through the public API, must read back exactly as written and
+//! give the same canonical projection, session views and conflict list as the reference
+//! model — from a full scan and from the newest snapshot plus what came after it.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,6 +38,10 @@ pub enum Step {
         /// Which of the writers.
         writer: u8,
     },
+    /// The observer saves a projection snapshot (rule 17).
+    Snapshot,
+    /// Compaction, then gc with no grace period (rule 15).
+    Maintain,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -46,6 +51,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(writer, records)| Step::Append { writer, records }),
         1 => (0..WRITERS).prop_map(|writer| Step::Reopen { writer }),
         1 => (0..WRITERS).prop_map(|writer| Step::Observe { writer }),
+        1 => Just(Step::Snapshot),
+        1 => Just(Step::Maintain),
     ]
 }
 
@@ -102,6 +109,18 @@ pub async fn write_history(
                 observer.refresh().await?;
                 shards[*writer as usize].observe(observer.max_hlc())?;
             }
+            Step::Snapshot => {
+                observer.refresh().await?;
+                observer.save_snapshot().await?;
+            }
+            Step::Maintain => {
+                store.compact(&ctxlog_core::CompactOptions::default()).await?;
+                let now = ctxlog_core::GcOptions {
+                    grace: std::time::Duration::ZERO,
+                    ..ctxlog_core::GcOptions::default()
+                };
+                store.gc(&now).await?;
+            }
         }
     }
     for s in shards {
@@ -111,8 +130,9 @@ pub async fn write_history(
 }
 
 /// Write `history` to a fresh store and check it against the model. The observers'
-/// projector refreshes along the way, so incremental refresh is checked too.
-pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Result<()> {
+/// projector refreshes along the way, so incremental refresh is checked too. `full` is
+/// another handle on the same store that never reads snapshots.
+pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]) -> anyhow::Result<()> {
     let mut incremental = store.projector();
     incremental.refresh().await?;
     let acked = write_history(store, history, incremental.as_mut()).await?;
@@ -138,9 +158,17 @@ pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Resul
     );
 
     let expected = model::project(&entries);
-    let mut first = store.projector();
+    let mut first = full.projector();
     first.refresh().await?;
     ensure!(first.projection() == expected, "first scan differs from the model");
+    // A first scan that may start from the newest snapshot answers the same (rule 17).
+    let mut from_snapshot = store.projector();
+    let report = from_snapshot.refresh().await?;
+    ensure!(
+        from_snapshot.projection() == expected,
+        "a first scan from a snapshot ({:?}) differs from the model",
+        report.from_snapshot
+    );
     ensure!(
         incremental.projection() == expected,
         "incremental refresh differs from the model"
@@ -151,10 +179,14 @@ pub async fn check_history(store: &dyn Store, history: &[Step]) -> anyhow::Resul
     );
     let sessions: BTreeSet<String> = entries.iter().map(|e| e.record.session_id.clone()).collect();
     for s in sessions {
-        let got = first.session("bot", &s).await?;
+        let want = model::session_view(&entries, "bot", &s);
         ensure!(
-            got == model::session_view(&entries, "bot", &s),
+            first.session("bot", &s).await? == want,
             "session {s} differs from the model"
+        );
+        ensure!(
+            from_snapshot.session("bot", &s).await? == want,
+            "session {s} from a snapshot differs from the model"
         );
     }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
@@ -183,7 +215,16 @@ pub async fn differential_against_reference_model(ctx: Ctx) -> anyhow::Result<()
             handle
                 .block_on(async {
                     let store = ctx.open(&uri, ctx.options()).await?;
-                    check_history(store.as_ref(), &history).await
+                    let full = ctx
+                        .open(
+                            &uri,
+                            ctxlog_core::StoreOptions {
+                                read_snapshots: false,
+                                ..ctx.options()
+                            },
+                        )
+                        .await?;
+                    check_history(store.as_ref(), full.as_ref(), &history).await
                 })
                 .map_err(|e| TestCaseError::fail(format!("{e:#}")))
         })

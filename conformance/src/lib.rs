@@ -38,7 +38,8 @@ pub mod prelude {
     };
 
     pub use crate::{
-        Case, Ctx, Fault, Need, all_entries, append_beside, bounded, case, ids, ids_of, kinds, rec, recs, w,
+        Case, Ctx, Fault, Need, SnapshotDamage, all_entries, append_beside, bounded, case, ids, ids_of, kinds, rec,
+        recs, w,
     };
 }
 
@@ -70,6 +71,49 @@ pub enum Fault {
 /// drops. Only stores opened through the descriptor's `open` are affected.
 pub type FaultHook = fn(uri: String, fault: Fault) -> BoxFuture<anyhow::Result<FaultGuard>>;
 
+/// How a case damages a stored projection snapshot (rule 17), as a disk fault, an operator
+/// or a copy from elsewhere might.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotDamage {
+    /// One byte in the middle flipped.
+    FlipByte,
+    /// Cut to half its length.
+    Truncate,
+    /// The format number of another build.
+    OtherFormat,
+    /// Bytes that are no snapshot at all.
+    NotASnapshot,
+    /// These bytes instead (another store's snapshot).
+    Replace(Vec<u8>),
+}
+
+impl SnapshotDamage {
+    /// Damage one snapshot's bytes.
+    pub fn apply(&self, bytes: &mut Vec<u8>) {
+        match self {
+            SnapshotDamage::FlipByte => {
+                let mid = bytes.len() / 2;
+                if let Some(b) = bytes.get_mut(mid) {
+                    *b ^= 0x20;
+                }
+            }
+            SnapshotDamage::Truncate => bytes.truncate(bytes.len() / 2),
+            SnapshotDamage::OtherFormat => {
+                let other = (ctxlog_core::backend::snapshot::FORMAT + 1).to_le_bytes();
+                if bytes.len() >= 12 {
+                    bytes[8..12].copy_from_slice(&other);
+                }
+            }
+            SnapshotDamage::NotASnapshot => *bytes = b"this is not a projection snapshot".to_vec(),
+            SnapshotDamage::Replace(with) => bytes.clone_from(with),
+        }
+    }
+}
+
+/// Raw access to the projection snapshots stored in the store at `uri`: every one's bytes,
+/// newest first, as they were before `damage` (if any) was done to each.
+pub type TamperSnapshots = fn(uri: String, damage: Option<SnapshotDamage>) -> BoxFuture<anyhow::Result<Vec<Vec<u8>>>>;
+
 /// How a backend opens the store at a URI.
 pub type OpenFn = fn(uri: String, options: StoreOptions) -> BoxFuture<ctxlog_core::Result<Arc<dyn Store>>>;
 
@@ -96,6 +140,8 @@ pub struct Backend {
     /// The faults of the object store under the backend; `None` for a backend that has no
     /// object store (its fault cases are reported as not applicable, never skipped silently).
     pub faults: Option<FaultHook>,
+    /// Read (and damage) the store's projection snapshots, below the API (rule 17).
+    pub tamper_snapshots: TamperSnapshots,
     /// Whether every byte of a store lives in files under the case's root directory (a
     /// local disk), so that a case can read them as an auditor would. False for in-memory
     /// and object stores: their secret-scan case is reported as not applicable.
@@ -411,6 +457,17 @@ pub mod memory {
     use super::*;
     use ctxlog_core::testing::MemoryStore;
 
+    /// The case's store, which must exist.
+    fn existing(uri: &str) -> ctxlog_core::Result<MemoryStore> {
+        MemoryStore::open(
+            uri,
+            StoreOptions {
+                create_if_missing: false,
+                ..StoreOptions::default()
+            },
+        )
+    }
+
     /// The in-memory store of `ctxlog-core`'s `testing` module, named by the case's root.
     pub const MEMORY: Backend = Backend {
         name: "memory",
@@ -421,14 +478,7 @@ pub mod memory {
         proptest_cases: 32,
         inject_raw_entry: |uri, entry| {
             Box::pin(async move {
-                let store = MemoryStore::open(
-                    &uri,
-                    StoreOptions {
-                        create_if_missing: false,
-                        ..StoreOptions::default()
-                    },
-                )?;
-                store.inject_raw_entry(entry);
+                existing(&uri)?.inject_raw_entry(entry);
                 Ok(())
             })
         },
@@ -436,6 +486,15 @@ pub mod memory {
             Box::pin(async move {
                 let store = MemoryStore::open(&uri, StoreOptions::default())?;
                 Ok(Box::new(store.stall_writes()) as FaultGuard)
+            })
+        },
+        tamper_snapshots: |uri, damage| {
+            Box::pin(async move {
+                Ok(existing(&uri)?.tamper_with_snapshots(|b| {
+                    if let Some(d) = &damage {
+                        d.apply(b)
+                    }
+                }))
             })
         },
         faults: None,

@@ -74,6 +74,10 @@ pub(crate) enum BenchKind {
     /// Lance's first scan on the S3 server on loopback with latency added to every
     /// request, against the same log on the local disk; compacted and not.
     ObjectStore(ObjectStoreArgs),
+    /// Bounded storage: store size against the records' logical size before and after
+    /// compact + gc, the time of gc, the first scan before and after it, and retention and
+    /// purge of 1 % of the sessions.
+    Reclaim(ReclaimArgs),
 }
 
 #[derive(Args, Clone)]
@@ -162,4 +166,23 @@ pub(crate) struct ObjectStoreArgs {
     pub runs: usize,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ReclaimArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Log sizes in entries.
+    #[arg(long, value_delimiter = ',', default_value = "100k,1m")]
+    pub sizes: Vec<String>,
+    /// Fresh-process first scans before and after gc.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Percent of the sessions that retention ends and purge erases.
+    #[arg(long, default_value_t = 1.0)]
+    pub percent: f64,
 }

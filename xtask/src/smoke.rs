@@ -1,12 +1,13 @@
 //! The benchmark harness end to end on a tiny log (1k entries, 1 run, debug build), so that
 //! it cannot rot: generated logs, `--restore` of every kind of source (a SQLite file, a
 //! Lance directory, a .tar.gz, a `file://` URI with a query string), a restore that must
-//! fail naming its source, and the append benchmark. Part of `cargo xtask test`.
+//! fail naming its source, the append benchmark and the reclaim benchmark. Part of `cargo
+//! xtask test`.
 
 use anyhow::{Context, Result, ensure};
 
 use crate::bench;
-use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs};
+use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs, ReclaimArgs};
 
 /// Run the harness end to end; fails naming what did not come out as expected.
 pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
@@ -43,10 +44,20 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
             "floor_warm",
             "refresh_warm",
             "conflicts_warm",
+            "cold_start_warm",
+            "cold_start_cold",
         ] {
             ensure!(r[k]["median"].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
         }
         ensure!(r["ratios"]["first_scan_over_floor_warm"].is_number(), "{r}");
+        ensure!(
+            r["cold_start_from_snapshot"] == true,
+            "the cold start did not use its snapshot: {r}"
+        );
+        ensure!(
+            r["cold_start_entries_read"] == 10,
+            "a cold start read more than the 1 % after its snapshot: {r}"
+        );
     }
     ensure!(dir.join("first-scan.svg").exists(), "no plot");
 
@@ -166,6 +177,39 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
     })?;
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("append-latest.json"))?)?;
     ensure!(doc["rows"].as_array().is_some_and(|r| r.len() == 4), "{doc}");
+
+    bench::run(BenchArgs {
+        what: BenchKind::Reclaim(ReclaimArgs {
+            common: common(false),
+            sizes: vec!["1k".into()],
+            runs: 1,
+            writers: 2,
+            seed: 42,
+            percent: 1.0,
+        }),
+    })?;
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reclaim-latest.json"))?)?;
+    let rows = doc["rows"].as_array().context("rows")?;
+    ensure!(rows.len() == 2, "one row per backend: {rows:?}");
+    for r in rows {
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        ensure!(n("entries") == 1000 && n("logical_bytes") > 500_000, "{r}");
+        ensure!(
+            r["retain"]["tombstones"].as_u64().is_some_and(|t| t > 0),
+            "retain ended nothing: {r}"
+        );
+        ensure!(
+            r["purge"]["entries_purged"].as_u64() >= r["retain"]["tombstones"].as_u64(),
+            "purge erased less than retention ended: {r}"
+        );
+        ensure!(
+            r["first_scan_after_gc"]["median"].as_f64().is_some_and(|v| v > 0.0),
+            "{r}"
+        );
+        if r["backend"] == "lance" {
+            ensure!(n("gc_bytes") < n("compacted_bytes"), "gc gave nothing back: {r}");
+        }
+    }
     eprintln!(
         "xtask: bench smoke: harness end to end in {:.1} s",
         started.elapsed().as_secs_f64()

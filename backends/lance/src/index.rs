@@ -12,7 +12,8 @@ use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use ctxlog_core::backend::index::{ProjectionIndex, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
-use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId};
+use ctxlog_core::backend::snapshot::Rejected;
+use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use lance::dataset::ProjectionRequest;
@@ -21,7 +22,7 @@ use lance::dataset::mem_wal::{DatasetMemWalExt, WalReadEntry, WalTailer};
 use crate::reclaim;
 use crate::schema::{Columns, INDEX_COLUMNS};
 use crate::store::Shared;
-use crate::tiers::{READ_WINDOW, Rows, Walk, open_sources, read_err, read_tails, tiers, wal_rows, walk};
+use crate::tiers::{READ_WINDOW, Rows, Tiers, Walk, open_sources, read_err, read_tails, tiers, wal_rows, walk};
 
 /// Where an entry can be fetched from, kept by the index with each put as a [`RowRef`].
 #[derive(Clone, Copy, Debug)]
@@ -68,9 +69,23 @@ impl RowPlace {
 pub(crate) struct Cursor {
     scanned: bool,
     /// Per shard, the next WAL position to read.
-    wal_next: HashMap<ShardId, u64>,
+    pub(crate) wal_next: HashMap<ShardId, u64>,
     /// Datasets rows were scanned from, pinned at the version scanned.
-    sources: Vec<Dataset>,
+    pub(crate) sources: Vec<Dataset>,
+    /// The base table version the first scan started from.
+    started: Option<u64>,
+}
+
+impl Cursor {
+    /// The cursor of a first scan that a snapshot saved (`snapshots::resume_cursor`).
+    pub(crate) fn resumed(wal_next: HashMap<ShardId, u64>, sources: Vec<Dataset>) -> Self {
+        Cursor {
+            scanned: true,
+            wal_next,
+            sources,
+            started: None,
+        }
+    }
 }
 
 pub(crate) struct LanceIndex {
@@ -133,18 +148,32 @@ impl IndexSource for LanceIndex {
         if !cursor.scanned {
             // First scan: the index columns of every tier. The cursor only advances after
             // its rows are applied, so a cancelled scan leaves the two consistent.
-            let t = tiers(shared, None).await?;
-            let sources = open_sources(shared, &t).await?;
-            // Make room for every entry at once: the datasets know their row counts; the
-            // WAL tails are small.
-            let mut rows = 0;
-            for ds in &sources {
-                rows += ds.count_rows(None).await.map_err(read_err)?;
-            }
-            index.reserve(rows);
-            let walked = walk(&t, &sources, HOW, |r| apply(r, 0, index, &mut done)).await?;
-            cursor.sources = sources;
-            cursor.wal_next.extend(walked.wal_next);
+            let mut attempt = 1;
+            let behind = loop {
+                match first_scan(shared, cursor, index, &mut done).await {
+                    Ok(behind) => break behind,
+                    // Rule 15: gc may delete what the version this scan started from names
+                    // (a folded generation, a superseded version's files) once its grace
+                    // period is over. If the store moved on meanwhile, start again from the
+                    // newer version rather than fail or answer with part of the log.
+                    Err(e) if attempt < FIRST_SCAN_ATTEMPTS && moved_since(shared, cursor.started).await => {
+                        tracing::info!(attempt, error = %e, "the store moved under a first scan; scanning again");
+                        *cursor = Cursor::default();
+                        *index = ProjectionIndex::new();
+                        done = CatchUp::default();
+                        attempt += 1;
+                    }
+                    Err(e) => {
+                        *cursor = Cursor::default();
+                        *index = ProjectionIndex::new();
+                        return Err(e);
+                    }
+                }
+            };
+            // WAL entries the scan read may have been emptied by a gc that ran meanwhile
+            // (their rows are in a generation or the base table the scan did not read):
+            // read those shards whole, as a refresh does.
+            read_whole(shared, cursor, index, &mut done, behind).await?;
             cursor.scanned = true;
             return Ok(done);
         }
@@ -182,14 +211,7 @@ impl IndexSource for LanceIndex {
                 cursor.wal_next.insert(shard, next);
             }
         }
-        for shard in whole {
-            let t = tiers(shared, Some(shard)).await?;
-            let sources = open_sources(shared, &t).await?;
-            let first = cursor.sources.len() as u32;
-            let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, &mut done)).await?;
-            cursor.sources.extend(sources);
-            cursor.wal_next.extend(walked.wal_next);
-        }
+        read_whole(shared, cursor, index, &mut done, whole).await?;
         Ok(done)
     }
 
@@ -205,6 +227,124 @@ impl IndexSource for LanceIndex {
     fn timeout(&self) -> Duration {
         self.shared.timeout()
     }
+
+    fn read_snapshots(&self) -> bool {
+        self.shared.options.read_snapshots
+    }
+
+    async fn store_identity(&self, create: bool) -> Result<Option<String>> {
+        crate::snapshots::identity(&self.shared, create).await
+    }
+
+    async fn snapshot_names(&self) -> Result<Vec<String>> {
+        crate::snapshots::names(&self.shared).await
+    }
+
+    async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        crate::snapshots::read(&self.shared, name).await
+    }
+
+    async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()> {
+        crate::snapshots::put(&self.shared, bytes).await
+    }
+
+    fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
+        crate::snapshots::save_cursor(cursor)
+    }
+
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+        crate::snapshots::resume_cursor(&self.shared, saved).await
+    }
+}
+
+/// Most times a first scan starts again because the store moved under it.
+const FIRST_SCAN_ATTEMPTS: u32 = 3;
+
+/// Most times a shard is read whole again because gc raised its floor during the read.
+const WHOLE_READ_ATTEMPTS: u32 = 5;
+
+/// One first scan into an empty index and cursor. Returns the shards whose WAL the scan
+/// read from below the floor gc has set since (see `read_whole`).
+async fn first_scan(
+    shared: &Shared,
+    cursor: &mut Cursor,
+    index: &mut ProjectionIndex,
+    done: &mut CatchUp,
+) -> Result<Vec<ShardId>> {
+    let t = tiers(shared, None).await?;
+    cursor.started = Some(t.base.version().version);
+    let sources = open_sources(shared, &t).await?;
+    // Make room for every entry at once: the datasets know their row counts; the WAL tails
+    // are small.
+    let mut rows = 0;
+    for ds in &sources {
+        rows += ds.count_rows(None).await.map_err(read_err)?;
+    }
+    index.reserve(rows);
+    let walked = walk(&t, &sources, HOW, |r| apply(r, 0, index, done)).await?;
+    cursor.sources = sources;
+    cursor.wal_next.extend(walked.wal_next);
+    below_floor(shared, &t).await
+}
+
+/// The shards of `t` whose WAL reads began below the floor the store has now: gc may have
+/// emptied entries they read.
+async fn below_floor(shared: &Shared, t: &Tiers) -> Result<Vec<ShardId>> {
+    let floors = reclaim::floors(&shared.latest().await?);
+    Ok(t.shards
+        .iter()
+        .filter(|s| s.wal_from < floors.get(&s.shard).copied().unwrap_or(0))
+        .map(|s| s.shard)
+        .collect())
+}
+
+/// Whether the base table has a newer version than the one a first scan started from.
+async fn moved_since(shared: &Shared, started: Option<u64>) -> bool {
+    match (started, shared.latest().await) {
+        (Some(v), Ok(latest)) => latest.version().version != v,
+        _ => false,
+    }
+}
+
+/// Read `shards` whole — their rows in the base table, their generations not folded, their
+/// WAL — from the store as it is now. Again (bounded) for a shard whose floor gc raised past
+/// where this read began its WAL.
+async fn read_whole(
+    shared: &Shared,
+    cursor: &mut Cursor,
+    index: &mut ProjectionIndex,
+    done: &mut CatchUp,
+    shards: Vec<ShardId>,
+) -> Result<()> {
+    for shard in shards {
+        let mut attempt = 1;
+        loop {
+            let t = tiers(shared, Some(shard)).await?;
+            let sources = open_sources(shared, &t).await?;
+            let first = cursor.sources.len() as u32;
+            let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, done)).await?;
+            cursor.sources.extend(sources);
+            cursor.wal_next.extend(walked.wal_next);
+            if below_floor(shared, &t).await?.is_empty() {
+                break;
+            }
+            if attempt == WHOLE_READ_ATTEMPTS {
+                // Never a partial view: fail, and let the caller refresh again.
+                return Err(Error::Backend {
+                    backend: "lance",
+                    op: "refresh",
+                    shard: Some(shard),
+                    written: Written::Nothing,
+                    source: std::io::Error::other(format!(
+                        "gc raised this shard's WAL floor {WHOLE_READ_ATTEMPTS} times while it was read"
+                    ))
+                    .into(),
+                });
+            }
+            attempt += 1;
+        }
+    }
+    Ok(())
 }
 
 impl LanceIndex {

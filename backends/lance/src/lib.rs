@@ -31,6 +31,7 @@ mod open;
 mod reclaim;
 mod schema;
 mod shard;
+mod snapshots;
 mod store;
 mod tiers;
 mod writers;

@@ -194,3 +194,17 @@ pub fn generation_dirs(uri: &str) -> Result<Vec<std::path::PathBuf>> {
     out.sort();
     Ok(out)
 }
+
+/// Raw access to the projection snapshots stored under the store at `uri` (storage options
+/// in its query), for tests that damage them as a disk or an operator might: `f` changes
+/// each one's bytes, which are written back; returns them as they were, newest first.
+pub async fn tamper_with_snapshots(uri: &str, mut f: impl FnMut(&mut Vec<u8>) + Send) -> Result<Vec<Vec<u8>>> {
+    let (base, storage) = split_uri(uri);
+    let options = StoreOptions {
+        create_if_missing: false,
+        storage_options: storage.into_iter().collect(),
+        ..StoreOptions::default()
+    };
+    let store = LanceStore::open_store(&base, options).await?;
+    crate::snapshots::tamper(&store.shared, &mut f).await
+}

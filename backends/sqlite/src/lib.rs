@@ -13,6 +13,7 @@ mod read;
 mod reclaim;
 mod schema;
 mod shard;
+mod snapshots;
 mod stall;
 #[cfg(feature = "testing")]
 pub mod testing;

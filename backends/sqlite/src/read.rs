@@ -10,6 +10,7 @@ use chrono::DateTime;
 use ctxlog_core::backend::history::{HistoryChecker, HistorySource};
 use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
+use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{
     Body, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions, WriterId,
     Written,
@@ -205,6 +206,39 @@ impl IndexSource for SqliteIndex {
 
     fn timeout(&self) -> Duration {
         self.conn.options.timeout
+    }
+
+    fn read_snapshots(&self) -> bool {
+        self.conn.options.read_snapshots
+    }
+
+    async fn store_identity(&self, create: bool) -> Result<Option<String>> {
+        crate::snapshots::identity(&self.conn.path, &self.conn.options, create).await
+    }
+
+    async fn snapshot_names(&self) -> Result<Vec<String>> {
+        crate::snapshots::names(&self.conn.path, &self.conn.options).await
+    }
+
+    async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        crate::snapshots::read(&self.conn.path, &self.conn.options, name).await
+    }
+
+    async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()> {
+        crate::snapshots::put(&self.conn.path, &self.conn.options, bytes).await
+    }
+
+    /// Nothing: a catch-up reads past the index's own per-shard positions, and the shard
+    /// and session tables whole.
+    fn save_cursor(&self, _cursor: &Cursor) -> Vec<u8> {
+        Vec::new()
+    }
+
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+        if !saved.is_empty() {
+            return Err(Rejected::Corrupt(format!("a SQLite cursor of {} bytes", saved.len())));
+        }
+        Ok(Cursor::default())
     }
 }
 

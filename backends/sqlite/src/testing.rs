@@ -68,3 +68,44 @@ pub use crate::stall::WriteStall;
 pub fn stall_writes(path: &Path) -> Result<WriteStall> {
     crate::stall::arm(path)
 }
+
+/// Raw access to the projection snapshots stored in the store file at `path`, for tests
+/// that damage them as a disk or an operator might: `f` changes each one's bytes, which are
+/// written back; returns them as they were, newest first.
+pub fn tamper_with_snapshots(path: &Path, mut f: impl FnMut(&mut Vec<u8>)) -> Result<Vec<Vec<u8>>> {
+    let err = |e| crate::conn::sql_error("tamper with snapshots", None, Written::Unknown, e);
+    let mut c = Connection::open(path).map_err(err)?;
+    let tx = c.transaction().map_err(err)?;
+    let mut before = Vec::new();
+    {
+        let exists: bool = tx
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(err)?;
+        if !exists {
+            return Ok(before);
+        }
+        let mut stmt = tx
+            .prepare("SELECT snapshot_no, bytes FROM snapshots ORDER BY snapshot_no DESC")
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .map_err(err)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(err)?;
+        for (no, mut bytes) in rows {
+            before.push(bytes.clone());
+            f(&mut bytes);
+            tx.execute(
+                "UPDATE snapshots SET bytes = ?1 WHERE snapshot_no = ?2",
+                params![bytes, no],
+            )
+            .map_err(err)?;
+        }
+    }
+    tx.commit().map_err(err)?;
+    Ok(before)
+}

@@ -33,6 +33,19 @@ const SQLITE: Backend = Backend {
             Ok(Box::new(guard) as FaultGuard)
         })
     },
+    tamper_snapshots: |uri, damage| {
+        Box::pin(async move {
+            let apply = move |b: &mut Vec<u8>| {
+                if let Some(d) = &damage {
+                    d.apply(b)
+                }
+            };
+            let before =
+                tokio::task::spawn_blocking(move || ctxlog_sqlite::testing::tamper_with_snapshots(uri.as_ref(), apply))
+                    .await??;
+            Ok(before)
+        })
+    },
     // A file on a local disk: no object store to fault.
     faults: None,
     files_in_root: true,

@@ -11,6 +11,7 @@ pub mod maintenance;
 pub mod order;
 pub mod reading;
 pub mod reclaim;
+pub mod snapshots;
 
 /// Every case, in the contract's order.
 pub fn all() -> Vec<crate::Case> {
@@ -25,6 +26,7 @@ pub fn all() -> Vec<crate::Case> {
         creation::cases(),
         maintenance::cases(),
         reclaim::cases(),
+        snapshots::cases(),
         faults::cases(),
     ]
     .concat()

@@ -7,7 +7,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use chrono::{DateTime, SecondsFormat, Utc};
 use ctxlog::{
     AppendAck, Body, CompactReport, Conflict, Entry, Error, GcReport, Kind, ProjectionStats, PurgeReport, Record,
-    Result, RetainReport, SessionSummary, ShardInfo,
+    RefreshReport, Result, RetainReport, SessionSummary, ShardInfo, SnapshotReport,
 };
 use serde_json::{Map, Value, json};
 
@@ -182,6 +182,17 @@ pub(crate) fn gc_json(r: &GcReport) -> Value {
         "bytes_reclaimed": r.bytes_reclaimed,
         "objects_pending": r.objects_pending,
         "note": r.note,
+    })
+}
+
+/// What a saved snapshot holds, and how the scan before it started.
+pub(crate) fn snapshot_json(r: &SnapshotReport, refreshed: &RefreshReport) -> Value {
+    json!({
+        "entries": r.entries,
+        "bytes": r.bytes,
+        "taken_millis": r.taken_millis,
+        "entries_read": refreshed.entries_read,
+        "from_snapshot": refreshed.from_snapshot,
     })
 }
 

@@ -103,6 +103,10 @@ enum Command {
         #[arg(long, default_value_t = PurgeOptions::default().max_ids)]
         max_ids: u64,
     },
+    /// Save the projection in the store (a projection snapshot), so that new readers start
+    /// from it and read only what is newer. Keeps the newest two. Run it after `compact` and
+    /// `gc`: a snapshot that names what gc later removes is skipped (a full scan instead).
+    Snapshot,
     /// The quickstart: concurrent writers, a session view and a conflict report.
     Demo,
 }
@@ -173,7 +177,11 @@ async fn run(cli: Cli) -> ExitCode {
                 // Only maintenance writes; its commit may be in flight.
                 written: if matches!(
                     cmd,
-                    Command::Compact { .. } | Command::Gc { .. } | Command::Retain { .. } | Command::Purge { .. }
+                    Command::Compact { .. }
+                        | Command::Gc { .. }
+                        | Command::Retain { .. }
+                        | Command::Purge { .. }
+                        | Command::Snapshot
                 ) {
                     ctxlog::Written::Unknown
                 } else {
@@ -458,6 +466,12 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
         Command::Purge { max_ids } => {
             let report = store.purge(&PurgeOptions { max_ids: *max_ids }).await?;
             print(json::purge_json(&report));
+        }
+        Command::Snapshot => {
+            let mut projector = store.projector();
+            let refreshed = projector.refresh().await?;
+            let report = projector.save_snapshot().await?;
+            print(json::snapshot_json(&report, &refreshed));
         }
         Command::Append { .. } | Command::Demo => unreachable!("handled in run"),
     }

@@ -363,3 +363,44 @@ async fn retain_purge_and_gc_print_their_reports_on_every_local_backend() {
         assert!(out.status.success() && out.stdout.is_empty(), "the session was ended");
     }
 }
+
+#[tokio::test]
+async fn snapshot_saves_the_projection_and_readers_start_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = vec![format!("sqlite:{}", dir.path().join("s.db").display())];
+    if ctxlog::compiled_backends().contains(&"lance") {
+        stores.push(dir.path().join("s.lance").display().to_string());
+    }
+    for store in stores {
+        let input = (0..5)
+            .map(|i| format!(r#"{{"id":"m{i}","bot_id":"b","session_id":"s","role":"user","text":"t{i}"}}"#))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let out = ctxlog(&store, &["append", "--writer", "w1"], &input).await;
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = ctxlog(&store, &["snapshot"], "").await;
+        assert!(
+            out.status.success(),
+            "{store}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = &lines(&out)[0];
+        assert_eq!(
+            keys(report),
+            ["bytes", "entries", "entries_read", "from_snapshot", "taken_millis"],
+            "{store}"
+        );
+        assert_eq!(report["entries"], 5, "{store}: {report}");
+        assert!(
+            report["from_snapshot"].is_null(),
+            "{store}: the first snapshot had none to start from"
+        );
+        // The next one starts from the first, and reads nothing new.
+        let out = ctxlog(&store, &["snapshot"], "").await;
+        let report = &lines(&out)[0];
+        assert!(report["from_snapshot"].is_u64(), "{store}: {report}");
+        assert_eq!(report["entries_read"], 0, "{store}: {report}");
+        let out = ctxlog(&store, &["session", "--bot", "b", "--session", "s"], "").await;
+        assert_eq!(lines(&out).len(), 5, "{store}");
+    }
+}

@@ -47,6 +47,7 @@ fn backends() -> Vec<Backend> {
         proptest_cases: 0,
         inject_raw_entry: |_, _| unused(),
         stall_writes: |_| unused::<FaultGuard>(),
+        tamper_snapshots: |_, _| unused(),
         faults: None,
         files_in_root: true,
     }];

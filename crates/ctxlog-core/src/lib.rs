@@ -36,7 +36,7 @@ pub use hlc::{Hlc, PhysicalClock, SystemClock};
 pub use ids::{Epoch, SHARD_NAMESPACE, Seq, ShardId, WriterId};
 pub use options::{
     CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, RefreshReport, RetainOptions,
-    RetainReport, StoreOptions,
+    RetainReport, SnapshotReport, StoreOptions,
 };
 pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats, conflicts_json};
 pub use record::{Body, Kind, Record};

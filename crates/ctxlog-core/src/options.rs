@@ -20,6 +20,9 @@ pub struct StoreOptions {
     pub clock: Arc<dyn PhysicalClock>,
     /// Backend-specific settings (object-store credentials, endpoints, ...).
     pub storage_options: Vec<(String, String)>,
+    /// Let a projector's first scan start from the newest stored projection snapshot
+    /// (rule 17). On by default; off forces a full scan (to compare against one).
+    pub read_snapshots: bool,
 }
 
 /// Storage option values are credentials more often than not: never print them.
@@ -32,6 +35,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("limits", &self.limits)
             .field("clock", &self.clock)
             .field("storage_options (values redacted)", &keys)
+            .field("read_snapshots", &self.read_snapshots)
             .finish()
     }
 }
@@ -68,6 +72,7 @@ impl Default for StoreOptions {
             limits: Limits::default(),
             clock: Arc::new(SystemClock),
             storage_options: Vec::new(),
+            read_snapshots: true,
         }
     }
 }
@@ -112,6 +117,20 @@ pub struct RefreshReport {
     pub new_entries: u64,
     /// True for the first scan.
     pub first_scan: bool,
+    /// When the first scan started from a stored snapshot (rule 17): when that was taken,
+    /// in milliseconds since the Unix epoch. `None` for a full scan.
+    pub from_snapshot: Option<u64>,
+}
+
+/// What saving a projection snapshot stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotReport {
+    /// Entries the snapshot's index holds.
+    pub entries: u64,
+    /// Its size.
+    pub bytes: u64,
+    /// When it was taken, in milliseconds since the Unix epoch.
+    pub taken_millis: u64,
 }
 
 /// Bounds of one reclaim pass (`Store::gc`, rule 15).

@@ -7,7 +7,8 @@ use crate::error::Result;
 use crate::hlc::Hlc;
 use crate::ids::{Epoch, ShardId, WriterId};
 use crate::options::{
-    CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, RefreshReport, StoreOptions,
+    CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, RefreshReport, SnapshotReport,
+    StoreOptions,
 };
 use crate::projection::{Conflict, Projection, ProjectionStats};
 use crate::record::Record;
@@ -81,7 +82,8 @@ pub trait Store: Send + Sync + 'static {
     /// A pass never fences, blocks or fails a live writer or reader (rule 14); an interrupted
     /// pass leaves a store that reads the same, and the next pass converges. A reader whose
     /// position points into a reclaimed range catches up from the base storage and misses
-    /// nothing; a writer reopened afterwards keeps its seqs and clock; an append a fenced
+    /// nothing; a first scan whose objects gc deleted or emptied meanwhile reads again from a
+    /// newer version and never answers with part of the log; a writer reopened afterwards keeps its seqs and clock; an append a fenced
     /// writer has not yet had acknowledged can never be acknowledged and then lost.
     async fn gc(&self, options: &GcOptions) -> Result<GcReport>;
 
@@ -173,6 +175,17 @@ pub trait Projector: Send + Sync {
 
     /// Sessions of a bot with live records.
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>>;
+
+    /// Save this projection (its index and cursor, scanning first if it has not) in the
+    /// store as a projection snapshot, and drop all but the newest two.
+    ///
+    /// # Contract
+    ///
+    /// **A snapshot is an optimisation (rule 17).** A later projector's first scan starts
+    /// from the newest usable snapshot and reads only what is past it; what it answers is
+    /// byte-identical to a full scan's. A missing, corrupt, foreign, stale or unknown-format
+    /// snapshot is skipped with a logged reason, never an error.
+    async fn save_snapshot(&mut self) -> Result<SnapshotReport>;
 
     /// Counts of what the projection holds.
     fn stats(&self) -> ProjectionStats;

@@ -52,8 +52,8 @@ pub use ctxlog_core::{
     AppendAck, Body, Checkpoint, CompactOptions, CompactReport, Conflict, ConflictDiscovery, ConflictKind, ContentHash,
     Entry, Epoch, Error, GcOptions, GcReport, Hlc, Kind, Limits, LiveRecord, MAINTENANCE_WRITER, OrderKey,
     PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions, PurgeReport, Record, RefreshReport, Result,
-    RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo, Store, StoreOptions, SystemClock,
-    Unavailability, WriterId, Written, conflicts_json, redact_uri, retain,
+    RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo, SnapshotReport, Store, StoreOptions,
+    SystemClock, Unavailability, WriterId, Written, conflicts_json, redact_uri, retain,
 };
 
 /// Test doubles for applications' own tests (feature `testing`): the in-memory

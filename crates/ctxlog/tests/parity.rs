@@ -21,6 +21,7 @@ fn backend(name: &'static str, store_uri: fn(&std::path::Path) -> String) -> Bac
         proptest_cases: 6,
         inject_raw_entry: |_, _| Box::pin(async { anyhow::bail!("parity injects nothing") }),
         stall_writes: |_| Box::pin(async { anyhow::bail!("parity injects nothing") as anyhow::Result<FaultGuard> }),
+        tamper_snapshots: |_, _| Box::pin(async { anyhow::bail!("parity damages nothing") }),
         faults: None,
         files_in_root: true,
     }

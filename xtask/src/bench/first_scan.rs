@@ -29,6 +29,14 @@ pub(super) struct Row {
     pub refresh_new_entries: u64,
     pub conflicts_warm: Option<Stat>,
     pub conflicts_found: Value,
+    /// Open with a projection snapshot taken before the last 1 % of entries, first scan
+    /// and one session view.
+    pub cold_start_warm: Option<Stat>,
+    pub cold_start_cold: Option<Stat>,
+    pub cold_start_from_snapshot: bool,
+    pub cold_start_entries_read: u64,
+    pub peak_rss_kb_cold_start: u64,
+    pub snapshot_bytes: u64,
     pub peak_rss_kb_first_scan: u64,
     pub object_reads_first_scan: Value,
     pub layout: Value,
@@ -46,7 +54,7 @@ fn measure(
     json: bool,
     scratch: &Path,
 ) -> Result<Row> {
-    let pb = progress(json, (runs * 6 + 2) as u64, &format!("{backend} {source}"));
+    let pb = progress(json, (runs * 8 + 2) as u64, &format!("{backend} {source}"));
     let mut series: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut last = Value::Null;
     let mut rss = 0u64;
@@ -102,6 +110,44 @@ fn measure(
         pb.inc(1);
     }
     remove_store(&copy);
+    // Cold start, on another copy: a snapshot, then 1 % more entries by a late writer, then
+    // fresh processes that open, start from the snapshot and read one session.
+    let copy = copy_store(bin, store, scratch)?;
+    let saved = probe(bin, &copy, false, &["snapshot"])?;
+    probe(
+        bin,
+        &copy,
+        false,
+        &[
+            "append",
+            "--writer",
+            "late-writer",
+            "--batch",
+            "100",
+            "--records",
+            &extra,
+        ],
+    )?;
+    let (mut from_snapshot, mut cold_read, mut cold_rss) = (true, 0, 0);
+    for cold in [false, true] {
+        for _ in 0..runs {
+            let v = probe(
+                bin,
+                &copy,
+                cold,
+                &["cold-start", "--bot", "bot-0", "--session", "s-0000"],
+            )?;
+            series
+                .entry(if cold { "cold_start_cold" } else { "cold_start_warm" })
+                .or_default()
+                .push(v["seconds"].as_f64().unwrap_or(0.0));
+            from_snapshot &= v["from_snapshot"].as_bool().unwrap_or(false);
+            cold_read = v["entries_read"].as_u64().unwrap_or(0);
+            cold_rss = cold_rss.max(v["peak_rss_kb"].as_u64().unwrap_or(0));
+            pb.inc(1);
+        }
+    }
+    remove_store(&copy);
     pb.finish_and_clear();
     let stat = |k: &str| Stat::of(series.get(k).cloned().unwrap_or_default());
     let mut row = Row {
@@ -117,6 +163,12 @@ fn measure(
         refresh_new_entries: new_entries,
         conflicts_warm: stat("conflicts_warm"),
         conflicts_found: found,
+        cold_start_warm: stat("cold_start_warm"),
+        cold_start_cold: stat("cold_start_cold"),
+        cold_start_from_snapshot: from_snapshot,
+        cold_start_entries_read: cold_read,
+        peak_rss_kb_cold_start: cold_rss,
+        snapshot_bytes: saved["bytes"].as_u64().unwrap_or(0),
         peak_rss_kb_first_scan: rss,
         object_reads_first_scan: last["object_reads"].clone(),
         layout: last["layout"].clone(),
@@ -138,6 +190,14 @@ fn measure(
         (
             "refresh_over_first_scan_warm",
             ratio(&row.refresh_warm, &row.first_scan_warm),
+        ),
+        (
+            "cold_start_over_first_scan_warm",
+            ratio(&row.cold_start_warm, &row.first_scan_warm),
+        ),
+        (
+            "cold_start_over_first_scan_cold",
+            ratio(&row.cold_start_cold, &row.first_scan_cold),
         ),
     ] {
         if let Some(v) = value {
@@ -217,6 +277,7 @@ pub(crate) fn run(a: &FirstScanArgs) -> Result<()> {
         println!("{}", super::restore::describe(&restored));
     }
     println!("{}", first_scan_table(&rows));
+    println!("{}", cold_start_table(&rows));
     println!("{}", goals(&rows));
     for r in &rows {
         for line in metric_lines(r) {
@@ -287,7 +348,44 @@ fn growth_ratios(rows: &mut [Row]) {
             r.ratios
                 .insert("first_scan_over_size_div_10_warm".into(), big.median / small.median);
         }
+        if let (Some(s), Some(big)) = (smaller, &r.cold_start_warm)
+            && let Some(small) = &s.cold_start_warm
+            && small.median > 0.0
+        {
+            r.ratios
+                .insert("cold_start_over_size_div_10_warm".into(), big.median / small.median);
+        }
     }
+}
+
+fn cold_start_table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "\n| backend | log | cold start, warm (first scan from a snapshot + 1 session view) | vs first scan | cold start, cold | vs first scan | entries read | peak RSS (vs first scan) | snapshot |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let show = |s: &Option<Stat>| s.as_ref().map_or("–".into(), Stat::show);
+    let ratio = |r: &Row, k: &str| r.ratios.get(k).map_or("–".into(), |v| format!("{v:.2}×"));
+    for r in rows {
+        t.push_str(&format!(
+            "| {} | {} | {}{} | {} | {} | {} | {} | {:.0} MiB ({:.0} MiB) | {:.1} MiB |\n",
+            r.backend,
+            r.source,
+            show(&r.cold_start_warm),
+            if r.cold_start_from_snapshot {
+                ""
+            } else {
+                " (full scan: snapshot not used)"
+            },
+            ratio(r, "cold_start_over_first_scan_warm"),
+            show(&r.cold_start_cold),
+            ratio(r, "cold_start_over_first_scan_cold"),
+            r.cold_start_entries_read,
+            r.peak_rss_kb_cold_start as f64 / 1024.0,
+            r.peak_rss_kb_first_scan as f64 / 1024.0,
+            r.snapshot_bytes as f64 / 1048576.0,
+        ));
+    }
+    t
 }
 
 fn first_scan_table(rows: &[Row]) -> String {
@@ -367,6 +465,33 @@ fn goals(rows: &[Row]) -> String {
                 if *v <= 11.0 { "met" } else { "missed" }
             ));
         }
+        if let Some(v) = r.ratios.get("cold_start_over_first_scan_warm")
+            && r.entries >= 1_000_000
+        {
+            out.push_str(&format!(
+                "- {} {}: cold start from a snapshot / full first scan = {v:.2} (goal ≤ 0.2: {})\n",
+                r.backend,
+                r.source,
+                if *v <= 0.2 { "met" } else { "missed" }
+            ));
+            let half = r.peak_rss_kb_cold_start as f64 <= r.peak_rss_kb_first_scan as f64 / 2.0;
+            out.push_str(&format!(
+                "- {} {}: peak RSS of a cold start {:.0} MiB vs first scan {:.0} MiB (goal ≤ half: {})\n",
+                r.backend,
+                r.source,
+                r.peak_rss_kb_cold_start as f64 / 1024.0,
+                r.peak_rss_kb_first_scan as f64 / 1024.0,
+                if half { "met" } else { "missed" }
+            ));
+        }
+        if let Some(v) = r.ratios.get("cold_start_over_size_div_10_warm") {
+            out.push_str(&format!(
+                "- {} {}: cold start / cold start at a tenth of the size = {v:.2} (goal ≤ 3: {})\n",
+                r.backend,
+                r.source,
+                if *v <= 3.0 { "met" } else { "missed" }
+            ));
+        }
         if r.entries >= 1_000_000 {
             let mib = r.peak_rss_kb_first_scan as f64 / 1024.0;
             out.push_str(&format!(
@@ -403,6 +528,8 @@ fn metric_lines(r: &Row) -> Vec<String> {
         ("floor_cold", &r.floor_cold),
         ("refresh_warm", &r.refresh_warm),
         ("conflicts_warm", &r.conflicts_warm),
+        ("cold_start_warm", &r.cold_start_warm),
+        ("cold_start_cold", &r.cold_start_cold),
     ] {
         if let Some(s) = s {
             out.push(format!("METRIC:{name}.{key}:{:.6}:s", s.median));
@@ -412,6 +539,11 @@ fn metric_lines(r: &Row) -> Vec<String> {
         out.push(format!("METRIC:{name}.{key}:{v:.4}:ratio"));
     }
     out.push(format!("METRIC:peak_rss.{key}:{}:KiB", r.peak_rss_kb_first_scan));
+    out.push(format!(
+        "METRIC:peak_rss_cold_start.{key}:{}:KiB",
+        r.peak_rss_kb_cold_start
+    ));
+    out.push(format!("METRIC:snapshot_size.{key}:{}:B", r.snapshot_bytes));
     out.push(format!("METRIC:store_size.{key}:{}:B", r.store_bytes));
     out
 }

@@ -10,6 +10,7 @@ mod first_scan;
 mod object_store;
 mod plot;
 pub(crate) mod probe;
+mod reclaim;
 pub(crate) mod restore;
 mod stats;
 
@@ -28,6 +29,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         BenchKind::FirstScan(a) => first_scan::run(&a),
         BenchKind::Append(a) => append::run(&a),
         BenchKind::ObjectStore(a) => object_store::run(&a),
+        BenchKind::Reclaim(a) => reclaim::run(&a),
     }
 }
 

@@ -22,6 +22,16 @@ pub(crate) const LANCE: Backend = Backend {
     inject_raw_entry,
     stall_writes,
     faults: Some(faults),
+    tamper_snapshots: |uri, damage| {
+        Box::pin(async move {
+            let apply = move |b: &mut Vec<u8>| {
+                if let Some(d) = &damage {
+                    d.apply(b)
+                }
+            };
+            Ok(ctxlog_lance::testing::tamper_with_snapshots(&uri, apply).await?)
+        })
+    },
     files_in_root: true,
 };
 

@@ -421,6 +421,182 @@ impl ProjectionIndex {
     }
 }
 
+/// The index as a snapshot stores it (`backend::snapshot`): ids and sessions in their
+/// interned order, so that the numbers that refer to them stay valid.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct IndexImage {
+    ids: Vec<IdImage>,
+    sessions: Vec<SessionImage>,
+    entries: u64,
+    positions: Vec<([u8; 16], u64)>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct IdImage {
+    id: Box<str>,
+    winner: Option<PutImage>,
+    others: Vec<PutImage>,
+    tombstones: Vec<KeyImage>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SessionImage {
+    bot: Box<str>,
+    session: Box<str>,
+    ids: Vec<u32>,
+}
+
+#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct PutImage {
+    key: KeyImage,
+    hash: [u8; 32],
+    session: u32,
+    at: (u64, u64),
+}
+
+#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct KeyImage {
+    hlc: u64,
+    shard: [u8; 16],
+    seq: u64,
+    epoch: u64,
+}
+
+impl KeyImage {
+    fn of(k: OrderKey) -> Self {
+        KeyImage {
+            hlc: k.hlc.0,
+            shard: *k.shard.as_bytes(),
+            seq: k.seq,
+            epoch: k.epoch,
+        }
+    }
+
+    fn key(self) -> OrderKey {
+        OrderKey {
+            hlc: Hlc(self.hlc),
+            shard: crate::ids::ShardId::from_bytes(self.shard),
+            seq: self.seq,
+            epoch: self.epoch,
+        }
+    }
+}
+
+impl PutImage {
+    fn of(p: &Put) -> Self {
+        PutImage {
+            key: KeyImage::of(p.key),
+            hash: p.hash.0,
+            session: p.session,
+            at: (p.at.0, p.at.1),
+        }
+    }
+
+    fn put(self) -> Put {
+        Put {
+            key: self.key.key(),
+            hash: ContentHash(self.hash),
+            session: self.session,
+            at: RowRef(self.at.0, self.at.1),
+        }
+    }
+}
+
+#[cfg(test)]
+impl IndexImage {
+    /// Point the first put at a session that does not exist (a crafted snapshot).
+    pub(crate) fn break_a_session_number(&mut self) {
+        let n = self.sessions.len() as u32;
+        if let Some(p) = self.ids.iter_mut().find_map(|i| i.winner.as_mut()) {
+            p.session = n + 7;
+        }
+    }
+}
+
+impl ProjectionIndex {
+    /// What a snapshot stores of this index.
+    pub(crate) fn image(&mut self) -> IndexImage {
+        self.file();
+        IndexImage {
+            ids: self
+                .ids
+                .iter()
+                .map(|(id, s)| IdImage {
+                    id: id.clone(),
+                    winner: s.winner.as_ref().map(PutImage::of),
+                    others: s.others().iter().map(PutImage::of).collect(),
+                    tombstones: s.tombstones().iter().map(|k| KeyImage::of(*k)).collect(),
+                })
+                .collect(),
+            sessions: self
+                .sessions
+                .iter()
+                .map(|((bot, session), st)| SessionImage {
+                    bot: bot.clone(),
+                    session: session.clone(),
+                    ids: st.ids.clone(),
+                })
+                .collect(),
+            entries: self.entries,
+            positions: self.positions.iter().map(|(s, q)| (*s.as_bytes(), *q)).collect(),
+        }
+    }
+
+    /// The index a snapshot stored, or what is wrong with it. Every number that refers to
+    /// an id or a session is checked, so that a crafted snapshot cannot make a query panic.
+    pub(crate) fn from_image(image: IndexImage) -> Result<Self, String> {
+        let sessions = image.sessions.len();
+        let ids = image.ids.len();
+        let too_many = |what: &str, n: usize| format!("{what} {n} out of range");
+        let mut index = ProjectionIndex::new();
+        index.ids.reserve(ids);
+        let mut entries = 0u64;
+        for s in image.sessions {
+            if let Some(&i) = s.ids.iter().find(|&&i| i as usize >= ids) {
+                return Err(too_many("id number", i as usize));
+            }
+            let key = (s.bot, s.session);
+            if index.sessions.contains_key(&key) {
+                return Err(format!("session {:?} twice", key));
+            }
+            index.sessions.insert(key, SessionState { ids: s.ids });
+        }
+        for i in image.ids {
+            let puts = i.winner.iter().chain(i.others.iter());
+            if let Some(p) = puts.clone().find(|p| p.session as usize >= sessions) {
+                return Err(too_many("session number", p.session as usize));
+            }
+            if i.winner.is_none() && !i.others.is_empty() {
+                return Err(format!("id {:?} has puts but no winner", i.id));
+            }
+            entries += (puts.count() + i.tombstones.len()) as u64;
+            let extra = (!i.others.is_empty() || !i.tombstones.is_empty()).then(|| {
+                Box::new(Extra {
+                    others: i.others.into_iter().map(PutImage::put).collect(),
+                    tombstones: i.tombstones.into_iter().map(KeyImage::key).collect(),
+                })
+            });
+            let state = IdState {
+                winner: i.winner.map(PutImage::put),
+                extra,
+            };
+            if index.ids.insert(i.id.clone(), state).is_some() {
+                return Err(format!("id {:?} twice", i.id));
+            }
+        }
+        if entries != image.entries {
+            return Err(format!("{entries} entries held, {} counted", image.entries));
+        }
+        index.entries = entries;
+        index.positions = image
+            .positions
+            .into_iter()
+            .map(|(s, q)| (crate::ids::ShardId::from_bytes(s), q))
+            .collect();
+        Ok(index)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -468,7 +644,16 @@ pub(crate) mod tests {
         })
     }
 
-    fn index_of(entries: &[Entry]) -> ProjectionIndex {
+    /// The first entry at each position (backends never store two at one).
+    pub(crate) fn unique_positions(entries: Vec<Entry>) -> Vec<Entry> {
+        let mut seen = std::collections::HashSet::new();
+        entries
+            .into_iter()
+            .filter(|e| seen.insert((e.shard, e.seq, e.epoch)))
+            .collect()
+    }
+
+    pub(crate) fn index_of(entries: &[Entry]) -> ProjectionIndex {
         let mut idx = ProjectionIndex::new();
         for e in entries {
             idx.apply(IndexRow::of(e));
@@ -481,8 +666,7 @@ pub(crate) mod tests {
         fn index_matches_reference_model(entries in arb_entries()) {
             // The model keeps the first of repeated positions; the index must too, so feed
             // unique positions only (backends never store two entries at one position).
-            let mut seen = std::collections::HashSet::new();
-            let entries: Vec<Entry> = entries.into_iter().filter(|e| seen.insert((e.shard, e.seq, e.epoch))).collect();
+            let entries = unique_positions(entries);
             let mut idx = index_of(&entries);
             let model = model::project(&entries);
             prop_assert_eq!(idx.projection().canonical_json(), model.canonical_json());
@@ -500,8 +684,7 @@ pub(crate) mod tests {
 
         #[test]
         fn incremental_application_equals_one_pass(entries in arb_entries(), split in 0usize..40) {
-            let mut seen = std::collections::HashSet::new();
-            let entries: Vec<Entry> = entries.into_iter().filter(|e| seen.insert((e.shard, e.seq, e.epoch))).collect();
+            let entries = unique_positions(entries);
             let split = split.min(entries.len());
             let mut idx = index_of(&entries[..split]);
             let _ = idx.projection();

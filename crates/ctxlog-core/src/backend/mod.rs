@@ -5,6 +5,7 @@
 //!   (rules 3, 4, 8, 11).
 //! - [`index::ProjectionIndex`]: the incremental, order-independent projection (rules 6–9).
 //! - [`projector::IndexedProjector`]: a `Projector` over any [`projector::IndexSource`].
+//! - [`snapshot`]: the projection snapshot format (rule 17), checked before it is used.
 //! - [`history::ScanConflictDiscovery`]: a `ConflictDiscovery` over any
 //!   [`history::HistorySource`] (rules 6, 7, 10).
 //!
@@ -13,6 +14,7 @@
 pub mod history;
 pub mod index;
 pub mod projector;
+pub mod snapshot;
 pub mod writer;
 
 pub use crate::canonical::canonical_json;

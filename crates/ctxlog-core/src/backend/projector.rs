@@ -6,10 +6,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::index::{ProjectionIndex, RowRef};
+use crate::backend::snapshot::{self, Rejected};
 use crate::entry::{Checkpoint, Entry, OrderKey, SessionSummary};
 use crate::error::{Result, Written, with_deadline};
 use crate::hlc::Hlc;
-use crate::options::RefreshReport;
+use crate::options::{RefreshReport, SnapshotReport};
 use crate::projection::{Projection, ProjectionStats};
 use crate::traits::Projector;
 
@@ -30,6 +31,29 @@ pub trait IndexSource: Send + Sync + 'static {
 
     /// The deadline of one operation.
     fn timeout(&self) -> Duration;
+
+    /// Whether a first scan may start from a stored snapshot (`StoreOptions::read_snapshots`).
+    fn read_snapshots(&self) -> bool;
+
+    /// The identity snapshots of this store are bound to; with `create`, made (and stored)
+    /// if the store has none yet. `None`: the store has none.
+    async fn store_identity(&self, create: bool) -> Result<Option<String>>;
+
+    /// The names of the stored snapshots, newest first.
+    async fn snapshot_names(&self) -> Result<Vec<String>>;
+
+    /// The bytes of the snapshot called `name`; `None` if it is gone (a newer one replaced it).
+    async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Store a snapshot, then drop all but the newest [`snapshot::KEEP`].
+    async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()>;
+
+    /// What a snapshot keeps of `cursor` (beyond the index's own per-shard positions).
+    fn save_cursor(&self, cursor: &Self::Cursor) -> Vec<u8>;
+
+    /// The cursor `save_cursor` saved, ready for a catch-up from the snapshot's index; or
+    /// why it cannot be (it names data that is gone).
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Self::Cursor, Rejected>;
 }
 
 /// What one catch-up did.
@@ -67,6 +91,65 @@ impl<S: IndexSource> IndexedProjector<S> {
         Ok(())
     }
 
+    /// Start from the newest stored snapshot that passes every check (rule 17): its index and
+    /// cursor replace the empty ones, and the catch-up that follows reads only what is past
+    /// them. Returns when it was taken; `None` (a full scan follows) when there is none or
+    /// none is usable — each refusal logged with its reason, never an error: a snapshot
+    /// only ever saves work.
+    async fn load_snapshot(&mut self) -> Option<u64> {
+        let source = self.source.clone();
+        let timeout = source.timeout();
+        let listed = with_deadline("read snapshots", timeout, None, Written::Nothing, async {
+            match source.store_identity(false).await? {
+                None => Ok(None),
+                Some(id) => Ok(Some((id, source.snapshot_names().await?))),
+            }
+        })
+        .await;
+        let (id, names) = match listed {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "projection snapshots could not be listed; scanning in full");
+                return None;
+            }
+        };
+        for name in names {
+            let read = with_deadline(
+                "read a snapshot",
+                timeout,
+                None,
+                Written::Nothing,
+                source.read_snapshot(&name),
+            )
+            .await;
+            let bytes = match read {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(snapshot = %name, error = %e, "a projection snapshot could not be read");
+                    continue;
+                }
+            };
+            let loaded = match snapshot::decode(&bytes, &id) {
+                Ok(l) => l,
+                Err(why) => {
+                    tracing::warn!(snapshot = %name, %why, "a projection snapshot was not used");
+                    continue;
+                }
+            };
+            match source.resume_cursor(&loaded.cursor).await {
+                Ok(cursor) => {
+                    self.index = loaded.index;
+                    self.cursor = cursor;
+                    return Some(loaded.taken_millis);
+                }
+                Err(why) => tracing::warn!(snapshot = %name, %why, "a projection snapshot was not used"),
+            }
+        }
+        None
+    }
+
     async fn fetch(&self, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
         with_deadline(
             "read entries",
@@ -83,6 +166,10 @@ impl<S: IndexSource> IndexedProjector<S> {
 impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn refresh(&mut self) -> Result<RefreshReport> {
         let first_scan = !self.scanned;
+        let mut from_snapshot = None;
+        if first_scan && self.index.entries() == 0 && self.source.read_snapshots() {
+            from_snapshot = self.load_snapshot().await;
+        }
         // Until this refresh completes, the projector counts as not scanned: a source may
         // reset the index when a catch-up fails or is cancelled (rather than leave it torn),
         // and the next read must then scan again instead of answering from an empty index.
@@ -103,6 +190,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
             entries_read: done.read,
             new_entries: done.applied,
             first_scan,
+            from_snapshot,
         })
     }
 
@@ -123,6 +211,35 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>> {
         self.ensure_scanned().await?;
         Ok(self.index.sessions(bot_id))
+    }
+
+    async fn save_snapshot(&mut self) -> Result<SnapshotReport> {
+        self.ensure_scanned().await?;
+        let source = self.source.clone();
+        let timeout = source.timeout();
+        let id = with_deadline("save a snapshot", timeout, None, Written::Nothing, async {
+            Ok(source.store_identity(true).await?.unwrap_or_default())
+        })
+        .await?;
+        let taken_millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let cursor = source.save_cursor(&self.cursor);
+        let bytes = snapshot::encode(&mut self.index, &id, cursor, taken_millis);
+        let report = SnapshotReport {
+            entries: self.index.entries(),
+            bytes: bytes.len() as u64,
+            taken_millis,
+        };
+        with_deadline(
+            "save a snapshot",
+            timeout,
+            None,
+            Written::Unknown,
+            source.put_snapshot(bytes),
+        )
+        .await?;
+        Ok(report)
     }
 
     fn stats(&self) -> ProjectionStats {

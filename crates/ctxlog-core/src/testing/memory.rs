@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use crate::backend::history::{HistoryChecker, HistorySource, ScanConflictDiscovery};
 use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector};
+use crate::backend::snapshot::{self, Rejected};
 use crate::backend::with_deadline;
 use crate::backend::writer::{Staged, WriterState};
 use crate::entry::{AppendAck, Entry, OrderKey, ShardInfo};
@@ -29,6 +30,10 @@ use crate::traits::{ConflictDiscovery, Projector, Shard, Store};
 #[derive(Default)]
 struct Data {
     shards: BTreeMap<ShardId, ShardData>,
+    /// Made with the first snapshot (rule 17).
+    identity: Option<String>,
+    /// Projection snapshots by number, oldest first.
+    snapshots: Vec<(u64, Vec<u8>)>,
 }
 
 struct ShardData {
@@ -279,6 +284,81 @@ impl IndexSource for MemoryStore {
 
     fn timeout(&self) -> Duration {
         self.options.timeout
+    }
+
+    fn read_snapshots(&self) -> bool {
+        self.options.read_snapshots
+    }
+
+    async fn store_identity(&self, create: bool) -> Result<Option<String>> {
+        let mut data = self.shared.data.lock().expect("not poisoned");
+        if create && data.identity.is_none() {
+            data.identity = Some(uuid::Uuid::new_v4().to_string());
+        }
+        Ok(data.identity.clone())
+    }
+
+    async fn snapshot_names(&self) -> Result<Vec<String>> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        Ok(data.snapshots.iter().rev().map(|(no, _)| no.to_string()).collect())
+    }
+
+    async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        Ok(data
+            .snapshots
+            .iter()
+            .find(|(no, _)| no.to_string() == name)
+            .map(|(_, b)| b.clone()))
+    }
+
+    async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()> {
+        let mut data = self.shared.data.lock().expect("not poisoned");
+        let no = data.snapshots.last().map_or(1, |(n, _)| n + 1);
+        data.snapshots.push((no, bytes));
+        let drop = data.snapshots.len().saturating_sub(snapshot::KEEP);
+        data.snapshots.drain(..drop);
+        Ok(())
+    }
+
+    /// Per shard: its id and how many stored entries the cursor is past.
+    fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
+        let mut out = Vec::with_capacity(cursor.0.len() * 24);
+        for (shard, n) in &cursor.0 {
+            out.extend_from_slice(shard.as_bytes());
+            out.extend_from_slice(&(*n as u64).to_le_bytes());
+        }
+        out
+    }
+
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+        if !saved.len().is_multiple_of(24) {
+            return Err(Rejected::Corrupt(format!("a cursor of {} bytes", saved.len())));
+        }
+        Ok(Cursor(
+            saved
+                .chunks_exact(24)
+                .map(|c| {
+                    let shard = ShardId::from_bytes(c[..16].try_into().expect("16 bytes"));
+                    (shard, u64::from_le_bytes(c[16..].try_into().expect("8 bytes")) as usize)
+                })
+                .collect(),
+        ))
+    }
+}
+
+impl MemoryStore {
+    /// Raw access to the stored projection snapshots (rule 17), for tests that damage them
+    /// as a disk or an operator might: `f` changes each one's bytes; returns them as they
+    /// were, newest first.
+    pub fn tamper_with_snapshots(&self, mut f: impl FnMut(&mut Vec<u8>)) -> Vec<Vec<u8>> {
+        let mut data = self.shared.data.lock().expect("not poisoned");
+        let mut before = Vec::new();
+        for (_, bytes) in data.snapshots.iter_mut().rev() {
+            before.push(bytes.clone());
+            f(bytes);
+        }
+        before
     }
 }
 

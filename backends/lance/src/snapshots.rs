@@ -1,0 +1,173 @@
+//! Projection snapshots (rule 17) as objects under the dataset: `_ctxlog/snapshots/<time>-<uuid>`
+//! (names sort by when they were stored), the newest [`KEEP`] kept; the store's identity
+//! in `_ctxlog/identity`, made by whichever process wins its put-if-absent. Lance's own
+//! cleanup never touches `_ctxlog/`.
+//!
+//! The projector's cursor is saved as JSON: each shard's next WAL position, and the dataset
+//! versions (the base table's, each unfolded generation's) that the index's row locations
+//! point into. Resuming reopens exactly those versions; if gc has removed one, the snapshot
+//! is stale and the reader scans in full.
+
+use std::collections::HashMap;
+
+use ctxlog_core::backend::snapshot::{KEEP, Rejected};
+use ctxlog_core::{Result, ShardId, Written};
+use futures::TryStreamExt;
+use lance::Dataset;
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use serde_json::json;
+
+use crate::error::{is_not_found, lance_err, store_err};
+use crate::index::Cursor;
+use crate::store::Shared;
+
+fn identity_path(base: &Path) -> Path {
+    Path::from(format!("{base}/_ctxlog/identity"))
+}
+
+fn dir(base: &Path) -> Path {
+    Path::from(format!("{base}/_ctxlog/snapshots"))
+}
+
+fn snapshot_path(base: &Path, name: &str) -> Path {
+    Path::from(format!("{base}/_ctxlog/snapshots/{name}"))
+}
+
+/// The store's identity; with `create`, made now if it has none (race-safe).
+pub(crate) async fn identity(shared: &Shared, create: bool) -> Result<Option<String>> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    let path = identity_path(&base_path);
+    for _ in 0..2 {
+        match store.read_one_all(&path).await {
+            Ok(bytes) => return Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(lance_err("read the store identity", None, Written::Nothing, e)),
+        }
+        if !create {
+            return Ok(None);
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        match store.put_if_absent(&path, id.clone().into_bytes().into()).await {
+            Ok(()) => return Ok(Some(id)),
+            // Another process made it first: read theirs.
+            Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(store_err("make the store identity", None, Written::Unknown, e)),
+        }
+    }
+    Ok(None)
+}
+
+/// The stored snapshots' names, newest first.
+pub(crate) async fn names(shared: &Shared) -> Result<Vec<String>> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    let prefix = dir(&base_path);
+    let listed: Vec<object_store::ObjectMeta> = store
+        .inner
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| store_err("list snapshots", None, Written::Nothing, e))?;
+    let mut names: Vec<String> = listed
+        .into_iter()
+        .filter_map(|m| m.location.filename().map(str::to_string))
+        .collect();
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(names)
+}
+
+/// The bytes of snapshot `name`; `None` if it is gone.
+pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    match store.read_one_all(&snapshot_path(&base_path, name)).await {
+        Ok(bytes) => Ok(Some(bytes.to_vec())),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(lance_err("read a snapshot", None, Written::Nothing, e)),
+    }
+}
+
+/// Store a snapshot, then delete all but the newest [`KEEP`].
+pub(crate) async fn put(shared: &Shared, bytes: Vec<u8>) -> Result<()> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    let name = format!(
+        "{:020}-{}",
+        chrono::Utc::now().timestamp_millis().max(0),
+        uuid::Uuid::new_v4()
+    );
+    store
+        .inner
+        .put(&snapshot_path(&base_path, &name), bytes.into())
+        .await
+        .map_err(|e| store_err("save a snapshot", None, Written::Unknown, e))?;
+    for old in names(shared).await?.into_iter().skip(KEEP) {
+        match store.inner.delete(&snapshot_path(&base_path, &old)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_err("delete an old snapshot", None, Written::Unknown, e)),
+        }
+    }
+    Ok(())
+}
+
+/// What a snapshot keeps of the projector's cursor.
+pub(crate) fn save_cursor(cursor: &Cursor) -> Vec<u8> {
+    let wal: Vec<(String, u64)> = cursor.wal_next.iter().map(|(s, n)| (s.0.to_string(), *n)).collect();
+    let sources: Vec<(String, u64)> = cursor
+        .sources
+        .iter()
+        .map(|ds| (ds.uri().to_string(), ds.version().version))
+        .collect();
+    json!({"wal_next": wal, "sources": sources}).to_string().into_bytes()
+}
+
+/// The cursor a snapshot saved, with its datasets reopened at the versions it saved.
+pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        wal_next: Vec<(String, u64)>,
+        sources: Vec<(String, u64)>,
+    }
+    let saved: Saved = serde_json::from_slice(saved).map_err(|e| Rejected::Corrupt(format!("cursor: {e}")))?;
+    let mut wal_next = HashMap::new();
+    for (shard, next) in saved.wal_next {
+        let id = uuid::Uuid::parse_str(&shard).map_err(|e| Rejected::Corrupt(format!("cursor shard {shard}: {e}")))?;
+        wal_next.insert(ShardId(id), next);
+    }
+    let mut sources: Vec<Dataset> = Vec::with_capacity(saved.sources.len());
+    for (uri, version) in saved.sources {
+        let gone = |e: lance::Error| Rejected::Stale(format!("{uri} version {version} is gone: {e}"));
+        let ds = shared.open_dataset(&uri).await.map_err(gone)?;
+        let ds = if ds.version().version == version {
+            ds
+        } else {
+            ds.checkout_version(version).await.map_err(gone)?
+        };
+        sources.push(ds);
+    }
+    Ok(Cursor::resumed(wal_next, sources))
+}
+
+/// Every stored snapshot through `f`, written back (tests: `testing::tamper_with_snapshots`).
+/// Returns them as they were, newest first.
+#[cfg(feature = "testing")]
+pub(crate) async fn tamper(shared: &Shared, f: &mut (dyn FnMut(&mut Vec<u8>) + Send)) -> Result<Vec<Vec<u8>>> {
+    let base = shared.latest().await?;
+    let (store, base_path) = shared.io(&base).await?;
+    let mut before = Vec::new();
+    for name in names(shared).await? {
+        let Some(mut bytes) = read(shared, &name).await? else {
+            continue;
+        };
+        before.push(bytes.clone());
+        f(&mut bytes);
+        store
+            .inner
+            .put(&snapshot_path(&base_path, &name), bytes.into())
+            .await
+            .map_err(|e| store_err("tamper with a snapshot", None, Written::Unknown, e))?;
+    }
+    Ok(before)
+}

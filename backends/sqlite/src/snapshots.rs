@@ -1,0 +1,111 @@
+//! Projection snapshots (rule 17) in the store file: a `snapshots` table of the newest
+//! [`KEEP`] snapshots, and the store's identity in `ctxlog_meta` (`store_id`), made with the
+//! first snapshot. Both are created on first use, so stores from before them open unchanged.
+//!
+//! SQLite's projector needs no cursor beyond the index's own per-shard positions: a
+//! catch-up reads each shard's rows past its position (one range of the covering index),
+//! and the shard and session tables whole (they are small).
+
+use std::path::{Path, PathBuf};
+
+use ctxlog_core::backend::snapshot::KEEP;
+use ctxlog_core::{Result, StoreOptions, Written};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::conn::{Access, Conn, sql_error};
+
+const TABLE: &str = "CREATE TABLE IF NOT EXISTS snapshots (
+    snapshot_no INTEGER PRIMARY KEY,
+    bytes       BLOB NOT NULL
+)";
+
+/// The store's identity; with `create`, made now if it has none.
+pub(crate) async fn identity(path: &Path, options: &StoreOptions, create: bool) -> Result<Option<String>> {
+    let conn = open(path, options, if create { Access::Write } else { Access::Read }).await?;
+    conn.run("read the store identity", None, Written::Nothing, move |c| {
+        let err = |e| sql_error("read the store identity", None, Written::Nothing, e);
+        if create {
+            // A concurrent creator's id wins if it was first: INSERT OR IGNORE, then read.
+            c.execute(
+                "INSERT OR IGNORE INTO ctxlog_meta (key, value) VALUES ('store_id', ?1)",
+                [uuid::Uuid::new_v4().to_string()],
+            )
+            .map_err(err)?;
+        }
+        c.query_row("SELECT value FROM ctxlog_meta WHERE key = 'store_id'", [], |r| r.get(0))
+            .optional()
+            .map_err(err)
+    })
+    .await
+}
+
+/// The stored snapshots' numbers, newest first.
+pub(crate) async fn names(path: &Path, options: &StoreOptions) -> Result<Vec<String>> {
+    let conn = open(path, options, Access::Read).await?;
+    conn.run("list snapshots", None, Written::Nothing, |c| {
+        let err = |e| sql_error("list snapshots", None, Written::Nothing, e);
+        if !has_table(c).map_err(err)? {
+            return Ok(Vec::new());
+        }
+        let mut stmt = c
+            .prepare("SELECT snapshot_no FROM snapshots ORDER BY snapshot_no DESC")
+            .map_err(err)?;
+        let numbers = stmt
+            .query_map([], |r| r.get::<_, i64>(0))
+            .map_err(err)?
+            .collect::<rusqlite::Result<Vec<i64>>>()
+            .map_err(err)?;
+        Ok(numbers.into_iter().map(|n| n.to_string()).collect())
+    })
+    .await
+}
+
+/// The bytes of snapshot number `name`, if it is still stored.
+pub(crate) async fn read(path: &Path, options: &StoreOptions, name: &str) -> Result<Option<Vec<u8>>> {
+    let Ok(no) = name.parse::<i64>() else { return Ok(None) };
+    let conn = open(path, options, Access::Read).await?;
+    conn.run("read a snapshot", None, Written::Nothing, move |c| {
+        let err = |e| sql_error("read a snapshot", None, Written::Nothing, e);
+        if !has_table(c).map_err(err)? {
+            return Ok(None);
+        }
+        c.query_row("SELECT bytes FROM snapshots WHERE snapshot_no = ?1", [no], |r| r.get(0))
+            .optional()
+            .map_err(err)
+    })
+    .await
+}
+
+fn has_table(c: &Connection) -> rusqlite::Result<bool> {
+    c.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'",
+        [],
+        |r| r.get(0),
+    )
+}
+
+/// Store a snapshot and keep only the newest [`KEEP`], in one write transaction.
+pub(crate) async fn put(path: &Path, options: &StoreOptions, bytes: Vec<u8>) -> Result<()> {
+    let conn = open(path, options, Access::Write).await?;
+    conn.run("save a snapshot", None, Written::Unknown, move |c| {
+        let err = |e| sql_error("save a snapshot", None, Written::Nothing, e);
+        let tx = c.transaction().map_err(err)?;
+        tx.execute(TABLE, []).map_err(err)?;
+        tx.execute("INSERT INTO snapshots (bytes) VALUES (?1)", [&bytes])
+            .map_err(err)?;
+        tx.execute(
+            "DELETE FROM snapshots WHERE snapshot_no NOT IN
+                 (SELECT snapshot_no FROM snapshots ORDER BY snapshot_no DESC LIMIT ?1)",
+            params![KEEP as i64],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    })
+    .await
+}
+
+async fn open(path: &Path, options: &StoreOptions, access: Access) -> Result<Conn> {
+    let path: PathBuf = path.to_path_buf();
+    let deadline = tokio::time::Instant::now() + options.timeout;
+    Conn::open_by(&path, access, options.timeout, deadline).await
+}
