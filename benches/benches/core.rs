@@ -1,4 +1,5 @@
-//! Micro-benchmarks of the core: content hash, HLC tick, reference-model projection, and a
+//! Micro-benchmarks of the core: content hash, HLC tick, reference-model projection, the
+//! projection index built from rows against the same index loaded from a snapshot, and a
 //! durable SQLite append of a 100-record batch.
 
 use std::hint::black_box;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use ctxlog_core::backend::HlcClock;
 use ctxlog_core::backend::index::{IndexRow, ProjectionIndex};
+use ctxlog_core::backend::snapshot;
 use ctxlog_core::testing::model;
 use ctxlog_core::{Entry, Hlc, Record, Store, StoreOptions, SystemClock, WriterId};
 
@@ -64,6 +66,32 @@ fn bench(c: &mut Criterion) {
             }
             idx
         })
+    });
+    g.finish();
+
+    // What a snapshot saves a cold replica in memory: loading the index (checksum, decode,
+    // rebuild) against building it from the rows, at the same size.
+    let es = entries(100_000);
+    let mut built = ProjectionIndex::new();
+    for e in &es {
+        built.apply(IndexRow::of(e));
+    }
+    let bytes = snapshot::encode(&mut built, "bench", Vec::new(), 0);
+    let mut g = c.benchmark_group("snapshot");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(es.len() as u64));
+    g.bench_function("index_from_rows_100k", |b| {
+        b.iter(|| {
+            let mut idx = ProjectionIndex::new();
+            idx.reserve(es.len());
+            for e in &es {
+                idx.apply(IndexRow::of(e));
+            }
+            idx
+        })
+    });
+    g.bench_function("index_from_snapshot_100k", |b| {
+        b.iter(|| snapshot::decode(black_box(&bytes), "bench").map(|l| l.index).unwrap())
     });
     g.finish();
 

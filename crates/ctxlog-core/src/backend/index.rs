@@ -141,6 +141,46 @@ pub struct ProjectionIndex {
     /// query that needs them: while scanning, one sequential append per put instead of a
     /// random one into one of thousands of lists.
     unfiled: Vec<(u32, u32)>,
+    /// The ids a snapshot held, as it held them (empty for an index built from rows). Never
+    /// changed: the first row that touches one of its ids copies that id's state into `ids`
+    /// (and marks it `thawed`), so a snapshot loads without hashing or allocating per id.
+    frozen: std::sync::Arc<Frozen>,
+    /// Frozen ids copied into `ids`: their frozen state is stale.
+    thawed: std::collections::HashSet<u32, Hasher>,
+}
+
+/// The ids of a snapshot: sorted (found by binary search), their names in one arena.
+#[derive(Clone, Debug, Default)]
+struct Frozen {
+    arena: String,
+    /// `ids + 1` offsets into `arena`.
+    offsets: Vec<u32>,
+    states: Vec<IdState>,
+    /// Per session number (the index's own numbering), the frozen ids with a put in it.
+    sessions: Vec<Vec<u32>>,
+}
+
+impl Frozen {
+    fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    fn id(&self, i: usize) -> &str {
+        &self.arena[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    fn find(&self, id: &str) -> Option<usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.id(mid).cmp(id) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(mid),
+            }
+        }
+        None
+    }
 }
 
 /// A borrowed session key that hashes and compares like the owned `(Box<str>, Box<str>)`.
@@ -173,6 +213,9 @@ impl ProjectionIndex {
     fn apply_inner(&mut self, row: IndexRow<'_>, owned: Option<Box<str>>) -> bool {
         let session = self.session_no(row.bot_id, row.session_id);
         let id: &str = owned.as_deref().unwrap_or(row.id);
+        if self.frozen.len() > 0 && !self.ids.contains_key(id) {
+            self.thaw(id);
+        }
         // One hash per row: most ids are new, and a lookup-then-insert would hash twice.
         let (id_no, state) = match self.ids.raw_entry_mut_v1().from_key(id) {
             RawEntryMut::Occupied(e) => (e.index() as u32, e.into_mut()),
@@ -234,6 +277,36 @@ impl ProjectionIndex {
         no
     }
 
+    /// Copy the frozen state of `id` (if the snapshot held it) into `ids`, filed under each
+    /// session it has a put in, and mark the frozen copy stale.
+    fn thaw(&mut self, id: &str) {
+        let Some(b) = self.frozen.find(id) else { return };
+        let state = self.frozen.states[b].clone();
+        let mut sessions: Vec<u32> = state.sessions().collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        let (no, _) = self.ids.insert_full(id.into(), state);
+        self.unfiled.extend(sessions.into_iter().map(|s| (s, no as u32)));
+        self.thawed.insert(b as u32);
+    }
+
+    /// Every id's state: those in `ids`, then the frozen ones not thawed.
+    fn all_states(&self) -> impl Iterator<Item = (&str, &IdState)> {
+        let frozen = &self.frozen;
+        self.ids.iter().map(|(k, s)| (&**k, s)).chain(
+            (0..frozen.len())
+                .filter(|b| !self.thawed.contains(&(*b as u32)))
+                .map(move |b| (frozen.id(b), &frozen.states[b])),
+        )
+    }
+
+    /// The current state of `id`.
+    fn state(&self, id: &str) -> Option<&IdState> {
+        self.ids
+            .get(id)
+            .or_else(|| self.frozen.find(id).map(|b| &self.frozen.states[b]))
+    }
+
     /// The highest seq applied per shard.
     pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint(self.positions.iter().map(|(s, q)| (*s, *q)).collect())
@@ -256,7 +329,7 @@ impl ProjectionIndex {
 
     /// The live winner of `id`: its order key and where its backend can find it.
     pub fn live(&self, id: &str) -> Option<(OrderKey, RowRef)> {
-        self.ids.get(id).and_then(|s| s.live()).map(|p| (p.key, p.at))
+        self.state(id).and_then(|s| s.live()).map(|p| (p.key, p.at))
     }
 
     /// File the `(session, id)` pairs applied since the last query.
@@ -300,10 +373,17 @@ impl ProjectionIndex {
     }
 
     fn session_keys_of(&self, no: usize) -> Vec<(OrderKey, RowRef)> {
+        let frozen = self.frozen.sessions.get(no).map_or(&[][..], Vec::as_slice);
         let mut keys: Vec<(OrderKey, RowRef)> = self.sessions[no]
             .ids
             .iter()
             .filter_map(|&i| self.ids[i as usize].live())
+            .chain(
+                frozen
+                    .iter()
+                    .filter(|b| !self.thawed.contains(b))
+                    .filter_map(|&b| self.frozen.states[b as usize].live()),
+            )
             .filter(|p| p.session as usize == no)
             .map(|p| (p.key, p.at))
             .collect();
@@ -314,9 +394,8 @@ impl ProjectionIndex {
 
     /// The highest HLC of any entry applied.
     pub fn max_hlc(&self) -> Hlc {
-        self.ids
-            .values()
-            .flat_map(|s| {
+        self.all_states()
+            .flat_map(|(_, s)| {
                 s.winner
                     .iter()
                     .chain(s.others().iter())
@@ -332,11 +411,11 @@ impl ProjectionIndex {
         let mut stats = ProjectionStats {
             entries: self.entries,
             shards: self.positions.len() as u64,
-            ids: self.ids.len() as u64,
+            ids: (self.ids.len() + self.frozen.len() - self.thawed.len()) as u64,
             ..Default::default()
         };
         let mut live_sessions = BTreeSet::new();
-        for state in self.ids.values() {
+        for (_, state) in self.all_states() {
             let tomb = state.first_tombstone();
             if tomb.is_some() {
                 stats.tombstoned += 1;
@@ -365,7 +444,7 @@ impl ProjectionIndex {
     /// Conflicts of rules 6 and 7 (divergent puts, writes after delete).
     pub fn id_conflicts(&self) -> Vec<Conflict> {
         let mut out = Vec::new();
-        for (id, state) in &self.ids {
+        for (id, state) in self.all_states() {
             if state.extra.is_none() {
                 continue;
             }
@@ -396,7 +475,7 @@ impl ProjectionIndex {
     pub fn projection(&self) -> Projection {
         let mut records = Vec::new();
         let mut tombstoned = Vec::new();
-        for (id, state) in &self.ids {
+        for (id, state) in self.all_states() {
             if !state.tombstones().is_empty() {
                 tombstoned.push(id.to_string());
             }
@@ -421,29 +500,27 @@ impl ProjectionIndex {
     }
 }
 
-/// The index as a snapshot stores it (`backend::snapshot`): ids and sessions in their
-/// interned order, so that the numbers that refer to them stay valid.
+/// The index as a snapshot stores it (`backend::snapshot`): every id's state in id order,
+/// the ids' names in one string, shards in one table. Laid out so that loading allocates a
+/// few large vectors, never one per id, and hashes nothing per id.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct IndexImage {
-    ids: Vec<IdImage>,
-    sessions: Vec<SessionImage>,
+    arena: String,
+    offsets: Vec<u32>,
+    states: Vec<StateImage>,
+    /// `(bot, session, ids with a put in it)` in the index's session numbering.
+    sessions: Vec<(Box<str>, Box<str>, Vec<u32>)>,
+    shards: Vec<[u8; 16]>,
+    /// `(shard number, highest seq applied)`.
+    positions: Vec<(u32, u64)>,
     entries: u64,
-    positions: Vec<([u8; 16], u64)>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
-struct IdImage {
-    id: Box<str>,
+struct StateImage {
     winner: Option<PutImage>,
     others: Vec<PutImage>,
     tombstones: Vec<KeyImage>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct SessionImage {
-    bot: Box<str>,
-    session: Box<str>,
-    ids: Vec<u32>,
 }
 
 #[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -457,48 +534,68 @@ struct PutImage {
 #[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
 struct KeyImage {
     hlc: u64,
-    shard: [u8; 16],
+    /// Its number in the image's shard table.
+    shard: u32,
     seq: u64,
     epoch: u64,
 }
 
-impl KeyImage {
-    fn of(k: OrderKey) -> Self {
+/// Shard ids to numbers and back, while an image is written or read.
+#[derive(Default)]
+struct Shards {
+    ids: Vec<crate::ids::ShardId>,
+    numbers: std::collections::HashMap<crate::ids::ShardId, u32>,
+}
+
+impl Shards {
+    fn number(&mut self, s: crate::ids::ShardId) -> u32 {
+        *self.numbers.entry(s).or_insert_with(|| {
+            self.ids.push(s);
+            (self.ids.len() - 1) as u32
+        })
+    }
+
+    fn key(&self, k: KeyImage) -> Result<OrderKey, String> {
+        let shard = *self
+            .ids
+            .get(k.shard as usize)
+            .ok_or_else(|| format!("shard number {} out of range", k.shard))?;
+        Ok(OrderKey {
+            hlc: Hlc(k.hlc),
+            shard,
+            seq: k.seq,
+            epoch: k.epoch,
+        })
+    }
+
+    fn key_image(&mut self, k: OrderKey) -> KeyImage {
         KeyImage {
             hlc: k.hlc.0,
-            shard: *k.shard.as_bytes(),
+            shard: self.number(k.shard),
             seq: k.seq,
             epoch: k.epoch,
         }
     }
 
-    fn key(self) -> OrderKey {
-        OrderKey {
-            hlc: Hlc(self.hlc),
-            shard: crate::ids::ShardId::from_bytes(self.shard),
-            seq: self.seq,
-            epoch: self.epoch,
-        }
-    }
-}
-
-impl PutImage {
-    fn of(p: &Put) -> Self {
+    fn put_image(&mut self, p: &Put) -> PutImage {
         PutImage {
-            key: KeyImage::of(p.key),
+            key: self.key_image(p.key),
             hash: p.hash.0,
             session: p.session,
             at: (p.at.0, p.at.1),
         }
     }
 
-    fn put(self) -> Put {
-        Put {
-            key: self.key.key(),
-            hash: ContentHash(self.hash),
-            session: self.session,
-            at: RowRef(self.at.0, self.at.1),
+    fn put(&self, p: PutImage, sessions: usize) -> Result<Put, String> {
+        if p.session as usize >= sessions {
+            return Err(format!("session number {} out of range", p.session));
         }
+        Ok(Put {
+            key: self.key(p.key)?,
+            hash: ContentHash(p.hash),
+            session: p.session,
+            at: RowRef(p.at.0, p.at.1),
+        })
     }
 }
 
@@ -507,92 +604,144 @@ impl IndexImage {
     /// Point the first put at a session that does not exist (a crafted snapshot).
     pub(crate) fn break_a_session_number(&mut self) {
         let n = self.sessions.len() as u32;
-        if let Some(p) = self.ids.iter_mut().find_map(|i| i.winner.as_mut()) {
+        if let Some(p) = self.states.iter_mut().find_map(|i| i.winner.as_mut()) {
             p.session = n + 7;
         }
     }
 }
 
 impl ProjectionIndex {
-    /// What a snapshot stores of this index.
+    /// What a snapshot stores of this index: every id (frozen or not) in id order.
     pub(crate) fn image(&mut self) -> IndexImage {
         self.file();
+        let mut all: Vec<(&str, &IdState)> = self.all_states().collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut shards = Shards::default();
+        let mut arena = String::new();
+        let mut offsets = Vec::with_capacity(all.len() + 1);
+        let mut states = Vec::with_capacity(all.len());
+        let mut session_ids: Vec<Vec<u32>> = vec![Vec::new(); self.sessions.len()];
+        offsets.push(0u32);
+        for (no, (id, state)) in all.into_iter().enumerate() {
+            arena.push_str(id);
+            offsets.push(arena.len() as u32);
+            let mut sessions: Vec<u32> = state.sessions().collect();
+            sessions.sort_unstable();
+            sessions.dedup();
+            for s in sessions {
+                session_ids[s as usize].push(no as u32);
+            }
+            states.push(StateImage {
+                winner: state.winner.as_ref().map(|p| shards.put_image(p)),
+                others: state.others().iter().map(|p| shards.put_image(p)).collect(),
+                tombstones: state.tombstones().iter().map(|k| shards.key_image(*k)).collect(),
+            });
+        }
+        let positions = self.positions.iter().map(|(s, q)| (shards.number(*s), *q)).collect();
         IndexImage {
-            ids: self
-                .ids
-                .iter()
-                .map(|(id, s)| IdImage {
-                    id: id.clone(),
-                    winner: s.winner.as_ref().map(PutImage::of),
-                    others: s.others().iter().map(PutImage::of).collect(),
-                    tombstones: s.tombstones().iter().map(|k| KeyImage::of(*k)).collect(),
-                })
-                .collect(),
+            arena,
+            offsets,
+            states,
             sessions: self
                 .sessions
-                .iter()
-                .map(|((bot, session), st)| SessionImage {
-                    bot: bot.clone(),
-                    session: session.clone(),
-                    ids: st.ids.clone(),
-                })
+                .keys()
+                .zip(session_ids)
+                .map(|((bot, session), ids)| (bot.clone(), session.clone(), ids))
                 .collect(),
+            shards: shards.ids.iter().map(|s| *s.as_bytes()).collect(),
+            positions,
             entries: self.entries,
-            positions: self.positions.iter().map(|(s, q)| (*s.as_bytes(), *q)).collect(),
         }
     }
 
-    /// The index a snapshot stored, or what is wrong with it. Every number that refers to
-    /// an id or a session is checked, so that a crafted snapshot cannot make a query panic.
+    /// The index a snapshot stored — its ids frozen, found by binary search — or what is
+    /// wrong with it. Every offset and every number that refers to an id, a session or a
+    /// shard is checked, and the ids must be strictly sorted, so that a crafted snapshot
+    /// can neither make a query panic nor hide an id.
     pub(crate) fn from_image(image: IndexImage) -> Result<Self, String> {
-        let sessions = image.sessions.len();
-        let ids = image.ids.len();
-        let too_many = |what: &str, n: usize| format!("{what} {n} out of range");
-        let mut index = ProjectionIndex::new();
-        index.ids.reserve(ids);
-        let mut entries = 0u64;
-        for s in image.sessions {
-            if let Some(&i) = s.ids.iter().find(|&&i| i as usize >= ids) {
-                return Err(too_many("id number", i as usize));
-            }
-            let key = (s.bot, s.session);
-            if index.sessions.contains_key(&key) {
-                return Err(format!("session {:?} twice", key));
-            }
-            index.sessions.insert(key, SessionState { ids: s.ids });
+        let n = image.states.len();
+        if image.offsets.len() != n + 1 || image.offsets.first() != Some(&0) {
+            return Err(format!("{} offsets for {n} ids", image.offsets.len()));
         }
-        for i in image.ids {
-            let puts = i.winner.iter().chain(i.others.iter());
-            if let Some(p) = puts.clone().find(|p| p.session as usize >= sessions) {
-                return Err(too_many("session number", p.session as usize));
+        if image.offsets.last().map(|&o| o as usize) != Some(image.arena.len()) {
+            return Err("the offsets do not end at the end of the ids".into());
+        }
+        for w in image.offsets.windows(2) {
+            if w[0] > w[1] || !image.arena.is_char_boundary(w[1] as usize) {
+                return Err(format!("offset {} out of order or inside a character", w[1]));
             }
-            if i.winner.is_none() && !i.others.is_empty() {
-                return Err(format!("id {:?} has puts but no winner", i.id));
+        }
+        let id = |i: usize| &image.arena[image.offsets[i] as usize..image.offsets[i + 1] as usize];
+        if let Some(i) = (1..n).find(|&i| id(i - 1) >= id(i)) {
+            return Err(format!("ids not strictly sorted at {i}"));
+        }
+        let shards = Shards {
+            ids: image
+                .shards
+                .iter()
+                .map(|b| crate::ids::ShardId::from_bytes(*b))
+                .collect(),
+            numbers: Default::default(),
+        };
+        let sessions_n = image.sessions.len();
+        let mut entries = 0u64;
+        let mut states = Vec::with_capacity(n);
+        for st in image.states {
+            if st.winner.is_none() && !st.others.is_empty() {
+                return Err("an id has puts but no winner".into());
             }
-            entries += (puts.count() + i.tombstones.len()) as u64;
-            let extra = (!i.others.is_empty() || !i.tombstones.is_empty()).then(|| {
-                Box::new(Extra {
-                    others: i.others.into_iter().map(PutImage::put).collect(),
-                    tombstones: i.tombstones.into_iter().map(KeyImage::key).collect(),
-                })
-            });
-            let state = IdState {
-                winner: i.winner.map(PutImage::put),
-                extra,
+            entries += (usize::from(st.winner.is_some()) + st.others.len() + st.tombstones.len()) as u64;
+            let winner = st.winner.map(|p| shards.put(p, sessions_n)).transpose()?;
+            let extra = if st.others.is_empty() && st.tombstones.is_empty() {
+                None
+            } else {
+                Some(Box::new(Extra {
+                    others: st
+                        .others
+                        .into_iter()
+                        .map(|p| shards.put(p, sessions_n))
+                        .collect::<Result<_, _>>()?,
+                    tombstones: st
+                        .tombstones
+                        .into_iter()
+                        .map(|k| shards.key(k))
+                        .collect::<Result<_, _>>()?,
+                }))
             };
-            if index.ids.insert(i.id.clone(), state).is_some() {
-                return Err(format!("id {:?} twice", i.id));
-            }
+            states.push(IdState { winner, extra });
         }
         if entries != image.entries {
             return Err(format!("{entries} entries held, {} counted", image.entries));
         }
+        let mut index = ProjectionIndex::new();
+        let mut frozen_sessions = Vec::with_capacity(sessions_n);
+        for (bot, session, ids) in image.sessions {
+            if let Some(&i) = ids.iter().find(|&&i| i as usize >= n) {
+                return Err(format!("id number {i} out of range"));
+            }
+            let key = (bot, session);
+            if index.sessions.contains_key(&key) {
+                return Err(format!("session {key:?} twice"));
+            }
+            index.sessions.insert(key, SessionState::default());
+            frozen_sessions.push(ids);
+        }
+        for (s, q) in image.positions {
+            let shard = shards.key(KeyImage {
+                hlc: 0,
+                shard: s,
+                seq: 0,
+                epoch: 0,
+            })?;
+            index.positions.insert(shard.shard, q);
+        }
         index.entries = entries;
-        index.positions = image
-            .positions
-            .into_iter()
-            .map(|(s, q)| (crate::ids::ShardId::from_bytes(s), q))
-            .collect();
+        index.frozen = std::sync::Arc::new(Frozen {
+            arena: image.arena,
+            offsets: image.offsets,
+            states,
+            sessions: frozen_sessions,
+        });
         Ok(index)
     }
 }
