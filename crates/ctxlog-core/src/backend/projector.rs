@@ -138,13 +138,19 @@ impl<S: IndexSource> IndexedProjector<S> {
                     continue;
                 }
             };
-            match source.resume_cursor(&loaded.cursor).await {
-                Ok(cursor) => {
+            // Resuming may read storage (Lance reopens the versions the cursor pins).
+            let resumed = with_deadline("resume from a snapshot", timeout, None, Written::Nothing, async {
+                Ok(source.resume_cursor(&loaded.cursor).await)
+            })
+            .await;
+            match resumed {
+                Ok(Ok(cursor)) => {
                     self.index = loaded.index;
                     self.cursor = cursor;
                     return Some(loaded.taken_millis);
                 }
-                Err(why) => tracing::warn!(snapshot = %name, %why, "a projection snapshot was not used"),
+                Ok(Err(why)) => tracing::warn!(snapshot = %name, %why, "a projection snapshot was not used"),
+                Err(e) => tracing::warn!(snapshot = %name, error = %e, "a projection snapshot could not be resumed"),
             }
         }
         None
