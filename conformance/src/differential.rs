@@ -177,6 +177,15 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
         first.projection().canonical_json() == expected.canonical_json(),
         "canonical JSON differs"
     );
+    let listed = model::sessions(&entries, "bot");
+    ensure!(
+        first.sessions("bot").await? == listed,
+        "the session list differs from the model"
+    );
+    ensure!(
+        from_snapshot.sessions("bot").await? == listed,
+        "the session list from a snapshot differs from the model"
+    );
     let sessions: BTreeSet<String> = entries.iter().map(|e| e.record.session_id.clone()).collect();
     for s in sessions {
         let want = model::session_view(&entries, "bot", &s);

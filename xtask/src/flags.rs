@@ -140,7 +140,8 @@ pub(crate) struct MutantsArgs {
     /// Only this pass: `core` or `sqlite`.
     #[arg(long)]
     pub only: Option<String>,
-    /// Only mutate files whose path contains this (e.g. `index.rs`).
+    /// Only mutate files matching this glob (cargo-mutants `--file`): a file name such as
+    /// `index.rs`, or a path from the workspace root such as `crates/*/src/backend/*.rs`.
     #[arg(long)]
     pub file: Option<String>,
     /// Parallel jobs (each builds its own copy: memory and CPU heavy).

@@ -831,6 +831,29 @@ pub(crate) mod tests {
             }
         }
 
+        /// Invariant 3: applying an entry the index holds changes nothing (backends may
+        /// read an entry twice: from a generation and again from the WAL).
+        #[test]
+        fn applying_an_entry_again_changes_nothing(entries in arb_entries()) {
+            let entries = unique_positions(entries);
+            let once = index_of(&entries);
+            let mut twice = index_of(&entries);
+            for e in entries.iter().rev() {
+                prop_assert!(!twice.apply(IndexRow::of(e)), "an entry held was applied again");
+            }
+            prop_assert_eq!(twice.projection().canonical_json(), once.projection().canonical_json());
+            prop_assert_eq!(twice.entries(), once.entries());
+            // The owned-id path (what SQLite feeds) is the same function.
+            let mut owned = ProjectionIndex::new();
+            for e in &entries {
+                prop_assert!(owned.apply_owned(IndexRow::of(e), e.record.id.as_str().into()));
+            }
+            for e in &entries {
+                prop_assert!(!owned.apply_owned(IndexRow::of(e), e.record.id.as_str().into()));
+            }
+            prop_assert_eq!(owned.projection().canonical_json(), once.projection().canonical_json());
+        }
+
         #[test]
         fn incremental_application_equals_one_pass(entries in arb_entries(), split in 0usize..40) {
             let entries = unique_positions(entries);

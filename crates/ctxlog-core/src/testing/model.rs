@@ -141,6 +141,28 @@ pub fn session_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<En
     view
 }
 
+/// The sessions of one bot with at least one live record, sorted by session id.
+pub fn sessions(entries: &[Entry], bot_id: &str) -> Vec<crate::entry::SessionSummary> {
+    let names: BTreeSet<&str> = entries
+        .iter()
+        .filter(|e| e.record.bot_id == bot_id)
+        .map(|e| e.record.session_id.as_str())
+        .collect();
+    names
+        .into_iter()
+        .filter_map(|session| {
+            let view = session_view(entries, bot_id, session);
+            (!view.is_empty()).then(|| crate::entry::SessionSummary {
+                bot_id: bot_id.to_string(),
+                session_id: session.to_string(),
+                records: view.len() as u64,
+                first_hlc: view.iter().map(|e| e.hlc).min(),
+                last_hlc: view.iter().map(|e| e.hlc).max(),
+            })
+        })
+        .collect()
+}
+
 /// Every conflict in a set of entries, in canonical order.
 pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     let set = entry_set(entries);
