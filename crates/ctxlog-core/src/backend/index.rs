@@ -601,6 +601,11 @@ impl Shards {
 
 #[cfg(test)]
 impl IndexImage {
+    /// Set offset `i` (a crafted snapshot).
+    pub(crate) fn set_offset(&mut self, i: usize, to: u32) {
+        self.offsets[i] = to;
+    }
+
     /// Point the first put at a session that does not exist (a crafted snapshot).
     pub(crate) fn break_a_session_number(&mut self) {
         let n = self.sessions.len() as u32;

@@ -217,13 +217,31 @@ mod tests {
         ));
     }
 
-    /// A checksummed payload whose numbers point outside the index (a crafted snapshot) is
-    /// refused rather than trusted.
+    /// A checksummed payload whose numbers point outside the index, or whose id offsets are
+    /// out of order, past the ids or inside a character (a crafted snapshot), is refused
+    /// rather than trusted — never a panic.
     #[test]
     fn numbers_out_of_range_are_refused() {
-        let mut idx = index_of(&unique(arb_entries_fixed()));
-        let mut image = idx.image();
-        image.break_a_session_number();
+        type Craft = fn(&mut IndexImage);
+        let crafted: [(&str, Craft); 4] = [
+            ("a session number out of range", |i| i.break_a_session_number()),
+            ("offsets out of order", |i| i.set_offset(1, 9)),
+            ("offsets not from zero", |i| i.set_offset(0, 1)),
+            ("an offset inside a character", |i| i.set_offset(1, 1)),
+        ];
+        for (what, craft) in crafted {
+            let mut idx = index_of(&unique(arb_entries_fixed()));
+            let mut image = idx.image();
+            craft(&mut image);
+            assert!(
+                matches!(decode(&checksummed(image), "store-a"), Err(Rejected::Corrupt(_))),
+                "{what} was not refused as corrupt"
+            );
+        }
+    }
+
+    /// A snapshot of `image` with a valid header and checksum.
+    fn checksummed(image: IndexImage) -> Vec<u8> {
         let payload = Payload {
             store_id: "store-a".into(),
             taken_millis: 0,
@@ -235,14 +253,15 @@ mod tests {
         bytes.extend_from_slice(&FORMAT.to_le_bytes());
         bytes.extend_from_slice(blake3::hash(&body).as_bytes());
         bytes.extend_from_slice(&body);
-        assert!(matches!(decode(&bytes, "store-a"), Err(Rejected::Corrupt(_))));
+        bytes
     }
 
     fn arb_entries_fixed() -> Vec<Entry> {
         let w = crate::ids::WriterId::new("w").unwrap().shard_id();
         (1..4u64)
             .map(|seq| {
-                let record = crate::record::Record::text(format!("id{seq}"), "bot", "s0", "user", "x");
+                // Ids of two-byte characters: an offset can fall inside one.
+                let record = crate::record::Record::text(format!("é{seq}"), "bot", "s0", "user", "x");
                 Entry {
                     shard: w,
                     seq,
