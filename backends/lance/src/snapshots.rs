@@ -36,8 +36,7 @@ fn snapshot_path(base: &Path, name: &str) -> Path {
 
 /// The store's identity; with `create`, made now if it has none (race-safe).
 pub(crate) async fn identity(shared: &Shared, create: bool) -> Result<Option<String>> {
-    let base = shared.latest().await?;
-    let (store, base_path) = shared.io(&base).await?;
+    let (store, base_path) = shared.objects().await?;
     let path = identity_path(&base_path);
     for _ in 0..2 {
         match store.read_one_all(&path).await {
@@ -61,8 +60,7 @@ pub(crate) async fn identity(shared: &Shared, create: bool) -> Result<Option<Str
 
 /// The stored snapshots' names, newest first.
 pub(crate) async fn names(shared: &Shared) -> Result<Vec<String>> {
-    let base = shared.latest().await?;
-    let (store, base_path) = shared.io(&base).await?;
+    let (store, base_path) = shared.objects().await?;
     let prefix = dir(&base_path);
     let listed: Vec<object_store::ObjectMeta> = store
         .inner
@@ -80,8 +78,7 @@ pub(crate) async fn names(shared: &Shared) -> Result<Vec<String>> {
 
 /// The bytes of snapshot `name`; `None` if it is gone.
 pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>> {
-    let base = shared.latest().await?;
-    let (store, base_path) = shared.io(&base).await?;
+    let (store, base_path) = shared.objects().await?;
     match store.read_one_all(&snapshot_path(&base_path, name)).await {
         Ok(bytes) => Ok(Some(bytes.to_vec())),
         Err(e) if is_not_found(&e) => Ok(None),
@@ -91,8 +88,7 @@ pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>>
 
 /// Store a snapshot, then delete all but the newest [`KEEP`].
 pub(crate) async fn put(shared: &Shared, bytes: Vec<u8>) -> Result<()> {
-    let base = shared.latest().await?;
-    let (store, base_path) = shared.io(&base).await?;
+    let (store, base_path) = shared.objects().await?;
     let name = format!(
         "{:020}-{}",
         chrono::Utc::now().timestamp_millis().max(0),
@@ -154,8 +150,7 @@ pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result:
 /// Returns them as they were, newest first.
 #[cfg(feature = "testing")]
 pub(crate) async fn tamper(shared: &Shared, f: &mut (dyn FnMut(&mut Vec<u8>) + Send)) -> Result<Vec<Vec<u8>>> {
-    let base = shared.latest().await?;
-    let (store, base_path) = shared.io(&base).await?;
+    let (store, base_path) = shared.objects().await?;
     let mut before = Vec::new();
     for name in names(shared).await? {
         let Some(mut bytes) = read(shared, &name).await? else {

@@ -73,6 +73,13 @@ impl Shared {
         Ok((store, ds.branch_location().path))
     }
 
+    /// The object store and base path, from the dataset as this handle holds it: neither
+    /// changes with the version, so no manifest is read for them.
+    pub(crate) async fn objects(&self) -> Result<(Arc<ObjectStore>, Path)> {
+        let ds = self.dataset.lock().await.clone();
+        self.io(&ds).await
+    }
+
     /// Open another dataset (a flushed generation) with the store's settings.
     pub(crate) async fn open_dataset(&self, uri: &str) -> std::result::Result<Dataset, lance::Error> {
         DatasetBuilder::from_uri(uri)

@@ -213,15 +213,17 @@ impl IndexSource for SqliteIndex {
     }
 
     async fn store_identity(&self, create: bool) -> Result<Option<String>> {
-        crate::snapshots::identity(&self.conn.path, &self.conn.options, create).await
+        let reader = self.conn.get().await?;
+        crate::snapshots::identity(&reader, &self.conn.path, &self.conn.options, create).await
     }
 
+    // Through the projector's own read connection: a cold start opens the file once.
     async fn snapshot_names(&self) -> Result<Vec<String>> {
-        crate::snapshots::names(&self.conn.path, &self.conn.options).await
+        crate::snapshots::names(&self.conn.get().await?).await
     }
 
     async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        crate::snapshots::read(&self.conn.path, &self.conn.options, name).await
+        crate::snapshots::read(&self.conn.get().await?, name).await
     }
 
     async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()> {

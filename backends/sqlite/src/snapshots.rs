@@ -19,9 +19,21 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS snapshots (
     bytes       BLOB NOT NULL
 )";
 
-/// The store's identity; with `create`, made now if it has none.
-pub(crate) async fn identity(path: &Path, options: &StoreOptions, create: bool) -> Result<Option<String>> {
-    let conn = open(path, options, if create { Access::Write } else { Access::Read }).await?;
+/// The store's identity, read through `reader`; with `create`, made now (through a writing
+/// connection of its own) if the store has none.
+pub(crate) async fn identity(
+    reader: &Conn,
+    path: &Path,
+    options: &StoreOptions,
+    create: bool,
+) -> Result<Option<String>> {
+    let writer;
+    let conn = if create {
+        writer = open(path, options, Access::Write).await?;
+        &writer
+    } else {
+        reader
+    };
     conn.run("read the store identity", None, Written::Nothing, move |c| {
         let err = |e| sql_error("read the store identity", None, Written::Nothing, e);
         if create {
@@ -40,8 +52,7 @@ pub(crate) async fn identity(path: &Path, options: &StoreOptions, create: bool) 
 }
 
 /// The stored snapshots' numbers, newest first.
-pub(crate) async fn names(path: &Path, options: &StoreOptions) -> Result<Vec<String>> {
-    let conn = open(path, options, Access::Read).await?;
+pub(crate) async fn names(conn: &Conn) -> Result<Vec<String>> {
     conn.run("list snapshots", None, Written::Nothing, |c| {
         let err = |e| sql_error("list snapshots", None, Written::Nothing, e);
         if !has_table(c).map_err(err)? {
@@ -61,9 +72,8 @@ pub(crate) async fn names(path: &Path, options: &StoreOptions) -> Result<Vec<Str
 }
 
 /// The bytes of snapshot number `name`, if it is still stored.
-pub(crate) async fn read(path: &Path, options: &StoreOptions, name: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) async fn read(conn: &Conn, name: &str) -> Result<Option<Vec<u8>>> {
     let Ok(no) = name.parse::<i64>() else { return Ok(None) };
-    let conn = open(path, options, Access::Read).await?;
     conn.run("read a snapshot", None, Written::Nothing, move |c| {
         let err = |e| sql_error("read a snapshot", None, Written::Nothing, e);
         if !has_table(c).map_err(err)? {
@@ -76,7 +86,7 @@ pub(crate) async fn read(path: &Path, options: &StoreOptions, name: &str) -> Res
     .await
 }
 
-fn has_table(c: &Connection) -> rusqlite::Result<bool> {
+pub(crate) fn has_table(c: &Connection) -> rusqlite::Result<bool> {
     c.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'",
         [],

@@ -78,14 +78,7 @@ pub fn tamper_with_snapshots(path: &Path, mut f: impl FnMut(&mut Vec<u8>)) -> Re
     let tx = c.transaction().map_err(err)?;
     let mut before = Vec::new();
     {
-        let exists: bool = tx
-            .query_row(
-                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(err)?;
-        if !exists {
+        if !crate::snapshots::has_table(&tx).map_err(err)? {
             return Ok(before);
         }
         let mut stmt = tx
