@@ -2,14 +2,15 @@
 //! tombstones, reopens, observations, projection snapshots and compaction with gc over
 //! several writers, written through the public API, must read back exactly as written and
 //! give the same canonical projection, session views and conflict list as the reference
-//! model — from a full scan and from the newest snapshot plus what came after it.
+//! model — from a full scan and from the newest snapshot plus what came after it; and the
+//! conflicts after earlier checkpoints must be the model's conflicts involving newer entries.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, ensure};
 use ctxlog_core::testing::model;
-use ctxlog_core::{AppendAck, Projector, Record, Shard, Store};
+use ctxlog_core::{AppendAck, Checkpoint, Projector, Record, Shard, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -135,6 +136,9 @@ pub async fn write_history(
 pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]) -> anyhow::Result<()> {
     let mut incremental = store.projector();
     incremental.refresh().await?;
+    // A discovery kept from before the writes: its later checks catch up, as a projector does.
+    let mut kept = store.conflict_discovery();
+    ensure!(kept.conflicts(Some(&Checkpoint::default())).await?.is_empty());
     let acked = write_history(store, history, incremental.as_mut()).await?;
     incremental.refresh().await?;
 
@@ -199,11 +203,43 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
         );
     }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
-    ensure!(
-        conflicts == model::conflicts(&entries),
-        "conflicts differ from the model"
-    );
+    let all = model::conflicts(&entries);
+    ensure!(conflicts == all, "conflicts differ from the model");
+    // What a reader that had seen the first k acknowledged batches is told is new: the
+    // model's conflicts involving an entry past that point — through the discovery kept
+    // since before the writes (a snapshot's index, then only what is new) and through a
+    // fresh one that never reads snapshots.
+    for cp in earlier_checkpoints(&acked) {
+        let want: Vec<_> = all.iter().filter(|c| c.involves_entries_after(&cp)).cloned().collect();
+        let got = kept.conflicts(Some(&cp)).await?;
+        ensure!(
+            got == want,
+            "conflicts after {cp:?}: expected {want:?}, got {got:?} (a discovery kept across the writes)"
+        );
+        let got = full.conflict_discovery().conflicts(Some(&cp)).await?;
+        ensure!(
+            got == want,
+            "conflicts after {cp:?}: expected {want:?}, got {got:?} (a fresh discovery)"
+        );
+    }
     Ok(())
+}
+
+/// The checkpoints of a reader that had seen the first k acknowledged batches, for a few k
+/// (none, a third, two thirds, all but the last).
+fn earlier_checkpoints(acked: &Written) -> Vec<Checkpoint> {
+    let n = acked.len();
+    let mut ks = vec![0, n / 3, 2 * n / 3, n.saturating_sub(1)];
+    ks.dedup();
+    ks.into_iter()
+        .map(|k| {
+            let mut cp = Checkpoint::default();
+            for (ack, batch) in &acked[..k] {
+                cp.advance(ack.shard, ack.first_seq + batch.len() as u64 - 1);
+            }
+            cp
+        })
+        .collect()
 }
 
 /// Random histories on fresh stores, compared with the reference model (rules 6–9).

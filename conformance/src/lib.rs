@@ -34,7 +34,8 @@ pub mod prelude {
     pub use anyhow::{Context, anyhow, bail, ensure};
     pub use ctxlog_core::testing::{SkewedClock, model};
     pub use ctxlog_core::{
-        Body, CompactOptions, Conflict, ConflictKind, Entry, Error, Hlc, Record, Store, StoreOptions, WriterId, Written,
+        Body, Checkpoint, CompactOptions, Conflict, ConflictKind, Entry, Error, Hlc, Record, Store, StoreOptions,
+        WriterId, Written,
     };
 
     pub use crate::{

@@ -46,6 +46,7 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
             "conflicts_warm",
             "cold_start_warm",
             "cold_start_cold",
+            "conflicts_after_warm",
         ] {
             ensure!(r[k]["median"].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
         }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ctxlog_core::backend::history::{HistoryChecker, HistorySource};
-use ctxlog_core::{Entry, Result, ShardId, ShardInfo, WriterId};
+use ctxlog_core::{Checkpoint, Entry, Result, ShardId, ShardInfo, WriterId};
 
-use crate::schema::POSITION_COLUMNS;
+use crate::schema::{POSITION_COLUMNS, SEQ, SHARD};
 use crate::store::Shared;
 use crate::tiers::{Tiers, Walk, rows, tiers, walk_all};
 use crate::writers;
@@ -72,6 +72,22 @@ pub(crate) async fn shards(shared: &Shared) -> Result<Vec<ShardInfo>> {
     Ok(out)
 }
 
+/// The SQL filter of the rows past `after`: of the shards it names, seqs above their
+/// positions; every row of any other shard. `None`: every row.
+fn after_filter(after: &Checkpoint) -> Option<String> {
+    let mut parts: Vec<String> = after
+        .0
+        .iter()
+        .map(|(shard, seq)| format!("({SHARD} = '{}' AND {SEQ} > {seq})", shard.0))
+        .collect();
+    if after.0.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = after.0.keys().map(|s| format!("'{}'", s.0)).collect();
+    parts.push(format!("{SHARD} NOT IN ({})", named.join(", ")));
+    Some(parts.join(" OR "))
+}
+
 pub(crate) struct LanceHistory {
     shared: Arc<Shared>,
 }
@@ -86,7 +102,23 @@ impl LanceHistory {
 impl HistorySource for LanceHistory {
     async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
         let t = tiers(&self.shared, None).await?;
-        for_each_entry(&self.shared, &t, &mut |e| checker.visit(&e)).await
+        for_each_entry(&self.shared, &t, &mut |e| checker.visit(e)).await
+    }
+
+    /// The base table's rows past `after` only (a filter on shard and seq: Lance reads those
+    /// two columns of every row and the rest of the matching ones); generations and WAL
+    /// tails whole, filtered here (they hold what is not folded yet).
+    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+        let mut t = tiers(&self.shared, None).await?;
+        t.base_filter = after_filter(after);
+        let mut out = Vec::new();
+        for_each_entry(&self.shared, &t, &mut |e| {
+            if after.is_after(e.shard, e.seq) {
+                out.push(e);
+            }
+        })
+        .await?;
+        Ok(out)
     }
 
     fn timeout(&self) -> Duration {

@@ -44,7 +44,7 @@ pub mod testing;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ctxlog_core::backend::history::ScanConflictDiscovery;
+use ctxlog_core::backend::history::HistoryConflicts;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::backend::with_deadline;
 use ctxlog_core::{
@@ -141,9 +141,10 @@ impl Store for LanceStore {
     }
 
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
-        Box::new(ScanConflictDiscovery::new(Arc::new(entries::LanceHistory::new(
-            self.shared.clone(),
-        ))))
+        Box::new(HistoryConflicts::new(
+            Arc::new(entries::LanceHistory::new(self.shared.clone())),
+            Arc::new(index::LanceIndex::new(self.shared.clone())),
+        ))
     }
 
     async fn compact(&self, options: &CompactOptions) -> Result<CompactReport> {

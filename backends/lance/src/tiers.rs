@@ -67,8 +67,9 @@ pub(crate) struct Tiers {
     pub store: Arc<ObjectStore>,
     pub base_path: Path,
     pub shards: Vec<ShardTier>,
-    /// Taken for this shard only: the walk reads only its rows of the base table.
-    pub only: Option<ShardId>,
+    /// Which rows of the base table a walk reads (an SQL filter; all when `None`). Taken for
+    /// one shard: only its rows.
+    pub base_filter: Option<String>,
 }
 
 /// Per shard, the newest generation folded into the base table at `ds`'s version.
@@ -106,7 +107,7 @@ pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tier
         store,
         base_path,
         shards,
-        only,
+        base_filter: only.map(shard_filter),
     })
 }
 
@@ -214,8 +215,7 @@ pub(crate) async fn walk(
     // shards' rows. Generations are small: read up to a window of them at once, each
     // visited whole, in source order.
     if let Some(base) = sources.first() {
-        let filter = t.only.map(shard_filter);
-        scan_table(base, how, filter.as_deref(), |batch| {
+        scan_table(base, how, t.base_filter.as_deref(), |batch| {
             visit(Rows::Table { batch, source: 0 })
         })
         .await?;

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ctxlog_core::backend::history::ScanConflictDiscovery;
+use ctxlog_core::backend::history::HistoryConflicts;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::{
     CompactOptions, CompactReport, ConflictDiscovery, Entry, GcOptions, GcReport, Projector, PurgeOptions, PurgeReport,
@@ -152,10 +152,10 @@ impl Store for SqliteStore {
     }
 
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
-        Box::new(ScanConflictDiscovery::new(Arc::new(SqliteHistory::new(
-            self.path.clone(),
-            self.options.clone(),
-        ))))
+        Box::new(HistoryConflicts::new(
+            Arc::new(SqliteHistory::new(self.path.clone(), self.options.clone())),
+            Arc::new(SqliteIndex::new(self.path.clone(), self.options.clone())),
+        ))
     }
 
     /// SQLite has nothing to fold: a compaction copies the WAL file's committed pages back

@@ -12,8 +12,8 @@ use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
 use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{
-    Body, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions, WriterId,
-    Written,
+    Body, Checkpoint, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions,
+    WriterId, Written,
 };
 use rusqlite::{Connection, Row, params};
 
@@ -458,7 +458,7 @@ impl HistorySource for SqliteHistory {
                         .map_err(err)?;
                     let mut rows = stmt.query([]).map_err(err)?;
                     while let Some(r) = rows.next().map_err(err)? {
-                        ch.visit(&entry(r)?);
+                        ch.visit(entry(r)?);
                     }
                 }
                 tx.commit().map_err(err)?;
@@ -467,6 +467,40 @@ impl HistorySource for SqliteHistory {
             .await?;
         *checker = ch;
         Ok(())
+    }
+
+    /// One range read per shard, on the entries' primary-key order `(shard_no, seq, …)`.
+    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+        let conn = self.conn.get().await?;
+        let after = after.clone();
+        conn.run("conflict discovery", None, Written::Nothing, move |c| {
+            let err = |e| sql_error("conflict discovery", None, Written::Nothing, e);
+            let tx = c.transaction().map_err(err)?;
+            let mut out = Vec::new();
+            {
+                let shards: Vec<(i64, ShardId)> = tx
+                    .prepare("SELECT shard_no, shard FROM shards")
+                    .map_err(err)?
+                    .query_map([], |r| Ok((r.get(0)?, shard_id(r, 1)?)))
+                    .map_err(err)?
+                    .collect::<rusqlite::Result<_>>()
+                    .map_err(err)?;
+                let mut stmt = tx
+                    .prepare(&format!(
+                        "SELECT {ENTRY_COLUMNS} {ENTRY_JOIN} WHERE e.shard_no = ?1 AND e.seq > ?2"
+                    ))
+                    .map_err(err)?;
+                for (no, shard) in shards {
+                    let mut rows = stmt.query(params![no, after.get(shard) as i64]).map_err(err)?;
+                    while let Some(r) = rows.next().map_err(err)? {
+                        out.push(entry(r)?);
+                    }
+                }
+            }
+            tx.commit().map_err(err)?;
+            Ok(out)
+        })
+        .await
     }
 
     fn timeout(&self) -> Duration {

@@ -96,6 +96,32 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
         } => ensure!((*missing_from, *missing_to) == (4, 5)),
         other => bail!("{other:?}"),
     }
+    // After a checkpoint, each of them is reported while an entry it involves is past it
+    // (the stale write at 3, the entry after the hole at 6, …): exactly the full check's
+    // conflicts that involve newer entries — from a discovery that keeps its index between
+    // checks, and from a fresh one per checkpoint.
+    let mut kept = store.conflict_discovery();
+    let w2_shard = w("w2").shard_id();
+    for (seen, involved) in [(0, 4), (2, 4), (3, 3), (5, 3), (6, 2), (7, 1), (8, 0)] {
+        let mut cp = Checkpoint::default();
+        cp.advance(shard, seen);
+        cp.advance(w2_shard, 1);
+        let want: Vec<Conflict> = conflicts
+            .iter()
+            .filter(|c| c.involves_entries_after(&cp))
+            .cloned()
+            .collect();
+        ensure!(want.len() == involved, "after seq {seen}: {want:?}");
+        for (how, got) in [
+            ("kept", kept.conflicts(Some(&cp)).await?),
+            ("fresh", store.conflict_discovery().conflicts(Some(&cp)).await?),
+        ] {
+            ensure!(
+                got == want,
+                "after w1 seq {seen}: expected {want:?}, got {got:?} ({how} discovery)"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -37,6 +37,10 @@ pub(super) struct Row {
     pub cold_start_entries_read: u64,
     pub peak_rss_kb_cold_start: u64,
     pub snapshot_bytes: u64,
+    /// Conflict discovery after the checkpoint before the last 1 % (fresh process, from the
+    /// snapshot), and the conflicts it found.
+    pub conflicts_after_warm: Option<Stat>,
+    pub conflicts_after_found: Value,
     pub peak_rss_kb_first_scan: u64,
     pub object_reads_first_scan: Value,
     pub layout: Value,
@@ -54,7 +58,7 @@ fn measure(
     json: bool,
     scratch: &Path,
 ) -> Result<Row> {
-    let pb = progress(json, (runs * 8 + 2) as u64, &format!("{backend} {source}"));
+    let pb = progress(json, (runs * 9 + 2) as u64, &format!("{backend} {source}"));
     let mut series: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut last = Value::Null;
     let mut rss = 0u64;
@@ -147,6 +151,17 @@ fn measure(
             pb.inc(1);
         }
     }
+    // Conflicts a reader that had seen everything before the late writer is told are new.
+    let mut found_after = Value::Null;
+    for _ in 0..runs {
+        let v = probe(bin, &copy, false, &["conflicts", "--before-writer", "late-writer"])?;
+        series
+            .entry("conflicts_after_warm")
+            .or_default()
+            .push(v["seconds"].as_f64().unwrap_or(0.0));
+        found_after = v["conflicts"].clone();
+        pb.inc(1);
+    }
     remove_store(&copy);
     pb.finish_and_clear();
     let stat = |k: &str| Stat::of(series.get(k).cloned().unwrap_or_default());
@@ -169,6 +184,8 @@ fn measure(
         cold_start_entries_read: cold_read,
         peak_rss_kb_cold_start: cold_rss,
         snapshot_bytes: saved["bytes"].as_u64().unwrap_or(0),
+        conflicts_after_warm: stat("conflicts_after_warm"),
+        conflicts_after_found: found_after,
         peak_rss_kb_first_scan: rss,
         object_reads_first_scan: last["object_reads"].clone(),
         layout: last["layout"].clone(),
@@ -194,6 +211,14 @@ fn measure(
         (
             "cold_start_over_first_scan_warm",
             ratio(&row.cold_start_warm, &row.first_scan_warm),
+        ),
+        (
+            "conflicts_after_over_conflicts_warm",
+            ratio(&row.conflicts_after_warm, &row.conflicts_warm),
+        ),
+        (
+            "conflicts_over_first_scan_warm",
+            ratio(&row.conflicts_warm, &row.first_scan_warm),
         ),
         (
             "cold_start_over_first_scan_cold",
@@ -360,14 +385,14 @@ fn growth_ratios(rows: &mut [Row]) {
 
 fn cold_start_table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "\n| backend | log | cold start, warm (first scan from a snapshot + 1 session view) | vs first scan | cold start, cold | vs first scan | entries read | peak RSS (vs first scan) | snapshot |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "\n| backend | log | cold start, warm (first scan from a snapshot + 1 session view) | vs first scan | cold start, cold | vs first scan | entries read | peak RSS (vs first scan) | snapshot | conflicts after the last 1 % (vs full check) |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     let show = |s: &Option<Stat>| s.as_ref().map_or("–".into(), Stat::show);
     let ratio = |r: &Row, k: &str| r.ratios.get(k).map_or("–".into(), |v| format!("{v:.2}×"));
     for r in rows {
         t.push_str(&format!(
-            "| {} | {} | {}{} | {} | {} | {} | {} | {:.0} MiB ({:.0} MiB) | {:.1} MiB |\n",
+            "| {} | {} | {}{} | {} | {} | {} | {} | {:.0} MiB ({:.0} MiB) | {:.1} MiB | {} ({}) |\n",
             r.backend,
             r.source,
             show(&r.cold_start_warm),
@@ -383,6 +408,8 @@ fn cold_start_table(rows: &[Row]) -> String {
             r.peak_rss_kb_cold_start as f64 / 1024.0,
             r.peak_rss_kb_first_scan as f64 / 1024.0,
             r.snapshot_bytes as f64 / 1048576.0,
+            show(&r.conflicts_after_warm),
+            ratio(r, "conflicts_after_over_conflicts_warm"),
         ));
     }
     t
@@ -484,6 +511,26 @@ fn goals(rows: &[Row]) -> String {
                 if half { "met" } else { "missed" }
             ));
         }
+        if let Some(v) = r.ratios.get("conflicts_after_over_conflicts_warm")
+            && r.entries >= 1_000_000
+        {
+            out.push_str(&format!(
+                "- {} {}: conflicts after the last 1 % / full check = {v:.3} (goal ≤ 0.05: {})\n",
+                r.backend,
+                r.source,
+                if *v <= 0.05 { "met" } else { "missed" }
+            ));
+        }
+        if let Some(v) = r.ratios.get("conflicts_over_first_scan_warm")
+            && r.entries >= 1_000_000
+        {
+            out.push_str(&format!(
+                "- {} {}: full check / first scan = {v:.2} (goal ≤ 3: {})\n",
+                r.backend,
+                r.source,
+                if *v <= 3.0 { "met" } else { "missed" }
+            ));
+        }
         if let Some(v) = r.ratios.get("cold_start_over_size_div_10_warm") {
             out.push_str(&format!(
                 "- {} {}: cold start / cold start at a tenth of the size = {v:.2} (goal ≤ 3: {})\n",
@@ -530,6 +577,7 @@ fn metric_lines(r: &Row) -> Vec<String> {
         ("conflicts_warm", &r.conflicts_warm),
         ("cold_start_warm", &r.cold_start_warm),
         ("cold_start_cold", &r.cold_start_cold),
+        ("conflicts_after_warm", &r.conflicts_after_warm),
     ] {
         if let Some(s) = s {
             out.push(format!("METRIC:{name}.{key}:{:.6}:s", s.median));

@@ -119,6 +119,32 @@ impl IdState {
     fn sessions(&self) -> impl Iterator<Item = u32> + '_ {
         self.winner.iter().chain(self.others().iter()).map(|p| p.session)
     }
+
+    /// This id's conflicts of rules 6 and 7.
+    fn conflicts(&self, id: &str, out: &mut Vec<Conflict>) {
+        if self.extra.is_none() {
+            return;
+        }
+        let tomb = self.first_tombstone();
+        let Some(w) = self.winner else { return };
+        for p in std::iter::once(&w).chain(self.others().iter()) {
+            match tomb {
+                Some(t) if p.key > t => out.push(Conflict::WriteAfterDelete {
+                    id: id.to_string(),
+                    tombstone: t,
+                    entry: p.key,
+                }),
+                _ if p.key != w.key && p.hash != w.hash => out.push(Conflict::DivergentPut {
+                    id: id.to_string(),
+                    winner: w.key,
+                    winner_hash: w.hash,
+                    entry: p.key,
+                    entry_hash: p.hash,
+                }),
+                _ => {}
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -445,26 +471,37 @@ impl ProjectionIndex {
     pub fn id_conflicts(&self) -> Vec<Conflict> {
         let mut out = Vec::new();
         for (id, state) in self.all_states() {
-            if state.extra.is_none() {
-                continue;
+            state.conflicts(id, &mut out);
+        }
+        out
+    }
+
+    /// [`ProjectionIndex::id_conflicts`] of the ids `ids` only.
+    pub(crate) fn id_conflicts_of<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Vec<Conflict> {
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(state) = self.state(id) {
+                state.conflicts(id, &mut out);
             }
-            let tomb = state.first_tombstone();
-            let Some(w) = state.winner else { continue };
-            for p in std::iter::once(&w).chain(state.others().iter()) {
-                match tomb {
-                    Some(t) if p.key > t => out.push(Conflict::WriteAfterDelete {
-                        id: id.to_string(),
-                        tombstone: t,
-                        entry: p.key,
-                    }),
-                    _ if p.key != w.key && p.hash != w.hash => out.push(Conflict::DivergentPut {
-                        id: id.to_string(),
-                        winner: w.key,
-                        winner_hash: w.hash,
-                        entry: p.key,
-                        entry_hash: p.hash,
-                    }),
-                    _ => {}
+        }
+        out
+    }
+
+    /// The positions `(seq, epoch)` of every entry of the shards `of`. A walk over every
+    /// id held, in memory.
+    pub(crate) fn positions_of(
+        &self,
+        of: &std::collections::HashSet<crate::ids::ShardId>,
+    ) -> std::collections::HashMap<crate::ids::ShardId, Vec<(crate::ids::Seq, crate::ids::Epoch)>> {
+        let mut out: std::collections::HashMap<_, Vec<_>> = of.iter().map(|s| (*s, Vec::new())).collect();
+        if out.is_empty() {
+            return out;
+        }
+        for (_, state) in self.all_states() {
+            let keys = state.winner.iter().chain(state.others()).map(|p| &p.key);
+            for k in keys.chain(state.tombstones()) {
+                if let Some(v) = out.get_mut(&k.shard) {
+                    v.push((k.seq, k.epoch));
                 }
             }
         }

@@ -6,7 +6,7 @@
 //! - [`index::ProjectionIndex`]: the incremental, order-independent projection (rules 6–9).
 //! - [`projector::IndexedProjector`]: a `Projector` over any [`projector::IndexSource`].
 //! - [`snapshot`]: the projection snapshot format (rule 17), checked before it is used.
-//! - [`history::ScanConflictDiscovery`]: a `ConflictDiscovery` over any
+//! - [`history::HistoryConflicts`]: a `ConflictDiscovery` over any
 //!   [`history::HistorySource`] (rules 6, 7, 10).
 //!
 //! Applications never need this module.

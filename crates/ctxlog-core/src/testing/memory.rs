@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::history::{HistoryChecker, HistorySource, ScanConflictDiscovery};
+use crate::backend::history::{HistoryChecker, HistoryConflicts, HistorySource};
 use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector};
 use crate::backend::snapshot::{self, Rejected};
 use crate::backend::with_deadline;
 use crate::backend::writer::{Staged, WriterState};
-use crate::entry::{AppendAck, Entry, OrderKey, ShardInfo};
+use crate::entry::{AppendAck, Checkpoint, Entry, OrderKey, ShardInfo};
 use crate::error::{Error, Result, Written};
 use crate::hlc::{Hlc, HlcClock};
 use crate::ids::{Epoch, ShardId, WriterId};
@@ -191,7 +191,7 @@ impl Store for MemoryStore {
     }
 
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
-        Box::new(ScanConflictDiscovery::new(Arc::new(self.clone())))
+        Box::new(HistoryConflicts::new(Arc::new(self.clone()), Arc::new(self.clone())))
     }
 
     /// Nothing to fold: every entry is where readers read it.
@@ -368,10 +368,21 @@ impl HistorySource for MemoryStore {
         let data = self.shared.data.lock().expect("not poisoned");
         for s in data.shards.values() {
             for e in &s.entries {
-                checker.visit(e);
+                checker.visit(e.clone());
             }
         }
         Ok(())
+    }
+
+    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+        let data = self.shared.data.lock().expect("not poisoned");
+        Ok(data
+            .shards
+            .values()
+            .flat_map(|s| &s.entries)
+            .filter(|e| after.is_after(e.shard, e.seq))
+            .cloned()
+            .collect())
     }
 
     fn timeout(&self) -> Duration {
