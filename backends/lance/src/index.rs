@@ -22,7 +22,7 @@ use lance::dataset::mem_wal::{DatasetMemWalExt, WalReadEntry, WalTailer};
 use crate::reclaim;
 use crate::schema::{Columns, INDEX_COLUMNS};
 use crate::store::Shared;
-use crate::tiers::{READ_WINDOW, Rows, Tiers, Walk, open_sources, read_err, read_tails, tiers, wal_rows, walk};
+use crate::tiers::{READ_WINDOW, Rows, Tiers, Walk, Walked, open_sources, read_err, read_tails, tiers, wal_rows, walk};
 
 /// Where an entry can be fetched from, kept by the index with each put as a [`RowRef`].
 #[derive(Clone, Copy, Debug)]
@@ -281,10 +281,90 @@ async fn first_scan(
         rows += ds.count_rows(None).await.map_err(read_err)?;
     }
     index.reserve(rows);
-    let walked = walk(&t, &sources, HOW, |r| apply(r, 0, index, done)).await?;
+    let walked = walk_applying(&t, &sources, index, done).await?;
     cursor.sources = sources;
     cursor.wal_next.extend(walked.wal_next);
     below_floor(shared, &t).await
+}
+
+/// One batch of a walk, owned (its columns are shared, not copied), on its way to the thread
+/// that applies it.
+struct Batch {
+    batch: RecordBatch,
+    /// The table source, or the WAL `(position, batch_no)`.
+    place: Result<u32, (u64, u32)>,
+}
+
+/// Rows applied on a thread of their own while the walk goes on reading and decoding (on
+/// the runtime's threads): a first scan costs about the longer of the two, not their sum.
+/// The index is moved to that thread and back; if the walk is cancelled, it stays empty.
+async fn walk_applying(
+    t: &Tiers,
+    sources: &[Dataset],
+    index: &mut ProjectionIndex,
+    done: &mut CatchUp,
+) -> Result<Walked> {
+    let (queue, batches) = std::sync::mpsc::sync_channel::<Batch>(APPLY_QUEUE);
+    let mut idx = std::mem::take(index);
+    let mut counts = *done;
+    let applier = tokio::task::spawn_blocking(move || {
+        // Stops at the first error, dropping `batches`: the walk's next send then fails.
+        let applied = batches.iter().try_for_each(|b| {
+            let rows = match b.place {
+                Ok(source) => Rows::Table {
+                    batch: &b.batch,
+                    source,
+                },
+                Err((position, batch_no)) => Rows::Wal {
+                    batch: &b.batch,
+                    position,
+                    batch_no,
+                },
+            };
+            apply(rows, 0, &mut idx, &mut counts)
+        });
+        (idx, counts, applied)
+    });
+    let walked = walk(t, sources, HOW, |r| {
+        let place = match r {
+            Rows::Table { source, .. } => Ok(source),
+            Rows::Wal { position, batch_no, .. } => Err((position, batch_no)),
+        };
+        // A bounded queue: a walk that outpaces the applier waits for it here.
+        queue
+            .send(Batch {
+                batch: r.batch().clone(),
+                place,
+            })
+            .map_err(|_| applier_stopped())
+    })
+    .await;
+    drop(queue);
+    let (idx, counts, applied) = applier.await.map_err(|e| Error::Backend {
+        backend: "lance",
+        op: "refresh",
+        shard: None,
+        written: Written::Nothing,
+        source: std::io::Error::other(format!("the thread applying rows failed: {e}")).into(),
+    })?;
+    *index = idx;
+    *done = counts;
+    // An apply error explains a walk that stopped early: report it first.
+    applied?;
+    walked
+}
+
+/// Batches queued between a first scan's walk and the thread applying them.
+const APPLY_QUEUE: usize = 8;
+
+fn applier_stopped() -> Error {
+    Error::Backend {
+        backend: "lance",
+        op: "refresh",
+        shard: None,
+        written: Written::Nothing,
+        source: std::io::Error::other("the thread applying rows stopped").into(),
+    }
 }
 
 /// The shards of `t` whose WAL reads began below the floor the store has now: gc may have

@@ -81,6 +81,16 @@ impl Drop for FaultGuard {
 /// appending it to the base table: what a broken writer or a damaged store leaves behind.
 /// Storage options come from the URI's query.
 pub async fn inject_raw_entry(uri: &str, e: &Entry) -> Result<()> {
+    inject(uri, e, None).await
+}
+
+/// [`inject_raw_entry`] with the kind column set to `kind`, which need not be a kind (a
+/// damaged row).
+pub async fn inject_row_of_kind(uri: &str, e: &Entry, kind: u8) -> Result<()> {
+    inject(uri, e, Some(kind)).await
+}
+
+async fn inject(uri: &str, e: &Entry, kind: Option<u8>) -> Result<()> {
     let (uri, storage) = split_uri(uri);
     let uri = lance_uri(&uri)?;
     let stamped = [Stamped {
@@ -91,7 +101,13 @@ pub async fn inject_raw_entry(uri: &str, e: &Entry) -> Result<()> {
         hash: e.content_hash,
         record: &e.record,
     }];
-    let batch = to_batch("injected", &stamped)?;
+    let mut batch = to_batch("injected", &stamped)?;
+    if let Some(k) = kind {
+        let at = batch.schema().index_of(crate::schema::KIND).expect("a kind column");
+        let mut columns = batch.columns().to_vec();
+        columns[at] = Arc::new(arrow_array::UInt8Array::from(vec![k]));
+        batch = arrow_array::RecordBatch::try_new(batch.schema(), columns).expect("the same schema");
+    }
     let reader = RecordBatchIterator::new(vec![Ok(batch)], schema());
     let params = WriteParams {
         mode: WriteMode::Append,

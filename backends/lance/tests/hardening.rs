@@ -499,3 +499,32 @@ fn a_snapshot_whose_versions_gc_removed_is_not_used() {
         })
     });
 }
+
+/// A damaged row (a kind that is no kind) makes a first scan fail with a typed `Corrupt`
+/// error that says so — not with the error of the walk that fed the thread applying rows.
+/// Rows after it, in later batches, keep the walk going past the failure.
+#[test]
+fn a_damaged_row_fails_a_first_scan_as_corrupt() {
+    run("a_damaged_row_fails_a_first_scan_as_corrupt", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let mut a = store.open_shard(&w("w")).await?;
+            a.append(recs("a", "s", 3)).await?;
+            a.close().await?;
+            let e = ctxlog_conformance::all_entries(store.as_ref()).await?.remove(0);
+            ctxlog_lance::testing::inject_row_of_kind(&ctx.uri, &e, 9).await?;
+            // More batches after the damaged one.
+            for seq in 10..30 {
+                let mut later = e.clone();
+                later.seq = seq;
+                ctxlog_lance::testing::inject_raw_entry(&ctx.uri, &later).await?;
+            }
+            let mut p = ctx.store().await?.projector();
+            match p.refresh().await {
+                Err(Error::Corrupt { what, .. }) => ensure!(what.contains("kind"), "{what}"),
+                other => bail!("expected a Corrupt error naming the kind, got {other:?}"),
+            }
+            Ok(())
+        })
+    });
+}
