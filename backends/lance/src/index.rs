@@ -399,7 +399,10 @@ async fn read_whole(
     for shard in shards {
         let mut attempt = 1;
         loop {
-            let t = tiers(shared, Some(shard)).await?;
+            let mut t = tiers(shared, Some(shard)).await?;
+            // A shard compaction never folded has no row in the base table: do not scan the
+            // base table's shard column for it (what a new writer would cost every reader).
+            t.read_base = t.folded.contains_key(&shard.0);
             let sources = open_sources(shared, &t).await?;
             let first = cursor.sources.len() as u32;
             let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, done)).await?;

@@ -70,6 +70,12 @@ pub(crate) struct Tiers {
     /// Which rows of the base table a walk reads (an SQL filter; all when `None`). Taken for
     /// one shard: only its rows.
     pub base_filter: Option<String>,
+    /// Whether a walk reads the base table at all.
+    pub read_base: bool,
+    /// Per shard, the newest generation the base table holds (from its MemWAL index). Only
+    /// compaction adds rows to the base table, and it records the generations it folds in
+    /// the same commit: a shard with none here has no row there.
+    pub folded: HashMap<Uuid, u64>,
 }
 
 /// Per shard, the newest generation folded into the base table at `ds`'s version.
@@ -108,6 +114,8 @@ pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tier
         base_path,
         shards,
         base_filter: only.map(shard_filter),
+        read_base: true,
+        folded: compacted,
     })
 }
 
@@ -214,7 +222,7 @@ pub(crate) async fn walk(
     // The base table streams (Lance reads its fragments concurrently); only it holds other
     // shards' rows. Generations are small: read up to a window of them at once, each
     // visited whole, in source order.
-    if let Some(base) = sources.first() {
+    if let Some(base) = sources.first().filter(|_| t.read_base) {
         scan_table(base, how, t.base_filter.as_deref(), |batch| {
             visit(Rows::Table { batch, source: 0 })
         })

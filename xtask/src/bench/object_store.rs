@@ -44,6 +44,15 @@ struct Row {
     view_requests: Value,
     view_seconds: Value,
     view_round_trips: Option<f64>,
+    /// Compacted logs only: a snapshot, 1 % more entries by a late writer, then fresh
+    /// processes that start from the snapshot and read one session view.
+    cold_start: Option<Stat>,
+    cold_start_no_latency: Option<Stat>,
+    cold_start_round_trips: Option<f64>,
+    cold_start_over_s3_first_scan: Option<f64>,
+    cold_start_requests: Value,
+    cold_start_from_snapshot: bool,
+    cold_start_entries_read: Value,
 }
 
 pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
@@ -79,7 +88,7 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
                 let s3 = server.uri(&bucket, "store.lance");
                 let pb = progress(
                     hidden,
-                    (a.runs * 3 + 3) as u64,
+                    (a.runs * 5 + 3) as u64,
                     &format!(
                         "{} w{writers} {}",
                         size_label(size),
@@ -88,15 +97,40 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
                 );
                 probe(&bin, uri, false, &["upload", "--to", &s3])?;
                 pb.inc(1);
-                let (local, local_last) = runs(&bin, uri, &[], a.runs, &pb)?;
+                let scan = ["first-scan"];
+                let (local, local_last) = runs(&bin, uri, &[], &scan, a.runs, &pb)?;
                 let s3_args = ["--latency-ms", latency.as_str()];
-                let (remote, s3_last) = runs(&bin, &s3, &s3_args, a.runs, &pb)?;
-                let (remote_0, _) = runs(&bin, &s3, &[], a.runs, &pb)?;
+                let (remote, s3_last) = runs(&bin, &s3, &s3_args, &scan, a.runs, &pb)?;
+                let (remote_0, _) = runs(&bin, &s3, &[], &scan, a.runs, &pb)?;
                 let view_args = ["session", "--bot", VIEW.0, "--session", VIEW.1];
                 let view = probe(&bin, &s3, false, &[&s3_args[..], &view_args[..]].concat())?;
                 let view_0 = probe(&bin, &s3, false, &view_args)?;
+                // Cold start on S3 (compacted logs): changes the bucket, so last.
+                let (mut cold, mut cold_0, mut cold_last) = (None, None, Value::Null);
+                if folded {
+                    probe(&bin, &s3, false, &["snapshot"])?;
+                    let extra = (local_last["entries"].as_u64().unwrap_or(0) / 100).max(1).to_string();
+                    let late = [
+                        "append",
+                        "--writer",
+                        "late-writer",
+                        "--batch",
+                        "100",
+                        "--records",
+                        &extra,
+                    ];
+                    probe(&bin, &s3, false, &late)?;
+                    let start = ["cold-start", "--bot", VIEW.0, "--session", VIEW.1];
+                    let with = runs(&bin, &s3, &s3_args, &start, a.runs, &pb)?;
+                    (cold, cold_last) = with;
+                    cold_0 = runs(&bin, &s3, &[], &start, a.runs, &pb)?.0;
+                }
                 pb.finish_and_clear();
                 let trips = |with: f64, without: f64| (with - without).max(0.0) / (a.latency_ms / 1000.0);
+                let cold_ratio = match (&cold, &remote) {
+                    (Some(c), Some(r)) if r.median > 0.0 => Some(c.median / r.median),
+                    _ => None,
+                };
                 let ratio = match (&remote, &local) {
                     (Some(r), Some(l)) if l.median > 0.0 => Some(r.median / l.median),
                     _ => None,
@@ -124,6 +158,16 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
                         (Some(w), Some(z)) if a.latency_ms > 0.0 => Some(trips(w, z)),
                         _ => None,
                     },
+                    cold_start_round_trips: match (&cold, &cold_0) {
+                        (Some(c), Some(z)) if a.latency_ms > 0.0 => Some(trips(c.median, z.median)),
+                        _ => None,
+                    },
+                    cold_start: cold,
+                    cold_start_no_latency: cold_0,
+                    cold_start_over_s3_first_scan: cold_ratio,
+                    cold_start_requests: cold_last["requests"]["by_kind"].clone(),
+                    cold_start_from_snapshot: cold_last["from_snapshot"].as_bool().unwrap_or(false),
+                    cold_start_entries_read: cold_last["entries_read"].clone(),
                 });
             }
             remove_store(&compacted);
@@ -176,6 +220,7 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
         return Ok(());
     }
     println!("{}", table(&rows, a.latency_ms));
+    println!("{}", cold_start_table(&rows, a.latency_ms));
     for f in &fences {
         println!(
             "fence after {} appends: the old writer learned in {} s ({} appends acknowledged meanwhile); the takeover took {} s ({} requests)",
@@ -207,24 +252,35 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
             "METRIC:object_store.view_requests.{tag}:{}:requests",
             total(&r.view_requests)
         );
+        if let Some(s) = &r.cold_start {
+            println!("METRIC:object_store.cold_start.{tag}:{:.6}:s", s.median);
+            println!(
+                "METRIC:object_store.cold_start_requests.{tag}:{}:requests",
+                total(&r.cold_start_requests)
+            );
+        }
+        if let Some(x) = r.cold_start_over_s3_first_scan {
+            println!("METRIC:object_store.cold_start_over_first_scan.{tag}:{x:.4}:ratio");
+        }
     }
     eprintln!("xtask: figures in {}", out.join("object-store-latest.json").display());
     Ok(())
 }
 
-/// `runs` fresh-process first scans: their times, and the last probe's output.
+/// `runs` fresh-process probes `cmd` (first scans, cold starts): their times, and the
+/// last probe's output.
 fn runs(
     bin: &Path,
     uri: &str,
     pre: &[&str],
+    cmd: &[&str],
     runs: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<(Option<Stat>, Value)> {
     let mut times = Vec::new();
     let mut last = Value::Null;
     for _ in 0..runs {
-        let mut args = pre.to_vec();
-        args.push("first-scan");
+        let args = [pre, cmd].concat();
         last = probe(bin, uri, false, &args)?;
         times.push(last["seconds"].as_f64().context("seconds")?);
         pb.inc(1);
@@ -306,6 +362,33 @@ fn table(rows: &[Row], latency_ms: f64) -> String {
             total(&r.view_requests),
             num(r.view_round_trips),
             r.view_seconds.as_f64().map(fmt_secs).unwrap_or_else(|| "-".into()),
+        ));
+    }
+    s
+}
+
+fn cold_start_table(rows: &[Row], latency_ms: f64) -> String {
+    let mut s = format!(
+        "| entries | writers | cold start, S3 + {latency_ms} ms | S3 + 0 ms | vs S3 first scan | round trips | requests (by kind) | entries read | from the snapshot |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
+    let show = |x: &Option<Stat>| x.as_ref().map(|s| fmt_secs(s.median)).unwrap_or_else(|| "-".into());
+    for r in rows.iter().filter(|r| r.cold_start.is_some()) {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} |\n",
+            size_label(r.entries as usize),
+            r.writers,
+            show(&r.cold_start),
+            show(&r.cold_start_no_latency),
+            r.cold_start_over_s3_first_scan
+                .map(|x| format!("{x:.2}×"))
+                .unwrap_or_else(|| "-".into()),
+            r.cold_start_round_trips
+                .map(|x| format!("{x:.1}"))
+                .unwrap_or_else(|| "-".into()),
+            total(&r.cold_start_requests),
+            kinds(&r.cold_start_requests),
+            r.cold_start_entries_read,
+            if r.cold_start_from_snapshot { "yes" } else { "no" },
         ));
     }
     s
