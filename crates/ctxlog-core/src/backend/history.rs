@@ -258,14 +258,7 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
 
     async fn after(&mut self, after: &Checkpoint) -> Result<Vec<Conflict>> {
         self.projector.refresh().await?;
-        let newer = with_deadline(
-            "conflict discovery",
-            self.history.timeout(),
-            None,
-            Written::Nothing,
-            self.history.read_after(after),
-        )
-        .await?;
+        let newer = self.history.read_after(after).await?;
         // Entries appended since the refresh join the index: it then holds every entry the
         // content checks below saw, and the answer is a function of one set of entries.
         let index = self.projector.index_mut();
@@ -296,7 +289,11 @@ impl<H: HistorySource, I: IndexSource> ConflictDiscovery for HistoryConflicts<H,
     async fn conflicts(&mut self, after: Option<&Checkpoint>) -> Result<Vec<Conflict>> {
         match after {
             None => self.full().await,
-            Some(cp) => self.after(cp).await,
+            // One deadline for the refresh and the reads after it.
+            Some(cp) => {
+                let timeout = self.history.timeout();
+                with_deadline("conflict discovery", timeout, None, Written::Nothing, self.after(cp)).await
+            }
         }
     }
 }
@@ -354,6 +351,36 @@ mod tests {
         }
         let found = checker.finish(None);
         assert_eq!(found.len(), (BATCH * 5 + 3) / 97 + 1);
+        assert_eq!(found, model::conflicts(&entries));
+    }
+
+    /// The plausible horizon is the last plausible millisecond: at it, no conflict; one past
+    /// it, `ImplausibleHlc` (the model's boundary too).
+    #[test]
+    fn the_clock_horizon_is_inclusive() {
+        let s = WriterId::new("w").unwrap().shard_id();
+        let at = |seq: u64, millis: u64| {
+            let record = Record::text(format!("id{seq}"), "b", "s", "r", "text");
+            Entry {
+                shard: s,
+                seq,
+                epoch: 1,
+                hlc: Hlc::from_parts(millis, 0),
+                content_hash: record.content_hash(),
+                record,
+                purged: false,
+            }
+        };
+        let entries = [at(1, Hlc::PLAUSIBLE_MILLIS), at(2, Hlc::PLAUSIBLE_MILLIS + 1)];
+        let mut checker = HistoryChecker::new();
+        for e in &entries {
+            checker.visit(e.clone());
+        }
+        let found = checker.finish(None);
+        assert!(
+            matches!(&found[..], [Conflict::ImplausibleHlc { seq: 2, .. }]),
+            "{found:?}"
+        );
         assert_eq!(found, model::conflicts(&entries));
     }
 
