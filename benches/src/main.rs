@@ -250,13 +250,20 @@ async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {
         let (store, w) = (store.clone(), w.clone());
         tasks.push(tokio::spawn(async move {
             let name = format!("writer-{i}");
-            let records = w.records(i, &name);
+            let mut records = w.stream(i, &name);
             let mut shard = store.open_shard(&WriterId::new(&name)?).await?;
-            for chunk in records.chunks(100) {
-                shard.append(chunk.to_vec()).await?;
+            let (mut written, mut logical) = (0, 0u64);
+            loop {
+                let chunk = records.next_chunk(100);
+                if chunk.is_empty() {
+                    break;
+                }
+                written += chunk.len();
+                logical += chunk.iter().map(Workload::logical_bytes).sum::<u64>();
+                shard.append(chunk).await?;
             }
             shard.close().await?;
-            anyhow::Ok((records.len(), records.iter().map(Workload::logical_bytes).sum::<u64>()))
+            anyhow::Ok((written, logical))
         }));
     }
     let (mut written, mut logical) = (0, 0);

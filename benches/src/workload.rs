@@ -19,6 +19,63 @@ pub(crate) struct Workload {
     pub seed: u64,
 }
 
+/// Earlier records a writer's retries, rewrites and tombstones pick from: all of them up to
+/// this many (every log of up to 1m entries with 4 writers), then the newest this many.
+pub(crate) const WINDOW: usize = 250_000;
+
+/// One writer's records, generated on demand (see [`Workload::stream`]).
+pub(crate) struct Records {
+    workload: Workload,
+    rng: StdRng,
+    sizes: LogNormal<f64>,
+    name: String,
+    n: usize,
+    i: usize,
+    fresh: usize,
+    earlier: std::collections::VecDeque<Record>,
+}
+
+impl Records {
+    /// The next at most `max` records (none once all are out).
+    pub(crate) fn next_chunk(&mut self, max: usize) -> Vec<Record> {
+        let mut out = Vec::with_capacity(max.min(self.n - self.i));
+        while out.len() < max && self.i < self.n {
+            let i = self.i;
+            let rng = &mut self.rng;
+            let p: f64 = rng.random();
+            let earlier = (!self.earlier.is_empty()).then(|| rng.random_range(0..self.earlier.len()));
+            let mut r = match earlier {
+                // A retry: the same record again.
+                Some(j) if p < 0.01 => self.earlier[j].clone(),
+                // A divergent put: an earlier id, other content.
+                Some(j) if p < 0.011 => {
+                    let mut r = self.earlier[j].clone();
+                    r.body = Body::Text(format!("rewritten answer {i}"));
+                    r.kind = ctxlog_core::Kind::Put;
+                    r
+                }
+                // A tombstone for an earlier id.
+                Some(j) if p < 0.021 => {
+                    let prev = &self.earlier[j];
+                    Record::tombstone(prev.id.clone(), prev.bot_id.clone(), prev.session_id.clone())
+                }
+                _ => {
+                    self.fresh += 1;
+                    self.workload.fresh(rng, &self.sizes, &self.name, self.fresh)
+                }
+            };
+            r.created_at = chrono::DateTime::from_timestamp(1_780_000_000 + i as i64, 0);
+            if self.earlier.len() == WINDOW {
+                self.earlier.pop_front();
+            }
+            self.earlier.push_back(r.clone());
+            out.push(r);
+            self.i += 1;
+        }
+        out
+    }
+}
+
 const WORDS: &[&str] = &[
     "the", "order", "refund", "please", "tool", "result", "customer", "ticket", "agent", "calendar", "invoice",
     "shipping", "address", "thanks", "error", "retry", "summary", "context", "model", "answer", "question", "account",
@@ -38,38 +95,24 @@ impl Workload {
 
     /// The records writer `w` appends, in order: `name` is its writer id.
     pub(crate) fn records(&self, w: usize, name: &str) -> Vec<Record> {
-        let mut rng = StdRng::seed_from_u64(self.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w as u64 + 1)));
-        let sizes = LogNormal::new((600f64).ln(), 0.6).expect("valid log-normal");
-        let n = self.entries_of(w);
-        let mut out: Vec<Record> = Vec::with_capacity(n);
-        let mut fresh = 0usize;
-        for i in 0..n {
-            let p: f64 = rng.random();
-            let earlier = (!out.is_empty()).then(|| rng.random_range(0..out.len()));
-            let mut r = match earlier {
-                // A retry: the same record again.
-                Some(j) if p < 0.01 => out[j].clone(),
-                // A divergent put: an earlier id, other content.
-                Some(j) if p < 0.011 => {
-                    let mut r = out[j].clone();
-                    r.body = Body::Text(format!("rewritten answer {i}"));
-                    r.kind = ctxlog_core::Kind::Put;
-                    r
-                }
-                // A tombstone for an earlier id.
-                Some(j) if p < 0.021 => {
-                    let prev = &out[j];
-                    Record::tombstone(prev.id.clone(), prev.bot_id.clone(), prev.session_id.clone())
-                }
-                _ => {
-                    fresh += 1;
-                    self.fresh(&mut rng, &sizes, name, fresh)
-                }
-            };
-            r.created_at = chrono::DateTime::from_timestamp(1_780_000_000 + i as i64, 0);
-            out.push(r);
+        let mut stream = self.stream(w, name);
+        stream.next_chunk(usize::MAX)
+    }
+
+    /// [`Workload::records`] a chunk at a time, holding at most [`WINDOW`] earlier records
+    /// (what retries, rewrites and tombstones pick from): a 10M-entry log is generated in
+    /// bounded memory. Logs of up to `WINDOW` entries per writer are the same either way.
+    pub(crate) fn stream(&self, w: usize, name: &str) -> Records {
+        Records {
+            workload: self.clone(),
+            rng: StdRng::seed_from_u64(self.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w as u64 + 1))),
+            sizes: LogNormal::new((600f64).ln(), 0.6).expect("valid log-normal"),
+            name: name.to_string(),
+            n: self.entries_of(w),
+            i: 0,
+            fresh: 0,
+            earlier: std::collections::VecDeque::new(),
         }
-        out
     }
 
     /// What a record holds, as the bounded-storage figures count it: its id, its body and
@@ -141,5 +184,16 @@ mod tests {
         assert!((40..200).contains(&big), "{big}");
         let mean = a.iter().map(|r| r.body.len()).sum::<usize>() / a.len();
         assert!((500..1500).contains(&mean), "{mean}");
+        // In chunks, the same records.
+        let mut stream = w.stream(1, "w1");
+        let mut chunked = Vec::new();
+        loop {
+            let c = stream.next_chunk(7);
+            if c.is_empty() {
+                break;
+            }
+            chunked.extend(c);
+        }
+        assert_eq!(chunked, a);
     }
 }
