@@ -22,7 +22,6 @@ const WRITERS: u8 = 3;
 #[derive(Clone, Debug)]
 pub enum Step {
     /// Append records `(id, variant)` or tombstones (`variant == None`).
-    /// Append records `(id, variant)` or tombstones (`variant == None`).
     Append {
         /// Which of the writers.
         writer: u8,
