@@ -229,6 +229,9 @@ pub trait HistorySource: Send + Sync + 'static {
 /// tombstone), the positions of their shards — comes from a projection index that it keeps
 /// as a projector does (from a usable snapshot, then only what is new; kept between calls).
 /// Its answer is the full check's, restricted to conflicts involving entries past `after`.
+/// Under concurrent appends, it is the full check of the entries its index held at its
+/// refresh together with the entries past `after` it read next: an entry landing at or below
+/// `after` in between (a fenced writer's late write) is seen by the next call.
 pub struct HistoryConflicts<H: HistorySource, I: IndexSource> {
     history: Arc<H>,
     projector: IndexedProjector<I>,
