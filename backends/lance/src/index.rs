@@ -291,8 +291,13 @@ async fn first_scan(
 /// that applies it.
 struct Batch {
     batch: RecordBatch,
-    /// The table source, or the WAL `(position, batch_no)`.
-    place: Result<u32, (u64, u32)>,
+    place: Place,
+}
+
+/// Where a queued batch comes from ([`Rows`] without the borrow).
+enum Place {
+    Table { source: u32 },
+    Wal { position: u64, batch_no: u32 },
 }
 
 /// Rows applied on a thread of their own while the walk goes on reading and decoding (on
@@ -311,11 +316,11 @@ async fn walk_applying(
         // Stops at the first error, dropping `batches`: the walk's next send then fails.
         let applied = batches.iter().try_for_each(|b| {
             let rows = match b.place {
-                Ok(source) => Rows::Table {
+                Place::Table { source } => Rows::Table {
                     batch: &b.batch,
                     source,
                 },
-                Err((position, batch_no)) => Rows::Wal {
+                Place::Wal { position, batch_no } => Rows::Wal {
                     batch: &b.batch,
                     position,
                     batch_no,
@@ -327,8 +332,8 @@ async fn walk_applying(
     });
     let walked = walk(t, sources, HOW, |r| {
         let place = match r {
-            Rows::Table { source, .. } => Ok(source),
-            Rows::Wal { position, batch_no, .. } => Err((position, batch_no)),
+            Rows::Table { source, .. } => Place::Table { source },
+            Rows::Wal { position, batch_no, .. } => Place::Wal { position, batch_no },
         };
         // A bounded queue: a walk that outpaces the applier waits for it here.
         queue
@@ -336,17 +341,13 @@ async fn walk_applying(
                 batch: r.batch().clone(),
                 place,
             })
-            .map_err(|_| applier_stopped())
+            .map_err(|_| applier_error("the thread applying rows stopped".into()))
     })
     .await;
     drop(queue);
-    let (idx, counts, applied) = applier.await.map_err(|e| Error::Backend {
-        backend: "lance",
-        op: "refresh",
-        shard: None,
-        written: Written::Nothing,
-        source: std::io::Error::other(format!("the thread applying rows failed: {e}")).into(),
-    })?;
+    let (idx, counts, applied) = applier
+        .await
+        .map_err(|e| applier_error(format!("the thread applying rows failed: {e}")))?;
     *index = idx;
     *done = counts;
     // An apply error explains a walk that stopped early: report it first.
@@ -357,13 +358,13 @@ async fn walk_applying(
 /// Batches queued between a first scan's walk and the thread applying them.
 const APPLY_QUEUE: usize = 8;
 
-fn applier_stopped() -> Error {
+fn applier_error(what: String) -> Error {
     Error::Backend {
         backend: "lance",
         op: "refresh",
         shard: None,
         written: Written::Nothing,
-        source: std::io::Error::other("the thread applying rows stopped").into(),
+        source: std::io::Error::other(what).into(),
     }
 }
 

@@ -152,9 +152,10 @@ impl Store for SqliteStore {
     }
 
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
+        let index = SqliteIndex::new(self.path.clone(), self.options.clone());
         Box::new(HistoryConflicts::new(
-            Arc::new(SqliteHistory::new(self.path.clone(), self.options.clone())),
-            Arc::new(SqliteIndex::new(self.path.clone(), self.options.clone())),
+            Arc::new(SqliteHistory::beside(&index)),
+            Arc::new(index),
         ))
     }
 

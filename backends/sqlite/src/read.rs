@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -165,13 +165,13 @@ pub(crate) struct Cursor {
 }
 
 pub(crate) struct SqliteIndex {
-    conn: ReadConn,
+    conn: Arc<ReadConn>,
 }
 
 impl SqliteIndex {
     pub(crate) fn new(path: PathBuf, options: StoreOptions) -> Self {
         SqliteIndex {
-            conn: ReadConn::new(path, options),
+            conn: Arc::new(ReadConn::new(path, options)),
         }
     }
 }
@@ -432,13 +432,15 @@ fn fetch(c: &mut Connection, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> 
 }
 
 pub(crate) struct SqliteHistory {
-    conn: ReadConn,
+    conn: Arc<ReadConn>,
 }
 
 impl SqliteHistory {
-    pub(crate) fn new(path: PathBuf, options: StoreOptions) -> Self {
+    /// A history source on the read connection of `index` (a check after a checkpoint uses
+    /// both in turn: the file is opened once).
+    pub(crate) fn beside(index: &SqliteIndex) -> Self {
         SqliteHistory {
-            conn: ReadConn::new(path, options),
+            conn: index.conn.clone(),
         }
     }
 }
@@ -479,7 +481,7 @@ impl HistorySource for SqliteHistory {
             let mut out = Vec::new();
             {
                 let shards: Vec<(i64, ShardId)> = tx
-                    .prepare("SELECT shard_no, shard FROM shards")
+                    .prepare_cached("SELECT shard_no, shard FROM shards")
                     .map_err(err)?
                     .query_map([], |r| Ok((r.get(0)?, shard_id(r, 1)?)))
                     .map_err(err)?

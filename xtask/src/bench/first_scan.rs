@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::probe::probe;
+use super::probe::{LATE_WRITER, probe, snapshot_then_late_writes};
 use super::stats::{Stat, fmt_secs};
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::FirstScanArgs;
@@ -117,21 +117,7 @@ fn measure(
     // Cold start, on another copy: a snapshot, then 1 % more entries by a late writer, then
     // fresh processes that open, start from the snapshot and read one session.
     let copy = copy_store(bin, store, scratch)?;
-    let saved = probe(bin, &copy, false, &["snapshot"])?;
-    probe(
-        bin,
-        &copy,
-        false,
-        &[
-            "append",
-            "--writer",
-            "late-writer",
-            "--batch",
-            "100",
-            "--records",
-            &extra,
-        ],
-    )?;
+    let saved = snapshot_then_late_writes(bin, &copy, (entries / 100).max(1))?;
     let (mut from_snapshot, mut cold_read, mut cold_rss) = (true, 0, 0);
     for cold in [false, true] {
         for _ in 0..runs {
@@ -154,7 +140,7 @@ fn measure(
     // Conflicts a reader that had seen everything before the late writer is told are new.
     let mut found_after = Value::Null;
     for _ in 0..runs {
-        let v = probe(bin, &copy, false, &["conflicts", "--before-writer", "late-writer"])?;
+        let v = probe(bin, &copy, false, &["conflicts", "--before-writer", LATE_WRITER])?;
         series
             .entry("conflicts_after_warm")
             .or_default()

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::probe::probe;
+use super::probe::{probe, snapshot_then_late_writes};
 use super::stats::{Stat, fmt_secs};
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::ObjectStoreArgs;
@@ -108,21 +108,10 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
                 // Cold start on S3 (compacted logs): changes the bucket, so last.
                 let (mut cold, mut cold_0, mut cold_last) = (None, None, Value::Null);
                 if folded {
-                    probe(&bin, &s3, false, &["snapshot"])?;
-                    let extra = (local_last["entries"].as_u64().unwrap_or(0) / 100).max(1).to_string();
-                    let late = [
-                        "append",
-                        "--writer",
-                        "late-writer",
-                        "--batch",
-                        "100",
-                        "--records",
-                        &extra,
-                    ];
-                    probe(&bin, &s3, false, &late)?;
+                    let entries = local_last["entries"].as_u64().unwrap_or(0);
+                    snapshot_then_late_writes(&bin, &s3, (entries / 100).max(1))?;
                     let start = ["cold-start", "--bot", VIEW.0, "--session", VIEW.1];
-                    let with = runs(&bin, &s3, &s3_args, &start, a.runs, &pb)?;
-                    (cold, cold_last) = with;
+                    (cold, cold_last) = runs(&bin, &s3, &s3_args, &start, a.runs, &pb)?;
                     cold_0 = runs(&bin, &s3, &[], &start, a.runs, &pb)?.0;
                 }
                 pb.finish_and_clear();

@@ -44,6 +44,20 @@ pub(crate) fn output_within(cmd: &mut Command, deadline: Duration) -> Result<std
     Ok(std::process::Output { status, stdout, stderr })
 }
 
+/// The writer that appends the last 1 % after a snapshot (cold-start and conflicts rows).
+pub(crate) const LATE_WRITER: &str = "late-writer";
+
+/// Save a projection snapshot of `store`, then append `extra` records as [`LATE_WRITER`]
+/// (batches of 100): what a cold start then reads past its snapshot. Returns what the
+/// snapshot probe printed.
+pub(crate) fn snapshot_then_late_writes(bin: &Path, store: &str, extra: u64) -> Result<Value> {
+    let saved = probe(bin, store, false, &["snapshot"])?;
+    let extra = extra.to_string();
+    let late = ["append", "--writer", LATE_WRITER, "--batch", "100", "--records", &extra];
+    probe(bin, store, false, &late)?;
+    Ok(saved)
+}
+
 /// One fresh-process probe.
 pub(crate) fn probe(bin: &Path, store: &str, cold: bool, args: &[&str]) -> Result<Value> {
     let mut cmd = Command::new(bin);
