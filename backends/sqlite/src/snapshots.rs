@@ -79,9 +79,29 @@ pub(crate) async fn read(conn: &Conn, name: &str) -> Result<Option<Vec<u8>>> {
         if !has_table(c).map_err(err)? {
             return Ok(None);
         }
-        c.query_row("SELECT bytes FROM snapshots WHERE snapshot_no = ?1", [no], |r| r.get(0))
+        // Read straight into the buffer the index will keep (incremental blob I/O): a
+        // snapshot is tens of megabytes, and a plain column read copies it twice. One read
+        // transaction, so that a newer snapshot replacing this one cannot tear the read.
+        let tx = c.transaction().map_err(err)?;
+        let Some(len) = tx
+            .query_row(
+                "SELECT length(bytes) FROM snapshots WHERE snapshot_no = ?1",
+                [no],
+                |r| r.get::<_, usize>(0),
+            )
             .optional()
-            .map_err(err)
+            .map_err(err)?
+        else {
+            return Ok(None);
+        };
+        let blob = tx
+            .blob_open(rusqlite::MAIN_DB, "snapshots", "bytes", no, true)
+            .map_err(err)?;
+        let mut bytes = vec![0; len];
+        blob.read_at_exact(&mut bytes, 0).map_err(err)?;
+        drop(blob);
+        tx.finish().map_err(err)?;
+        Ok(Some(bytes))
     })
     .await
 }

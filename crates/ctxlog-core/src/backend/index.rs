@@ -6,6 +6,7 @@
 //! order, and a refresh may apply entries that sort before ones already seen (per-writer
 //! logs commit out of order).
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use indexmap::IndexMap;
@@ -14,6 +15,7 @@ use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
 /// A fast keyed hasher, randomly seeded per map (ids are caller-chosen, so not a fixed seed).
 type Hasher = foldhash::fast::RandomState;
 
+use crate::backend::frozen::{self, Frozen, Shape, Tables};
 use crate::entry::{Checkpoint, OrderKey, SessionSummary};
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
@@ -61,36 +63,36 @@ impl<'a> IndexRow<'a> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Put {
-    key: OrderKey,
-    hash: ContentHash,
-    session: u32,
-    at: RowRef,
+pub(super) struct Put {
+    pub(super) key: OrderKey,
+    pub(super) hash: ContentHash,
+    pub(super) session: u32,
+    pub(super) at: RowRef,
 }
 
 /// One record id. Small on purpose (a first scan holds one per id): what only a few ids
 /// have lives behind `extra`.
 #[derive(Clone, Debug, Default)]
-struct IdState {
+pub(super) struct IdState {
     /// The earliest `Put`.
-    winner: Option<Put>,
-    extra: Option<Box<Extra>>,
+    pub(super) winner: Option<Put>,
+    pub(super) extra: Option<Box<Extra>>,
 }
 
 #[derive(Clone, Debug, Default)]
-struct Extra {
+pub(super) struct Extra {
     /// Every other `Put` (retries and divergent writes).
-    others: Vec<Put>,
+    pub(super) others: Vec<Put>,
     /// Every `Tombstone`.
-    tombstones: Vec<OrderKey>,
+    pub(super) tombstones: Vec<OrderKey>,
 }
 
 impl IdState {
-    fn others(&self) -> &[Put] {
+    pub(super) fn others(&self) -> &[Put] {
         self.extra.as_ref().map_or(&[], |e| &e.others)
     }
 
-    fn tombstones(&self) -> &[OrderKey] {
+    pub(super) fn tombstones(&self) -> &[OrderKey] {
         self.extra.as_ref().map_or(&[], |e| &e.tombstones)
     }
 
@@ -116,7 +118,7 @@ impl IdState {
             || self.tombstones().contains(key)
     }
 
-    fn sessions(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(super) fn sessions(&self) -> impl Iterator<Item = u32> + '_ {
         self.winner.iter().chain(self.others().iter()).map(|p| p.session)
     }
 
@@ -173,40 +175,6 @@ pub struct ProjectionIndex {
     frozen: std::sync::Arc<Frozen>,
     /// Frozen ids copied into `ids`: their frozen state is stale.
     thawed: std::collections::HashSet<u32, Hasher>,
-}
-
-/// The ids of a snapshot: sorted (found by binary search), their names in one arena.
-#[derive(Clone, Debug, Default)]
-struct Frozen {
-    arena: String,
-    /// `ids + 1` offsets into `arena`.
-    offsets: Vec<u32>,
-    states: Vec<IdState>,
-    /// Per session number (the index's own numbering), the frozen ids with a put in it.
-    sessions: Vec<Vec<u32>>,
-}
-
-impl Frozen {
-    fn len(&self) -> usize {
-        self.states.len()
-    }
-
-    fn id(&self, i: usize) -> &str {
-        &self.arena[self.offsets[i] as usize..self.offsets[i + 1] as usize]
-    }
-
-    fn find(&self, id: &str) -> Option<usize> {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            match self.id(mid).cmp(id) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Some(mid),
-            }
-        }
-        None
-    }
 }
 
 /// A borrowed session key that hashes and compares like the owned `(Box<str>, Box<str>)`.
@@ -307,7 +275,7 @@ impl ProjectionIndex {
     /// session it has a put in, and mark the frozen copy stale.
     fn thaw(&mut self, id: &str) {
         let Some(b) = self.frozen.find(id) else { return };
-        let state = self.frozen.states[b].clone();
+        let state = self.frozen.state(b);
         let mut sessions: Vec<u32> = state.sessions().collect();
         sessions.sort_unstable();
         sessions.dedup();
@@ -317,20 +285,21 @@ impl ProjectionIndex {
     }
 
     /// Every id's state: those in `ids`, then the frozen ones not thawed.
-    fn all_states(&self) -> impl Iterator<Item = (&str, &IdState)> {
-        let frozen = &self.frozen;
-        self.ids.iter().map(|(k, s)| (&**k, s)).chain(
-            (0..frozen.len())
-                .filter(|b| !self.thawed.contains(&(*b as u32)))
-                .map(move |b| (frozen.id(b), &frozen.states[b])),
+    fn all_states(&self) -> impl Iterator<Item = (&str, Cow<'_, IdState>)> {
+        self.ids.iter().map(|(k, s)| (&**k, Cow::Borrowed(s))).chain(
+            self.frozen
+                .states()
+                .filter(|(b, _, _)| !self.thawed.contains(&(*b as u32)))
+                .map(|(_, id, s)| (id, Cow::Owned(s))),
         )
     }
 
     /// The current state of `id`.
-    fn state(&self, id: &str) -> Option<&IdState> {
-        self.ids
-            .get(id)
-            .or_else(|| self.frozen.find(id).map(|b| &self.frozen.states[b]))
+    fn state(&self, id: &str) -> Option<Cow<'_, IdState>> {
+        match self.ids.get(id) {
+            Some(s) => Some(Cow::Borrowed(s)),
+            None => self.frozen.find(id).map(|b| Cow::Owned(self.frozen.state(b))),
+        }
     }
 
     /// The highest seq applied per shard.
@@ -355,7 +324,7 @@ impl ProjectionIndex {
 
     /// The live winner of `id`: its order key and where its backend can find it.
     pub fn live(&self, id: &str) -> Option<(OrderKey, RowRef)> {
-        self.state(id).and_then(|s| s.live()).map(|p| (p.key, p.at))
+        self.state(id).and_then(|s| s.live().map(|p| (p.key, p.at)))
     }
 
     /// File the `(session, id)` pairs applied since the last query.
@@ -399,16 +368,15 @@ impl ProjectionIndex {
     }
 
     fn session_keys_of(&self, no: usize) -> Vec<(OrderKey, RowRef)> {
-        let frozen = self.frozen.sessions.get(no).map_or(&[][..], Vec::as_slice);
         let mut keys: Vec<(OrderKey, RowRef)> = self.sessions[no]
             .ids
             .iter()
-            .filter_map(|&i| self.ids[i as usize].live())
+            .filter_map(|&i| self.ids[i as usize].live().copied())
             .chain(
-                frozen
-                    .iter()
+                self.frozen
+                    .session_ids(no)
                     .filter(|b| !self.thawed.contains(b))
-                    .filter_map(|&b| self.frozen.states[b as usize].live()),
+                    .filter_map(|b| self.frozen.state(b as usize).live().copied()),
             )
             .filter(|p| p.session as usize == no)
             .map(|p| (p.key, p.at))
@@ -421,12 +389,13 @@ impl ProjectionIndex {
     /// The highest HLC of any entry applied.
     pub fn max_hlc(&self) -> Hlc {
         self.all_states()
-            .flat_map(|(_, s)| {
+            .filter_map(|(_, s)| {
                 s.winner
                     .iter()
                     .chain(s.others().iter())
                     .map(|p| p.key.hlc)
                     .chain(s.tombstones().iter().map(|k| k.hlc))
+                    .max()
             })
             .max()
             .unwrap_or(Hlc::ZERO)
@@ -537,253 +506,47 @@ impl ProjectionIndex {
     }
 }
 
-/// The index as a snapshot stores it (`backend::snapshot`): every id's state in id order,
-/// the ids' names in one string, shards in one table. Laid out so that loading allocates a
-/// few large vectors, never one per id, and hashes nothing per id.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct IndexImage {
-    arena: String,
-    offsets: Vec<u32>,
-    states: Vec<StateImage>,
-    /// `(bot, session, ids with a put in it)` in the index's session numbering.
-    sessions: Vec<(Box<str>, Box<str>, Vec<u32>)>,
-    shards: Vec<[u8; 16]>,
-    /// `(shard number, highest seq applied)`.
-    positions: Vec<(u32, u64)>,
-    entries: u64,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct StateImage {
-    winner: Option<PutImage>,
-    others: Vec<PutImage>,
-    tombstones: Vec<KeyImage>,
-}
-
-#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
-struct PutImage {
-    key: KeyImage,
-    hash: [u8; 32],
-    session: u32,
-    at: (u64, u64),
-}
-
-#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
-struct KeyImage {
-    hlc: u64,
-    /// Its number in the image's shard table.
-    shard: u32,
-    seq: u64,
-    epoch: u64,
-}
-
-/// Shard ids to numbers and back, while an image is written or read.
-#[derive(Default)]
-struct Shards {
-    ids: Vec<crate::ids::ShardId>,
-    numbers: std::collections::HashMap<crate::ids::ShardId, u32>,
-}
-
-impl Shards {
-    fn number(&mut self, s: crate::ids::ShardId) -> u32 {
-        *self.numbers.entry(s).or_insert_with(|| {
-            self.ids.push(s);
-            (self.ids.len() - 1) as u32
-        })
-    }
-
-    fn key(&self, k: KeyImage) -> Result<OrderKey, String> {
-        let shard = *self
-            .ids
-            .get(k.shard as usize)
-            .ok_or_else(|| format!("shard number {} out of range", k.shard))?;
-        Ok(OrderKey {
-            hlc: Hlc(k.hlc),
-            shard,
-            seq: k.seq,
-            epoch: k.epoch,
-        })
-    }
-
-    fn key_image(&mut self, k: OrderKey) -> KeyImage {
-        KeyImage {
-            hlc: k.hlc.0,
-            shard: self.number(k.shard),
-            seq: k.seq,
-            epoch: k.epoch,
-        }
-    }
-
-    fn put_image(&mut self, p: &Put) -> PutImage {
-        PutImage {
-            key: self.key_image(p.key),
-            hash: p.hash.0,
-            session: p.session,
-            at: (p.at.0, p.at.1),
-        }
-    }
-
-    fn put(&self, p: PutImage, sessions: usize) -> Result<Put, String> {
-        if p.session as usize >= sessions {
-            return Err(format!("session number {} out of range", p.session));
-        }
-        Ok(Put {
-            key: self.key(p.key)?,
-            hash: ContentHash(p.hash),
-            session: p.session,
-            at: RowRef(p.at.0, p.at.1),
-        })
-    }
-}
-
-#[cfg(test)]
-impl IndexImage {
-    /// Set offset `i` (a crafted snapshot).
-    pub(crate) fn set_offset(&mut self, i: usize, to: u32) {
-        self.offsets[i] = to;
-    }
-
-    /// Point the first put at a session that does not exist (a crafted snapshot).
-    pub(crate) fn break_a_session_number(&mut self) {
-        let n = self.sessions.len() as u32;
-        if let Some(p) = self.states.iter_mut().find_map(|i| i.winner.as_mut()) {
-            p.session = n + 7;
-        }
-    }
-}
-
 impl ProjectionIndex {
-    /// What a snapshot stores of this index: every id (frozen or not) in id order.
-    pub(crate) fn image(&mut self) -> IndexImage {
+    /// What a snapshot stores of this index (`backend::frozen`): every id, frozen or not,
+    /// in id order.
+    pub(crate) fn freeze(&mut self) -> (Shape, Vec<u8>) {
         self.file();
-        let mut all: Vec<(&str, &IdState)> = self.all_states().collect();
-        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let mut shards = Shards::default();
-        let mut arena = String::new();
-        let mut offsets = Vec::with_capacity(all.len() + 1);
-        let mut states = Vec::with_capacity(all.len());
-        let mut session_ids: Vec<Vec<u32>> = vec![Vec::new(); self.sessions.len()];
-        offsets.push(0u32);
-        for (no, (id, state)) in all.into_iter().enumerate() {
-            arena.push_str(id);
-            offsets.push(arena.len() as u32);
-            let mut sessions: Vec<u32> = state.sessions().collect();
-            sessions.sort_unstable();
-            sessions.dedup();
-            for s in sessions {
-                session_ids[s as usize].push(no as u32);
-            }
-            states.push(StateImage {
-                winner: state.winner.as_ref().map(|p| shards.put_image(p)),
-                others: state.others().iter().map(|p| shards.put_image(p)).collect(),
-                tombstones: state.tombstones().iter().map(|k| shards.key_image(*k)).collect(),
-            });
-        }
-        let positions = self.positions.iter().map(|(s, q)| (shards.number(*s), *q)).collect();
-        IndexImage {
-            arena,
-            offsets,
-            states,
-            sessions: self
-                .sessions
-                .keys()
-                .zip(session_ids)
-                .map(|((bot, session), ids)| (bot.clone(), session.clone(), ids))
-                .collect(),
-            shards: shards.ids.iter().map(|s| *s.as_bytes()).collect(),
-            positions,
+        let mut ids: Vec<(&str, Cow<'_, IdState>)> = self.all_states().collect();
+        ids.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        frozen::write(Tables {
+            sessions: self.sessions.keys().cloned().collect(),
+            positions: self.positions.iter().map(|(s, q)| (*s, *q)).collect(),
             entries: self.entries,
-        }
+            ids,
+        })
     }
 
-    /// The index a snapshot stored — its ids frozen, found by binary search — or what is
-    /// wrong with it. Every offset and every number that refers to an id, a session or a
-    /// shard is checked, and the ids must be strictly sorted, so that a crafted snapshot
-    /// can neither make a query panic nor hide an id.
-    pub(crate) fn from_image(image: IndexImage) -> Result<Self, String> {
-        let n = image.states.len();
-        if image.offsets.len() != n + 1 || image.offsets.first() != Some(&0) {
-            return Err(format!("{} offsets for {n} ids", image.offsets.len()));
-        }
-        if image.offsets.last().map(|&o| o as usize) != Some(image.arena.len()) {
-            return Err("the offsets do not end at the end of the ids".into());
-        }
-        for w in image.offsets.windows(2) {
-            if w[0] > w[1] || !image.arena.is_char_boundary(w[1] as usize) {
-                return Err(format!("offset {} out of order or inside a character", w[1]));
-            }
-        }
-        let id = |i: usize| &image.arena[image.offsets[i] as usize..image.offsets[i + 1] as usize];
-        if let Some(i) = (1..n).find(|&i| id(i - 1) >= id(i)) {
-            return Err(format!("ids not strictly sorted at {i}"));
-        }
-        let shards = Shards {
-            ids: image
-                .shards
-                .iter()
-                .map(|b| crate::ids::ShardId::from_bytes(*b))
-                .collect(),
-            numbers: Default::default(),
-        };
-        let sessions_n = image.sessions.len();
-        let mut entries = 0u64;
-        let mut states = Vec::with_capacity(n);
-        for st in image.states {
-            if st.winner.is_none() && !st.others.is_empty() {
-                return Err("an id has puts but no winner".into());
-            }
-            entries += (usize::from(st.winner.is_some()) + st.others.len() + st.tombstones.len()) as u64;
-            let winner = st.winner.map(|p| shards.put(p, sessions_n)).transpose()?;
-            let extra = if st.others.is_empty() && st.tombstones.is_empty() {
-                None
-            } else {
-                Some(Box::new(Extra {
-                    others: st
-                        .others
-                        .into_iter()
-                        .map(|p| shards.put(p, sessions_n))
-                        .collect::<Result<_, _>>()?,
-                    tombstones: st
-                        .tombstones
-                        .into_iter()
-                        .map(|k| shards.key(k))
-                        .collect::<Result<_, _>>()?,
-                }))
-            };
-            states.push(IdState { winner, extra });
-        }
-        if entries != image.entries {
-            return Err(format!("{entries} entries held, {} counted", image.entries));
-        }
+    /// The index a snapshot stored, its ids frozen where they lie (`bytes` from `base`), or
+    /// what is wrong with it; and what `verify` says of `bytes` (see [`Frozen::load`]).
+    pub(crate) fn from_frozen(
+        shape: Shape,
+        bytes: Vec<u8>,
+        base: usize,
+        verify: impl FnOnce(&[u8]) -> bool + Send,
+    ) -> (bool, Result<Self, String>) {
+        let (verified, frozen) = Frozen::load(&shape, bytes, base, verify);
+        (verified, frozen.and_then(|frozen| Self::around(shape, frozen)))
+    }
+
+    fn around(shape: Shape, frozen: Frozen) -> Result<Self, String> {
         let mut index = ProjectionIndex::new();
-        let mut frozen_sessions = Vec::with_capacity(sessions_n);
-        for (bot, session, ids) in image.sessions {
-            if let Some(&i) = ids.iter().find(|&&i| i as usize >= n) {
-                return Err(format!("id number {i} out of range"));
-            }
-            let key = (bot, session);
+        for key in shape.sessions {
             if index.sessions.contains_key(&key) {
                 return Err(format!("session {key:?} twice"));
             }
             index.sessions.insert(key, SessionState::default());
-            frozen_sessions.push(ids);
         }
-        for (s, q) in image.positions {
-            let shard = shards.key(KeyImage {
-                hlc: 0,
-                shard: s,
-                seq: 0,
-                epoch: 0,
-            })?;
-            index.positions.insert(shard.shard, q);
+        for (s, q) in shape.positions {
+            let shard = crate::ids::ShardId::from_bytes(shape.shards[s as usize]);
+            index.positions.insert(shard, q);
         }
-        index.entries = entries;
-        index.frozen = std::sync::Arc::new(Frozen {
-            arena: image.arena,
-            offsets: image.offsets,
-            states,
-            sessions: frozen_sessions,
-        });
+        index.entries = shape.entries;
+        index.frozen = std::sync::Arc::new(frozen);
         Ok(index)
     }
 }

@@ -11,6 +11,7 @@
 //!
 //! Applications never need this module.
 
+mod frozen;
 pub mod history;
 pub mod index;
 pub mod projector;

@@ -136,7 +136,7 @@ impl<S: IndexSource> IndexedProjector<S> {
                     continue;
                 }
             };
-            let loaded = match snapshot::decode(&bytes, &id) {
+            let loaded = match snapshot::decode(bytes, &id) {
                 Ok(l) => l,
                 Err(why) => {
                     tracing::warn!(snapshot = %name, %why, "a projection snapshot was not used");

@@ -2,20 +2,25 @@
 //! the store so that a new reader starts from them and reads only the entries past them.
 //!
 //! A snapshot is one byte string: a magic, a format number, a BLAKE3 checksum of the rest,
-//! then the payload (postcard): the store's identity, when it was taken, the
-//! backend's own cursor bytes and the index. Loading refuses anything that is not exactly a
-//! snapshot of this format of this store — [`Rejected`] says why — and the projector then
-//! scans in full: a snapshot can make a first scan cheaper, never different.
+//! then the length of a small header (postcard: the store's identity, when it was taken,
+//! the backend's own cursor bytes, the index's tables and counts), the header, and the
+//! index's ids in fixed-width records (`backend::frozen`) that the loaded index reads where
+//! they lie: loading checks the bytes once and decodes nothing per id. Loading refuses
+//! anything that is not exactly a snapshot of this format of this store — [`Rejected`] says
+//! why — and the projector then scans in full: a snapshot can make a first scan cheaper,
+//! never different.
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::index::{IndexImage, ProjectionIndex};
+use crate::backend::frozen::Shape;
+use crate::backend::index::ProjectionIndex;
 
 /// The first bytes of every snapshot.
 pub const MAGIC: &[u8; 8] = b"CTXLOGPS";
 
-/// The snapshot format this build writes and reads.
-pub const FORMAT: u32 = 1;
+/// The snapshot format this build writes and reads (1: the index decoded whole, postcard;
+/// 2: the ids in fixed-width records, read in place).
+pub const FORMAT: u32 = 2;
 
 /// How many snapshots a store keeps: a reader still loading the older one finishes.
 pub const KEEP: usize = 2;
@@ -52,11 +57,11 @@ pub enum Rejected {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Payload {
+struct Meta {
     store_id: String,
     taken_millis: u64,
     cursor: Vec<u8>,
-    index: IndexImage,
+    shape: Shape,
 }
 
 /// A snapshot that passed every check.
@@ -71,23 +76,33 @@ pub struct Loaded {
 
 /// Encode `index` and the backend's `cursor` bytes as a snapshot of store `store_id`.
 pub fn encode(index: &mut ProjectionIndex, store_id: &str, cursor: Vec<u8>, taken_millis: u64) -> Vec<u8> {
-    let payload = Payload {
+    let (shape, sections) = index.freeze();
+    let meta = Meta {
         store_id: store_id.to_string(),
         taken_millis,
         cursor,
-        index: index.image(),
+        shape,
     };
-    let body = postcard::to_stdvec(&payload).expect("a payload always encodes");
-    let mut out = Vec::with_capacity(HEADER + body.len());
+    assemble(&meta, &sections)
+}
+
+fn assemble(meta: &Meta, sections: &[u8]) -> Vec<u8> {
+    let meta = postcard::to_stdvec(meta).expect("a header always encodes");
+    let mut out = Vec::with_capacity(HEADER + 4 + meta.len() + sections.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
-    out.extend_from_slice(blake3::hash(&body).as_bytes());
-    out.extend_from_slice(&body);
+    out.extend_from_slice(&[0; 32]);
+    out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(sections);
+    let sum = blake3::hash(&out[HEADER..]);
+    out[12..HEADER].copy_from_slice(sum.as_bytes());
     out
 }
 
-/// Decode a snapshot of store `store_id`, checking everything.
-pub fn decode(bytes: &[u8], store_id: &str) -> Result<Loaded, Rejected> {
+/// Decode a snapshot of store `store_id`, checking everything. The loaded index keeps
+/// `bytes` and reads its ids from them.
+pub fn decode(bytes: Vec<u8>, store_id: &str) -> Result<Loaded, Rejected> {
     if bytes.len() < HEADER || &bytes[..MAGIC.len()] != MAGIC {
         return Err(Rejected::NotASnapshot(format!(
             "{} bytes without the magic",
@@ -98,65 +113,117 @@ pub fn decode(bytes: &[u8], store_id: &str) -> Result<Loaded, Rejected> {
     if format != FORMAT {
         return Err(Rejected::UnknownFormat { found: format });
     }
-    let (sum, body) = bytes[12..].split_at(32);
-    if blake3::hash(body).as_bytes() != sum {
-        return Err(Rejected::Corrupt("checksum mismatch".into()));
+    // The header is read before the checksum is known (it places the sections), and the
+    // checksum is computed while the sections are checked; nothing is used unless both pass.
+    let (meta, base) = match header(&bytes) {
+        Ok(found) => found,
+        Err(_) if !checksum_matches(&bytes) => return Err(mismatch()),
+        Err(why) => return Err(why),
+    };
+    let (verified, index) = ProjectionIndex::from_frozen(meta.shape, bytes, base, checksum_matches);
+    if !verified {
+        return Err(mismatch());
     }
-    let payload: Payload = postcard::from_bytes(body).map_err(|e| Rejected::Corrupt(format!("payload: {e}")))?;
-    if payload.store_id != store_id {
+    if meta.store_id != store_id {
         return Err(Rejected::Foreign {
             expected: store_id.to_string(),
-            found: payload.store_id,
+            found: meta.store_id,
         });
     }
-    let index = ProjectionIndex::from_image(payload.index).map_err(Rejected::Corrupt)?;
+    let index = index.map_err(Rejected::Corrupt)?;
     Ok(Loaded {
         index,
-        cursor: payload.cursor,
-        taken_millis: payload.taken_millis,
+        cursor: meta.cursor,
+        taken_millis: meta.taken_millis,
     })
+}
+
+fn checksum_matches(bytes: &[u8]) -> bool {
+    blake3::hash(&bytes[HEADER..]).as_bytes() == &bytes[12..HEADER]
+}
+
+fn mismatch() -> Rejected {
+    Rejected::Corrupt("checksum mismatch".into())
+}
+
+/// The header of a snapshot, and where its sections start.
+fn header(bytes: &[u8]) -> Result<(Meta, usize), Rejected> {
+    let len = bytes
+        .get(HEADER..HEADER + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")) as usize)
+        .ok_or_else(|| Rejected::Corrupt("no header length".into()))?;
+    let base = HEADER + 4 + len;
+    let raw = bytes
+        .get(HEADER + 4..base)
+        .ok_or_else(|| Rejected::Corrupt(format!("a header of {len} bytes past the end")))?;
+    match postcard::take_from_bytes::<Meta>(raw) {
+        Ok((meta, [])) => Ok((meta, base)),
+        Ok((_, rest)) => Err(Rejected::Corrupt(format!("{} bytes after the header", rest.len()))),
+        Err(e) => Err(Rejected::Corrupt(format!("header: {e}"))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::index::IndexRow;
     use crate::backend::index::tests::{arb_entries, index_of, unique_positions as unique};
+    use crate::backend::index::{IndexRow, RowRef};
     use crate::entry::{Entry, OrderKey};
     use proptest::prelude::*;
 
-    fn session_keys(idx: &mut ProjectionIndex) -> Vec<Vec<OrderKey>> {
-        (0..2)
-            .map(|s| {
-                idx.session_keys("bot", &format!("s{s}"))
-                    .into_iter()
-                    .map(|k| k.0)
-                    .collect()
-            })
-            .collect()
+    fn session_keys(idx: &mut ProjectionIndex) -> Vec<Vec<(OrderKey, RowRef)>> {
+        (0..2).map(|s| idx.session_keys("bot", &format!("s{s}"))).collect()
+    }
+
+    /// Rows as a backend that fetches by location feeds them (`with_at`), or by key.
+    fn row(e: &Entry, with_at: bool) -> IndexRow<'_> {
+        let at = if with_at {
+            RowRef(e.seq, e.hlc.0)
+        } else {
+            RowRef::default()
+        };
+        IndexRow { at, ..IndexRow::of(e) }
+    }
+
+    fn index_of_rows(entries: &[Entry], with_at: bool) -> ProjectionIndex {
+        let mut idx = ProjectionIndex::new();
+        for e in entries {
+            idx.apply(row(e, with_at));
+        }
+        idx
     }
 
     proptest! {
         /// Snapshot at any point, then the rest applied: the same answers as one pass over
         /// everything (what a reader from a snapshot plus its delta must give, rule 17).
         #[test]
-        fn a_snapshot_plus_the_rest_equals_one_pass(entries in arb_entries(), split in 0usize..40) {
+        fn a_snapshot_plus_the_rest_equals_one_pass(
+            entries in arb_entries(),
+            split in 0usize..40,
+            with_at in any::<bool>(),
+        ) {
             let entries = unique(entries);
             let split = split.min(entries.len());
-            let mut saved = index_of(&entries[..split]);
+            let mut saved = index_of_rows(&entries[..split], with_at);
             let bytes = encode(&mut saved, "store-a", b"cursor".to_vec(), 7);
-            let loaded = decode(&bytes, "store-a").expect("a fresh snapshot decodes");
+            let loaded = decode(bytes, "store-a").expect("a fresh snapshot decodes");
             prop_assert_eq!(&loaded.cursor, b"cursor");
             prop_assert_eq!(loaded.taken_millis, 7);
             let mut resumed = loaded.index;
             for e in &entries[split..] {
-                resumed.apply(IndexRow::of(e));
+                resumed.apply(row(e, with_at));
             }
             // What the snapshot held, frozen or copied out, is held: nothing applies twice.
             for e in &entries {
-                prop_assert!(!resumed.apply(IndexRow::of(e)), "an entry the index held was applied again");
+                prop_assert!(!resumed.apply(row(e, with_at)), "an entry the index held was applied again");
             }
-            let mut whole = index_of(&entries);
+            let mut whole = index_of_rows(&entries, with_at);
+            // Saved again from the loaded index (frozen ids, thawed ones and new ones), then
+            // loaded: the same index.
+            let again = encode(&mut resumed, "store-a", Vec::new(), 8);
+            let mut reloaded = decode(again, "store-a").expect("a snapshot of a loaded index decodes").index;
+            prop_assert_eq!(reloaded.projection().canonical_json(), whole.projection().canonical_json());
+            prop_assert_eq!(session_keys(&mut reloaded), session_keys(&mut whole));
             prop_assert_eq!(resumed.projection().canonical_json(), whole.projection().canonical_json());
             prop_assert_eq!(resumed.stats(), whole.stats());
             prop_assert_eq!(resumed.checkpoint(), whole.checkpoint());
@@ -182,20 +249,20 @@ mod tests {
     #[test]
     fn every_flipped_bit_and_every_truncation_is_refused() {
         let bytes = sample();
-        assert!(decode(&bytes, "store-a").is_ok());
+        assert!(decode(bytes.clone(), "store-a").is_ok());
         for i in 0..bytes.len() {
             for bit in 0..8 {
                 let mut b = bytes.clone();
                 b[i] ^= 1 << bit;
                 assert!(
-                    decode(&b, "store-a").is_err(),
+                    decode(b, "store-a").is_err(),
                     "bit {bit} of byte {i} flipped was accepted"
                 );
             }
         }
         for len in 0..bytes.len() {
             assert!(
-                decode(&bytes[..len], "store-a").is_err(),
+                decode(bytes[..len].to_vec(), "store-a").is_err(),
                 "truncated to {len} was accepted"
             );
         }
@@ -204,56 +271,65 @@ mod tests {
     #[test]
     fn foreign_and_unknown_format_snapshots_say_why() {
         let bytes = sample();
-        assert!(matches!(decode(&bytes, "store-b"), Err(Rejected::Foreign { .. })));
+        assert!(matches!(
+            decode(bytes.clone(), "store-b"),
+            Err(Rejected::Foreign { .. })
+        ));
         let mut other = bytes.clone();
         other[8..12].copy_from_slice(&(FORMAT + 1).to_le_bytes());
         assert_eq!(
-            decode(&other, "store-a").err(),
+            decode(other, "store-a").err(),
             Some(Rejected::UnknownFormat { found: FORMAT + 1 })
         );
         assert!(matches!(
-            decode(b"SQLite format 3\0", "store-a"),
+            decode(b"SQLite format 3\0".to_vec(), "store-a"),
             Err(Rejected::NotASnapshot(_))
         ));
     }
 
-    /// A checksummed payload whose numbers point outside the index, or whose id offsets are
-    /// out of order, past the ids or inside a character (a crafted snapshot), is refused
-    /// rather than trusted — never a panic.
+    /// A checksummed snapshot whose numbers point outside the index, whose id offsets are
+    /// out of order, past the ids or inside a character, or whose ids are out of order (a
+    /// crafted snapshot) is refused rather than trusted — never a panic.
     #[test]
     fn numbers_out_of_range_are_refused() {
-        type Craft = fn(&mut IndexImage);
-        let crafted: [(&str, Craft); 4] = [
-            ("a session number out of range", |i| i.break_a_session_number()),
-            ("offsets out of order", |i| i.set_offset(1, 9)),
-            ("offsets not from zero", |i| i.set_offset(0, 1)),
-            ("an offset inside a character", |i| i.set_offset(1, 1)),
+        // (what, section, byte offset in it, bytes written there)
+        let crafted: [(&str, &str, usize, Vec<u8>); 7] = [
+            (
+                "a session number out of range",
+                "winners",
+                28,
+                9u32.to_le_bytes().to_vec(),
+            ),
+            ("a shard number out of range", "winners", 8, 9u32.to_le_bytes().to_vec()),
+            ("offsets out of order", "offsets", 4, 9u32.to_le_bytes().to_vec()),
+            ("offsets not from zero", "offsets", 0, 1u32.to_le_bytes().to_vec()),
+            (
+                "an offset inside a character",
+                "offsets",
+                4,
+                1u32.to_le_bytes().to_vec(),
+            ),
+            ("ids out of order", "arena", 5, b"0".to_vec()),
+            (
+                "a session list past the ids",
+                "session_ids",
+                0,
+                9u32.to_le_bytes().to_vec(),
+            ),
         ];
-        for (what, craft) in crafted {
+        for (what, section, at, patch) in crafted {
             let mut idx = index_of(&unique(arb_entries_fixed()));
-            let mut image = idx.image();
-            craft(&mut image);
+            let bytes = encode(&mut idx, "store-a", Vec::new(), 0);
+            let (meta, base) = header(&bytes).expect("a fresh header");
+            let start = crate::backend::frozen::Frozen::section(&meta.shape, base, section) + at;
+            let mut sections = bytes[base..].to_vec();
+            sections[start - base..start - base + patch.len()].copy_from_slice(&patch);
+            let crafted = assemble(&meta, &sections);
             assert!(
-                matches!(decode(&checksummed(image), "store-a"), Err(Rejected::Corrupt(_))),
+                matches!(decode(crafted, "store-a"), Err(Rejected::Corrupt(_))),
                 "{what} was not refused as corrupt"
             );
         }
-    }
-
-    /// A snapshot of `image` with a valid header and checksum.
-    fn checksummed(image: IndexImage) -> Vec<u8> {
-        let payload = Payload {
-            store_id: "store-a".into(),
-            taken_millis: 0,
-            cursor: Vec::new(),
-            index: image,
-        };
-        let body = postcard::to_stdvec(&payload).unwrap();
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&FORMAT.to_le_bytes());
-        bytes.extend_from_slice(blake3::hash(&body).as_bytes());
-        bytes.extend_from_slice(&body);
-        bytes
     }
 
     fn arb_entries_fixed() -> Vec<Entry> {
