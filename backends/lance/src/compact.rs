@@ -133,6 +133,7 @@ async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint
     if stop == Some(StopPoint::AfterRead) {
         return Err(interrupted(StopPoint::AfterRead));
     }
+    let batches = by_session(batches)?;
     // 3. One commit: the rows and the markers.
     let mut markers: Vec<CompactedSsTable> = markers
         .into_iter()
@@ -161,6 +162,30 @@ async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint
         generations_remaining: (pending - chosen.len()) as u64,
         note: format!("folded {} generation(s), {bytes} bytes", chosen.len()),
     })
+}
+
+/// The rows of one pass in one batch, sorted by bot, session and order key: a session's rows
+/// then lie next to each other in the base table, so that a session view (one `take` of its
+/// rows) reads a few ranges of each column instead of one per row. Order within the base
+/// table means nothing else: every reader orders by the contract's order key.
+fn by_session(batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    use crate::schema::{BOT_ID, HLC, SEQ, SESSION_ID, SHARD};
+    if batches.is_empty() {
+        return Ok(batches);
+    }
+    let all = arrow_select::concat::concat_batches(&schema(), &batches).map_err(crate::schema::arrow_err)?;
+    let keys: Vec<arrow_ord::sort::SortColumn> = [BOT_ID, SESSION_ID, HLC, SHARD, SEQ]
+        .into_iter()
+        .map(|name| arrow_ord::sort::SortColumn {
+            values: all
+                .column(schema().index_of(name).expect("a column of the schema"))
+                .clone(),
+            options: None,
+        })
+        .collect();
+    let order = arrow_ord::sort::lexsort_to_indices(&keys, None).map_err(crate::schema::arrow_err)?;
+    let sorted = arrow_select::take::take_record_batch(&all, &order).map_err(crate::schema::arrow_err)?;
+    Ok(vec![sorted])
 }
 
 fn interrupted(at: StopPoint) -> Error {

@@ -152,6 +152,31 @@ pub fn local_dir(uri: &str) -> Result<std::path::PathBuf> {
         .ok_or_else(|| Error::invalid("uri", None, format!("`{uri}` is not a local store")))
 }
 
+/// The session id of every row of the base table, in the order the rows are stored.
+pub async fn base_sessions(uri: &str) -> Result<Vec<String>> {
+    use arrow_array::cast::AsArray;
+    use futures::TryStreamExt;
+    let err = |e| lance_err("read", None, Written::Nothing, e);
+    let ds = Dataset::open(&lance_uri(uri)?).await.map_err(err)?;
+    let mut scan = ds.scan();
+    scan.project(&[crate::schema::SESSION_ID]).map_err(err)?;
+    scan.scan_in_order(true);
+    let batches: Vec<arrow_array::RecordBatch> = scan
+        .try_into_stream()
+        .await
+        .map_err(err)?
+        .try_collect()
+        .await
+        .map_err(err)?;
+    Ok(batches
+        .iter()
+        .flat_map(|b| {
+            let col = b.column(0).as_string::<i32>();
+            (0..b.num_rows()).map(|i| col.value(i).to_string()).collect::<Vec<_>>()
+        })
+        .collect())
+}
+
 /// Every `(shard, epoch, seq)` row of the base table, repeats included: what compaction
 /// folded, to prove it folded nothing twice.
 pub async fn base_keys(uri: &str) -> Result<Vec<(String, u64, u64)>> {

@@ -301,6 +301,41 @@ async fn compact_all(store: &dyn Store) -> anyhow::Result<()> {
     bail!("compaction did not converge")
 }
 
+/// Compaction stores a session's rows next to each other (so that a session view reads a
+/// few ranges, not one per row), whatever order the writers appended them in.
+#[test]
+fn compaction_keeps_a_sessions_rows_together() {
+    run("compaction_keeps_a_sessions_rows_together", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let (mut a, mut b) = (store.open_shard(&w("a")).await?, store.open_shard(&w("b")).await?);
+            // Two writers, three sessions, every batch a different session from the last.
+            for round in 0..4 {
+                for (i, s) in ["s1", "s2", "s3"].into_iter().enumerate() {
+                    let shard = if (round + i) % 2 == 0 { &mut a } else { &mut b };
+                    shard.append(recs(&format!("{s}-{round}"), s, 2)).await?;
+                }
+            }
+            // Compaction flushes the memtables of the writers this handle holds open.
+            compact_all(store.as_ref()).await?;
+            a.close().await?;
+            b.close().await?;
+            let stored = ctxlog_lance::testing::base_sessions(&ctx.uri).await?;
+            ensure!(
+                stored.len() == 24,
+                "expected the 24 rows in the base table, got {}",
+                stored.len()
+            );
+            let runs = 1 + stored.windows(2).filter(|p| p[0] != p[1]).count();
+            ensure!(
+                runs == 3,
+                "expected each of 3 sessions in one run of rows, got {runs} runs: {stored:?}"
+            );
+            Ok(())
+        })
+    });
+}
+
 /// Removing folded generations (an operator's cleanup, a future reclaim) takes nothing a
 /// writer or reader needs: a reopened writer keeps its seqs and clock (from the base
 /// table), and a long-lived projector that first meets a shard then reads it whole.
