@@ -6,9 +6,9 @@
 //! 1. asks the writers this handle opened to flush their memtables into generations;
 //! 2. picks, per shard and oldest first, the generations the base table does not hold yet,
 //!    up to `max_generations` and `max_bytes` in all;
-//! 3. folds their rows into the base table with one insert-only `merge_insert` keyed by
-//!    `(shard, epoch, seq)` that records, **in the same commit**, the newest generation
-//!    folded per shard (`mark_sstables_as_compacted`).
+//! 3. folds their rows, sorted by bot, session and order key, into the base table with one
+//!    insert-only `merge_insert` keyed by `(shard, epoch, seq)` that records, **in the same
+//!    commit**, the newest generation folded per shard (`mark_sstables_as_compacted`).
 //!
 //! A pass is one commit: interrupted anywhere before it, nothing changed (data files it
 //! wrote are unreferenced); after it, data and marker changed together. Rows already in

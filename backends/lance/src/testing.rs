@@ -152,22 +152,26 @@ pub fn local_dir(uri: &str) -> Result<std::path::PathBuf> {
         .ok_or_else(|| Error::invalid("uri", None, format!("`{uri}` is not a local store")))
 }
 
-/// The session id of every row of the base table, in the order the rows are stored.
-pub async fn base_sessions(uri: &str) -> Result<Vec<String>> {
-    use arrow_array::cast::AsArray;
+/// The base table's `columns`, every row in the order the rows are stored.
+async fn base_rows(uri: &str, columns: &[&str]) -> Result<Vec<arrow_array::RecordBatch>> {
     use futures::TryStreamExt;
     let err = |e| lance_err("read", None, Written::Nothing, e);
     let ds = Dataset::open(&lance_uri(uri)?).await.map_err(err)?;
     let mut scan = ds.scan();
-    scan.project(&[crate::schema::SESSION_ID]).map_err(err)?;
+    scan.project(columns).map_err(err)?;
     scan.scan_in_order(true);
-    let batches: Vec<arrow_array::RecordBatch> = scan
-        .try_into_stream()
+    scan.try_into_stream()
         .await
         .map_err(err)?
         .try_collect()
         .await
-        .map_err(err)?;
+        .map_err(err)
+}
+
+/// The session id of every row of the base table, in the order the rows are stored.
+pub async fn base_sessions(uri: &str) -> Result<Vec<String>> {
+    use arrow_array::cast::AsArray;
+    let batches = base_rows(uri, &[crate::schema::SESSION_ID]).await?;
     Ok(batches
         .iter()
         .flat_map(|b| {
@@ -182,20 +186,7 @@ pub async fn base_sessions(uri: &str) -> Result<Vec<String>> {
 pub async fn base_keys(uri: &str) -> Result<Vec<(String, u64, u64)>> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::UInt64Type;
-    use futures::TryStreamExt;
-    let ds = Dataset::open(&lance_uri(uri)?)
-        .await
-        .map_err(|e| lance_err("read", None, Written::Nothing, e))?;
-    let mut scan = ds.scan();
-    scan.project(&crate::schema::PRIMARY_KEY)
-        .map_err(|e| lance_err("read", None, Written::Nothing, e))?;
-    let batches: Vec<arrow_array::RecordBatch> = scan
-        .try_into_stream()
-        .await
-        .map_err(|e| lance_err("read", None, Written::Nothing, e))?
-        .try_collect()
-        .await
-        .map_err(|e| lance_err("read", None, Written::Nothing, e))?;
+    let batches = base_rows(uri, &crate::schema::PRIMARY_KEY).await?;
     let mut out = Vec::new();
     for b in batches {
         let (s, e, q) = (

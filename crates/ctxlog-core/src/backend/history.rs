@@ -310,6 +310,79 @@ mod tests {
     use crate::testing::model;
     use proptest::prelude::*;
 
+    /// A history source over a memory store that lets another writer append once between a
+    /// check's refresh and its reads past the checkpoint: the race no backend can exclude.
+    struct AppendsInBetween {
+        store: crate::testing::MemoryStore,
+        late: tokio::sync::Mutex<Option<Box<dyn crate::traits::Shard>>>,
+    }
+
+    #[async_trait]
+    impl HistorySource for AppendsInBetween {
+        async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
+            self.store.visit_all(checker).await
+        }
+
+        async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+            if let Some(mut late) = self.late.lock().await.take() {
+                late.append(vec![Record::text("x", "bot", "s", "user", "other text")])
+                    .await?;
+                late.append(vec![Record::text("y", "bot", "s", "user", "late")]).await?;
+            }
+            self.store.read_after(after).await
+        }
+
+        fn timeout(&self) -> Duration {
+            HistorySource::timeout(&self.store)
+        }
+    }
+
+    /// Entries appended after a check's refresh are added to its index before id conflicts
+    /// are taken from it: another writer's puts of `x` and `y` in that window diverge from
+    /// winners the index held (`x` at the checkpoint, `y` past it), and both are reported.
+    #[tokio::test]
+    async fn entries_appended_during_a_check_after_a_checkpoint_are_checked_together() {
+        use crate::traits::Store;
+        let options = crate::options::StoreOptions {
+            create_if_missing: true,
+            ..Default::default()
+        };
+        let store = crate::testing::MemoryStore::open(&format!("race-{}", uuid::Uuid::new_v4()), options).unwrap();
+        let mut first = store.open_shard(&WriterId::new("a").unwrap()).await.unwrap();
+        first
+            .append(vec![Record::text("x", "bot", "s", "user", "first text")])
+            .await
+            .unwrap();
+        let mut reader = store.projector();
+        reader.refresh().await.unwrap();
+        let cp = reader.checkpoint();
+        first
+            .append(vec![Record::text("y", "bot", "s", "user", "early")])
+            .await
+            .unwrap();
+        let late = store.open_shard(&WriterId::new("b").unwrap()).await.unwrap();
+        let source = AppendsInBetween {
+            store: store.clone(),
+            late: tokio::sync::Mutex::new(Some(late)),
+        };
+        let mut discovery = HistoryConflicts::new(Arc::new(source), Arc::new(store.clone()));
+        // The check's refresh sees `y` (early) but not what `b` writes next.
+        let found = discovery.conflicts(Some(&cp)).await.unwrap();
+        let mut divergent: Vec<&str> = found
+            .iter()
+            .filter_map(|c| match c {
+                Conflict::DivergentPut { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        divergent.sort_unstable();
+        assert_eq!(
+            divergent,
+            ["x", "y"],
+            "expected divergent puts of x and y, got {found:?}"
+        );
+    }
+
     proptest! {
         /// The checker reports exactly what the reference model does, whatever the order
         /// and repeats of the entries it is shown.
