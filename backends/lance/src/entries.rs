@@ -1,7 +1,7 @@
 //! Reads of full entries: one shard's entries, the shard listing, and the history
 //! checker's pass over every stored entry.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use crate::schema::{POSITION_COLUMNS, SEQ, SHARD};
 use crate::store::Shared;
 use crate::tiers::{Tiers, Walk, rows, tiers, walk_all};
 use crate::writers;
+use uuid::Uuid;
 
 const EVERY_COLUMN: Walk<'static> = Walk {
     columns: None,
@@ -74,18 +75,22 @@ pub(crate) async fn shards(shared: &Shared) -> Result<Vec<ShardInfo>> {
 
 /// The SQL filter of the rows past `after`: of the shards it names, seqs above their
 /// positions; every row of any other shard. `None`: every row.
-fn after_filter(after: &Checkpoint) -> Option<String> {
+/// The base table's rows past `after`, as a filter: each named shard that is not `quiet`
+/// past its position, and every shard `after` does not name — those only if one of them has
+/// rows there (compaction records every shard it folds, invariant 12). `None`: no row can
+/// match, so the base table need not be read. `after` names at least one shard.
+fn after_filter(after: &Checkpoint, quiet: &HashSet<ShardId>, folded: &HashMap<Uuid, u64>) -> Option<String> {
     let mut parts: Vec<String> = after
         .0
         .iter()
+        .filter(|(shard, _)| !quiet.contains(shard))
         .map(|(shard, seq)| format!("({SHARD} = '{}' AND {SEQ} > {seq})", shard.0))
         .collect();
-    if after.0.is_empty() {
-        return None;
+    if folded.keys().any(|id| !after.0.contains_key(&ShardId(*id))) {
+        let named: Vec<String> = after.0.keys().map(|s| format!("'{}'", s.0)).collect();
+        parts.push(format!("{SHARD} NOT IN ({})", named.join(", ")));
     }
-    let named: Vec<String> = after.0.keys().map(|s| format!("'{}'", s.0)).collect();
-    parts.push(format!("{SHARD} NOT IN ({})", named.join(", ")));
-    Some(parts.join(" OR "))
+    (!parts.is_empty()).then(|| parts.join(" OR "))
 }
 
 pub(crate) struct LanceHistory {
@@ -106,11 +111,17 @@ impl HistorySource for LanceHistory {
     }
 
     /// The base table's rows past `after` only (a filter on shard and seq: Lance reads those
-    /// two columns of every row and the rest of the matching ones); generations and WAL
-    /// tails whole, filtered here (they hold what is not folded yet).
-    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+    /// two columns of every row and the rest of the matching ones), and not at all when
+    /// every named shard is quiet and no other shard was ever folded; generations and WAL
+    /// tails of the shards that are not quiet whole, filtered here (they hold what is not
+    /// folded yet).
+    async fn read_after(&self, after: &Checkpoint, quiet: &HashSet<ShardId>) -> Result<Vec<Entry>> {
         let mut t = tiers(&self.shared, None).await?;
-        t.base_filter = after_filter(after);
+        t.shards.retain(|s| !quiet.contains(&s.shard));
+        if !after.0.is_empty() {
+            t.base_filter = after_filter(after, quiet, &t.folded);
+            t.read_base = t.base_filter.is_some();
+        }
         let mut out = Vec::new();
         for_each_entry(&self.shared, &t, &mut |e| {
             if after.is_after(e.shard, e.seq) {

@@ -1,6 +1,6 @@
 //! Reading: shard listings, full entries, and the projector's and history checker's scans.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -472,9 +472,10 @@ impl HistorySource for SqliteHistory {
     }
 
     /// One range read per shard, on the entries' primary-key order `(shard_no, seq, …)`.
-    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+    async fn read_after(&self, after: &Checkpoint, quiet: &HashSet<ShardId>) -> Result<Vec<Entry>> {
         let conn = self.conn.get().await?;
         let after = after.clone();
+        let quiet = quiet.clone();
         conn.run("conflict discovery", None, Written::Nothing, move |c| {
             let err = |e| sql_error("conflict discovery", None, Written::Nothing, e);
             let tx = c.transaction().map_err(err)?;
@@ -492,7 +493,7 @@ impl HistorySource for SqliteHistory {
                         "SELECT {ENTRY_COLUMNS} {ENTRY_JOIN} WHERE e.shard_no = ?1 AND e.seq > ?2"
                     ))
                     .map_err(err)?;
-                for (no, shard) in shards {
+                for (no, shard) in shards.into_iter().filter(|(_, s)| !quiet.contains(s)) {
                     let mut rows = stmt.query(params![no, after.get(shard) as i64]).map_err(err)?;
                     while let Some(r) = rows.next().map_err(err)? {
                         out.push(entry(r)?);

@@ -212,10 +212,11 @@ pub trait HistorySource: Send + Sync + 'static {
     async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()>;
 
     /// Every stored entry past `after` — its seq above `after`'s position for its shard,
-    /// every entry of a shard `after` does not name — in any order, repeats allowed. It may
-    /// return older entries too (they are ignored), but reads should cost what is past
-    /// `after`, not the whole log.
-    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>>;
+    /// every entry of a shard `after` does not name — in any order, repeats allowed, except
+    /// in the shards `quiet` names: shards of `after` in which the caller knew of no entry
+    /// past it, which the source may skip. It may return older entries too (they are
+    /// ignored), but reads should cost what is past `after`, not the whole log.
+    async fn read_after(&self, after: &Checkpoint, quiet: &HashSet<ShardId>) -> Result<Vec<Entry>>;
 
     /// The deadline of one pass.
     fn timeout(&self) -> Duration;
@@ -230,8 +231,9 @@ pub trait HistorySource: Send + Sync + 'static {
 /// as a projector does (from a usable snapshot, then only what is new; kept between calls).
 /// Its answer is the full check's, restricted to conflicts involving entries past `after`.
 /// Under concurrent appends, it is the full check of the entries its index held at its
-/// refresh together with the entries past `after` it read next: an entry landing at or below
-/// `after` in between (a fenced writer's late write) is seen by the next call.
+/// refresh together with the entries past `after` it read next, in every shard but those in
+/// which its index held nothing past `after`: an entry landing in between at or below
+/// `after` (a fenced writer's late write), or in such a shard, is seen by the next call.
 pub struct HistoryConflicts<H: HistorySource, I: IndexSource> {
     history: Arc<H>,
     projector: IndexedProjector<I>,
@@ -261,7 +263,15 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
 
     async fn after(&mut self, after: &Checkpoint) -> Result<Vec<Conflict>> {
         self.projector.refresh().await?;
-        let newer = self.history.read_after(after).await?;
+        // Shards in which the index, complete at its refresh, holds nothing past `after`: no
+        // need to read them again (an entry landing there since is seen by the next call).
+        let quiet: HashSet<ShardId> = after
+            .0
+            .iter()
+            .filter(|(shard, seq)| self.projector.index().position(**shard) <= **seq)
+            .map(|(shard, _)| *shard)
+            .collect();
+        let newer = self.history.read_after(after, &quiet).await?;
         // Entries appended since the refresh join the index: it then holds every entry the
         // content checks below saw, and the answer is a function of one set of entries.
         let index = self.projector.index_mut();
@@ -323,13 +333,13 @@ mod tests {
             self.store.visit_all(checker).await
         }
 
-        async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+        async fn read_after(&self, after: &Checkpoint, quiet: &HashSet<ShardId>) -> Result<Vec<Entry>> {
             if let Some(mut late) = self.late.lock().await.take() {
                 late.append(vec![Record::text("x", "bot", "s", "user", "other text")])
                     .await?;
                 late.append(vec![Record::text("y", "bot", "s", "user", "late")]).await?;
             }
-            self.store.read_after(after).await
+            self.store.read_after(after, quiet).await
         }
 
         fn timeout(&self) -> Duration {

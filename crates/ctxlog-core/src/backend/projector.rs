@@ -84,6 +84,11 @@ impl<S: IndexSource> IndexedProjector<S> {
         }
     }
 
+    /// The index (`backend::history`).
+    pub(crate) fn index(&self) -> &ProjectionIndex {
+        &self.index
+    }
+
     /// The index, for a history check that adds the entries it read (`backend::history`).
     pub(crate) fn index_mut(&mut self) -> &mut ProjectionIndex {
         &mut self.index

@@ -6,7 +6,7 @@
 //! It serves two purposes: the conformance suite runs on it in seconds (so the suite is
 //! checked without building a storage engine), and applications use it as a test double.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -374,13 +374,13 @@ impl HistorySource for MemoryStore {
         Ok(())
     }
 
-    async fn read_after(&self, after: &Checkpoint) -> Result<Vec<Entry>> {
+    async fn read_after(&self, after: &Checkpoint, quiet: &HashSet<ShardId>) -> Result<Vec<Entry>> {
         let data = self.shared.data.lock().expect("not poisoned");
         Ok(data
             .shards
             .values()
             .flat_map(|s| &s.entries)
-            .filter(|e| after.is_after(e.shard, e.seq))
+            .filter(|e| !quiet.contains(&e.shard) && after.is_after(e.shard, e.seq))
             .cloned()
             .collect())
     }
