@@ -177,9 +177,7 @@ fn by_session(batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
     let keys: Vec<arrow_ord::sort::SortColumn> = [BOT_ID, SESSION_ID, HLC, SHARD, SEQ]
         .into_iter()
         .map(|name| arrow_ord::sort::SortColumn {
-            values: all
-                .column(schema().index_of(name).expect("a column of the schema"))
-                .clone(),
+            values: all.column_by_name(name).expect("a column of the schema").clone(),
             options: None,
         })
         .collect();

@@ -73,8 +73,6 @@ pub(crate) async fn shards(shared: &Shared) -> Result<Vec<ShardInfo>> {
     Ok(out)
 }
 
-/// The SQL filter of the rows past `after`: of the shards it names, seqs above their
-/// positions; every row of any other shard. `None`: every row.
 /// The base table's rows past `after`, as a filter: each named shard that is not `quiet`
 /// past its position, and every shard `after` does not name — those only if one of them has
 /// rows there (compaction records every shard it folds, invariant 12). `None`: no row can

@@ -125,6 +125,15 @@ impl Frozen {
         u64::from_le_bytes(self.bytes[at..at + 8].try_into().expect("eight bytes"))
     }
 
+    /// The id number extras row `row` belongs to, if there is such a row.
+    fn extra_id(&self, row: usize) -> Option<usize> {
+        (row < self.extras).then(|| self.u32(self.at.extras + EXTRA * row) as usize)
+    }
+
+    fn has_winner(&self, i: usize) -> bool {
+        self.u32(self.at.winners + self.put * i + KEY) != NO_SESSION
+    }
+
     fn offset(&self, i: usize) -> usize {
         self.u32(self.at.offsets + 4 * i) as usize
     }
@@ -185,7 +194,7 @@ impl Frozen {
         let (mut lo, mut hi) = (0, self.extras);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match (self.u32(self.at.extras + EXTRA * mid) as usize).cmp(&i) {
+            match self.extra_id(mid).expect("a row below the count").cmp(&i) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
                 std::cmp::Ordering::Equal => return Some(mid),
@@ -221,11 +230,10 @@ impl Frozen {
     pub(crate) fn states(&self) -> impl Iterator<Item = (usize, &str, IdState)> + '_ {
         let mut next_extra = 0;
         (0..self.ids).map(move |i| {
-            let row =
-                (next_extra < self.extras && self.u32(self.at.extras + EXTRA * next_extra) as usize == i).then(|| {
-                    next_extra += 1;
-                    next_extra - 1
-                });
+            let row = (self.extra_id(next_extra) == Some(i)).then(|| {
+                next_extra += 1;
+                next_extra - 1
+            });
             (i, self.id(i), self.state_with(i, row))
         })
     }
@@ -313,8 +321,8 @@ impl Frozen {
         let (mut others, mut tombs, mut entries) = (0usize, 0usize, 0u64);
         for r in 0..self.extras {
             let e = self.at.extras + EXTRA * r;
-            let id = self.u32(e) as usize;
-            if id >= n || (r > 0 && self.u32(e - EXTRA) as usize >= id) {
+            let id = self.extra_id(r).expect("a row below the count");
+            if id >= n || r.checked_sub(1).and_then(|p| self.extra_id(p)).is_some_and(|p| p >= id) {
                 return Err(format!("extras row {r}: id {id} out of order or range"));
             }
             let (os, on) = (self.u32(e + 4) as usize, self.u32(e + 8) as usize);
@@ -322,8 +330,7 @@ impl Frozen {
             if os != others || ts != tombs || on + tn == 0 {
                 return Err(format!("extras row {r}: ranges not contiguous or empty"));
             }
-            let has_winner = self.u32(self.at.winners + self.put * id + KEY) != NO_SESSION;
-            if on > 0 && !has_winner {
+            if on > 0 && !self.has_winner(id) {
                 return Err("an id has puts but no winner".into());
             }
             others += on;
@@ -347,9 +354,9 @@ impl Frozen {
         // Every id holds an entry: a winner, or (checked above) an extras row.
         let mut next_extra = 0;
         for i in 0..n {
-            let with_extra = next_extra < self.extras && self.u32(self.at.extras + EXTRA * next_extra) as usize == i;
+            let with_extra = self.extra_id(next_extra) == Some(i);
             next_extra += usize::from(with_extra);
-            let has_winner = self.u32(self.at.winners + self.put * i + KEY) != NO_SESSION;
+            let has_winner = self.has_winner(i);
             if !has_winner && !with_extra {
                 return Err(format!("id {i} holds no entry"));
             }
