@@ -117,8 +117,15 @@ pub(crate) fn target_dir() -> Result<PathBuf> {
 }
 
 /// The workspace root (where `Cargo.lock` is).
+///
+/// Taken from the environment `cargo run` gives the process, not from the path compiled in:
+/// clones that share one target directory share one xtask binary, and a fresh-looking binary
+/// built in another clone would otherwise run every task on that clone's tree (or fail when
+/// it is gone).
 pub(crate) fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."))

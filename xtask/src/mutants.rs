@@ -1,7 +1,8 @@
 //! `cargo xtask mutants`: mutation testing (cargo-mutants) of `ctxlog-core` and the SQLite
 //! backend against the fast suite — the core's own tests, the conformance suite on the
 //! in-memory reference store and on SQLite. No Lance build. cargo-mutants is installed into
-//! the target directory the first time; its report lands in `<target>/mutants/`.
+//! the target directory the first time; its report lands in `<target>/mutants/`. Mutants build in
+//! cargo-mutants' scratch copies, each with a target directory of its own.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -56,9 +57,18 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
             .args(["--features", pass.features])
             .arg("--output")
             .arg(&out)
-            .args(["--jobs", &args.jobs.max(1).to_string(), "--timeout-multiplier", "3"]);
+            .args(["--jobs", &args.jobs.max(1).to_string(), "--timeout-multiplier", "3"])
+            // Each job builds in its scratch copy's own `target/` (cargo-mutants' default),
+            // never in the shared target directory: there, parallel jobs would overwrite each
+            // other's `ctxlog-core` (same package, same artifact names) between one job's
+            // build and its test run, so a mutant could be judged by another's binary; and
+            // the next ordinary build would rebuild everything above core (Lance, the CLI).
+            .env_remove("CARGO_TARGET_DIR");
         if let Some(f) = &args.file {
             cmd.args(["--file", f]);
+        }
+        if args.iterate {
+            cmd.arg("--iterate");
         }
         // cargo-mutants runs cargo itself: give it the same vendored protoc as every build.
         if std::env::var_os("PROTOC").is_none()
