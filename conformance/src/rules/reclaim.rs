@@ -304,6 +304,28 @@ pub async fn retain_ends_idle_sessions_with_ordinary_tombstones(ctx: Ctx) -> any
         "expected 3 tombstones in the maintenance shard, got {}",
         maintenance.entries
     );
+
+    // Exactly `older_than` old is not older: bot/mixed and bot/new (newest at t0 + 2h) stay.
+    let at_cutoff = RetainOptions {
+        bot_id: Some("bot".into()),
+        ..RetainOptions::older_than(Duration::from_millis(HOUR))
+    };
+    let r = ctxlog_core::retain(store.as_ref(), &at_cutoff).await?;
+    ensure!(
+        r.sessions_ended.is_empty(),
+        "expected nothing ended at exactly the cutoff, got {r:?}"
+    );
+    // A bounded pass ends the longest-idle first and says how many it left.
+    let bounded = RetainOptions {
+        bot_id: Some("bot".into()),
+        max_sessions: 1,
+        ..RetainOptions::older_than(Duration::from_millis(HOUR - 1))
+    };
+    let r = ctxlog_core::retain(store.as_ref(), &bounded).await?;
+    ensure!(
+        r.sessions_ended == vec![("bot".to_string(), "mixed".to_string())] && r.sessions_remaining == 1,
+        "expected bot/mixed ended and one session left, got {r:?}"
+    );
     Ok(())
 }
 

@@ -56,4 +56,24 @@ mod tests {
         let v: Value = serde_json::from_str(r#"{"z":1,"a":[{"q":1,"b":2}],"m":"x\"y"}"#).unwrap();
         assert_eq!(canonical_json(&v), r#"{"a":[{"b":2,"q":1}],"m":"x\"y","z":1}"#);
     }
+
+    #[test]
+    fn serialisable_values_are_written_canonically() {
+        #[derive(serde::Serialize)]
+        struct S {
+            z: u8,
+            a: Vec<&'static str>,
+        }
+        let s = S {
+            z: 1,
+            a: vec!["p", "q"],
+        };
+        assert_eq!(to_canonical_json(&s), r#"{"a":["p","q"],"z":1}"#);
+    }
+
+    #[test]
+    fn separates_array_items_and_keeps_their_order() {
+        let v: Value = serde_json::from_str(r#"[3, {"b": [], "a": null}, "x", [1, 2]]"#).unwrap();
+        assert_eq!(canonical_json(&v), r#"[3,{"a":null,"b":[]},"x",[1,2]]"#);
+    }
 }

@@ -140,3 +140,22 @@ pub struct SessionSummary {
     /// The HLC of its last live record.
     pub last_hlc: Option<Hlc>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_position_moves_up_and_never_down() {
+        let (a, b) = (ShardId::from_bytes([1; 16]), ShardId::from_bytes([2; 16]));
+        let mut cp = Checkpoint::default();
+        cp.advance(a, 3);
+        assert_eq!(cp.get(a), 3, "advance from nothing");
+        cp.advance(a, 5);
+        assert_eq!(cp.get(a), 5, "advance up");
+        cp.advance(a, 4);
+        assert_eq!(cp.get(a), 5, "an older seq does not move it down");
+        assert_eq!(cp.get(b), 0, "a shard never advanced is at 0");
+        assert!(cp.is_after(a, 6) && !cp.is_after(a, 5) && cp.is_after(b, 1));
+    }
+}

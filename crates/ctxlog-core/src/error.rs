@@ -292,3 +292,75 @@ pub async fn with_deadline<T>(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message names the field and the record at fault, the shard, the epoch that won, and
+    /// whether anything was written — what an operator reads in a log.
+    #[test]
+    fn messages_say_what_is_at_fault_and_what_was_written() {
+        let shard = ShardId::from_bytes([7; 16]);
+        let invalid = Error::InvalidInput {
+            field: "id",
+            index: Some(3),
+            reason: "empty".into(),
+        };
+        assert_eq!(
+            invalid.to_string(),
+            "invalid input: `id` of record 3: empty; nothing was written"
+        );
+        let fenced = Error::Fenced {
+            shard,
+            writer: "w".into(),
+            epoch: 2,
+            current: Some(5),
+            written: Written::Unknown,
+        };
+        let msg = fenced.to_string();
+        assert!(msg.contains(&format!("shard {shard} (writer `w`)")), "{msg}");
+        assert!(msg.contains("epoch 2 was superseded by epoch 5;"), "{msg}");
+        assert!(msg.ends_with(&Written::Unknown.to_string()), "{msg}");
+        let throttled = Error::Unavailable {
+            op: "append",
+            shard: Some(shard),
+            reason: Unavailability::Throttled,
+            what: "503".into(),
+            written: Written::Nothing,
+        };
+        assert_eq!(
+            throttled.to_string(),
+            format!("append: the storage service is throttling requests on shard {shard}: 503; nothing was written")
+        );
+        let unreachable = Unavailability::Unreachable.to_string();
+        assert_eq!(unreachable, "cannot be reached");
+    }
+
+    /// Bad input of every kind is classified as such, and nothing else is.
+    #[test]
+    fn invalid_input_is_classified_by_kind() {
+        let unknown = Error::UnknownScheme {
+            uri: "x://".into(),
+            scheme: "x".into(),
+        };
+        let missing = Error::BackendNotCompiled {
+            uri: "s3://b".into(),
+            backend: "lance",
+            feature: "lance",
+        };
+        let invalid = Error::InvalidInput {
+            field: "id",
+            index: None,
+            reason: "empty".into(),
+        };
+        for e in [&unknown, &missing, &invalid] {
+            assert!(e.is_invalid_input() && e.is_definite(), "{e}");
+        }
+        assert!(!invalid.to_string().contains("of record"), "no index, no record named");
+        let poisoned = Error::Poisoned {
+            shard: ShardId::from_bytes([1; 16]),
+        };
+        assert!(!poisoned.is_invalid_input(), "{poisoned}");
+    }
+}

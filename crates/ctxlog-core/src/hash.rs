@@ -115,6 +115,16 @@ mod tests {
     }
 
     #[test]
+    fn a_hash_reads_back_from_its_bytes_and_its_hex() {
+        let h = rec().content_hash();
+        assert_eq!(ContentHash::from_slice(&h.0), Some(h));
+        assert_eq!(ContentHash::from_slice(&h.0[..31]), None, "31 bytes are no hash");
+        assert_eq!(h.to_string(), h.to_hex());
+        assert_eq!(ContentHash::from_hex(&h.to_string()), Some(h));
+        assert_eq!(format!("{h:?}"), format!("ContentHash({})", &h.to_hex()[..16]));
+    }
+
+    #[test]
     fn created_at_is_not_covered() {
         let a = rec();
         let mut b = rec();

@@ -153,6 +153,32 @@ mod tests {
     }
 
     #[test]
+    fn an_hlc_is_milliseconds_and_a_logical_counter() {
+        let h = Hlc::from_parts(1_700_000_000_123, 0xbeef);
+        assert_eq!((h.millis(), h.logical()), (1_700_000_000_123, 0xbeef));
+        assert_eq!(h.to_string(), "1700000000123.48879");
+        assert!(
+            Hlc::from_parts(5, 9) < Hlc::from_parts(6, 0),
+            "milliseconds order first"
+        );
+        // "More than a day ahead" (rule 8's bound on observed values) is one day.
+        assert_eq!(Hlc::MAX_OBSERVE_AHEAD_MILLIS, 86_400_000);
+    }
+
+    #[test]
+    fn the_system_clock_reads_wall_time() {
+        let wall = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+        };
+        let before = wall();
+        let now = SystemClock.now_millis();
+        assert!(before <= now && now <= wall(), "{before} <= {now}");
+    }
+
+    #[test]
     fn ticks_strictly_increase_when_physical_time_stands_still() {
         let mut c = HlcClock::new(Arc::new(Fixed(1000)), Hlc::ZERO);
         let a = c.tick().unwrap();

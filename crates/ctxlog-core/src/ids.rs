@@ -69,3 +69,20 @@ impl fmt::Display for ShardId {
 pub type Epoch = u64;
 /// Position of an entry within its shard: dense, strictly increasing, starting at 1.
 pub type Seq = u64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages and the CLI print a writer as given and a shard as its hyphenated UUID; the
+    /// shard is a pure function of the writer id (its stored value never changes).
+    #[test]
+    fn writers_and_shards_print_as_stored() {
+        let w = WriterId::new_unchecked("replica-0".into());
+        assert_eq!(w.to_string(), "replica-0");
+        let s = w.shard_id();
+        assert_eq!(s, ShardId(Uuid::new_v5(&SHARD_NAMESPACE, b"replica-0")));
+        assert_eq!(s.to_string(), s.0.hyphenated().to_string());
+        assert_eq!(ShardId::from_bytes(*s.as_bytes()), s);
+    }
+}

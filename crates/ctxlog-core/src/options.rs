@@ -228,3 +228,44 @@ pub struct RetainReport {
     /// Sessions past the cutoff left for a later pass.
     pub sessions_remaining: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_is_between_a_millisecond_and_a_day() {
+        let with = |timeout| StoreOptions {
+            timeout,
+            ..StoreOptions::default()
+        };
+        let day = Duration::from_secs(86_400);
+        assert!(with(day).validate().is_ok());
+        assert!(with(Duration::from_millis(1)).validate().is_ok());
+        for bad in [
+            day + Duration::from_millis(1),
+            Duration::ZERO,
+            Duration::from_micros(999),
+        ] {
+            let err = with(bad).validate().unwrap_err();
+            assert!(
+                matches!(err, crate::Error::InvalidInput { field: "timeout", .. }),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    /// Storage option values are credentials: a debug print names the keys only.
+    #[test]
+    fn a_debug_print_shows_storage_option_keys_not_values() {
+        let o = StoreOptions {
+            storage_options: vec![("aws_secret_access_key".into(), "hunter2".into())],
+            ..StoreOptions::default()
+        };
+        let shown = format!("{o:?}");
+        assert!(
+            shown.contains("aws_secret_access_key") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+    }
+}

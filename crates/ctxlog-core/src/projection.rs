@@ -216,3 +216,119 @@ impl Projection {
         to_canonical_json(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(shard: u8, seq: Seq) -> OrderKey {
+        OrderKey {
+            hlc: Hlc::from_parts(u64::from(shard) * 100 + seq, 0),
+            shard: ShardId::from_bytes([shard; 16]),
+            seq,
+            epoch: 1,
+        }
+    }
+
+    /// A check after a checkpoint keeps a conflict when any entry it involves is new: the
+    /// older side may lie at or before the checkpoint.
+    #[test]
+    fn a_conflict_is_past_a_checkpoint_when_any_of_its_entries_is() {
+        let mut cp = Checkpoint::default();
+        cp.advance(ShardId::from_bytes([1; 16]), 5);
+        cp.advance(ShardId::from_bytes([2; 16]), 5);
+        let hash = ContentHash::from_slice(&[0; 32]).unwrap();
+        let divergent = |winner, entry| Conflict::DivergentPut {
+            id: "r".into(),
+            winner,
+            winner_hash: hash,
+            entry,
+            entry_hash: hash,
+        };
+        let after_delete = |tombstone, entry| Conflict::WriteAfterDelete {
+            id: "r".into(),
+            tombstone,
+            entry,
+        };
+        for (old, new) in [(at(1, 5), at(2, 6)), (at(2, 6), at(1, 5))] {
+            assert!(divergent(old, new).involves_entries_after(&cp));
+            assert!(after_delete(old, new).involves_entries_after(&cp));
+        }
+        assert!(!divergent(at(1, 4), at(2, 5)).involves_entries_after(&cp));
+        assert!(!after_delete(at(1, 4), at(2, 5)).involves_entries_after(&cp));
+        let gap = |missing_to| Conflict::SeqGap {
+            shard: ShardId::from_bytes([1; 16]),
+            missing_from: 2,
+            missing_to,
+        };
+        assert!(gap(5).involves_entries_after(&cp), "the entry after the gap is new");
+        assert!(!gap(4).involves_entries_after(&cp));
+    }
+
+    /// The canonical JSON of a conflict list is sorted and without repeats, whatever order
+    /// the conflicts were found in: what two backends' answers are compared by.
+    #[test]
+    fn a_conflict_list_is_compared_in_canonical_order() {
+        let shard = ShardId::from_bytes([3; 16]);
+        let gap = Conflict::SeqGap {
+            shard,
+            missing_from: 2,
+            missing_to: 2,
+        };
+        let stale = Conflict::StaleEpoch {
+            shard,
+            seq: 1,
+            epoch: 1,
+            superseded_by: 2,
+        };
+        let json = conflicts_json(&[gap.clone(), stale.clone(), gap.clone()]);
+        assert_eq!(json, conflicts_json(&[stale, gap]));
+        assert_eq!(
+            json,
+            format!(
+                r#"[{{"epoch":1,"kind":"stale_epoch","seq":1,"shard":"{shard}","superseded_by":2}},{{"kind":"seq_gap","missing_from":2,"missing_to":2,"shard":"{shard}"}}]"#
+            )
+        );
+    }
+
+    #[test]
+    fn a_projection_is_compared_as_canonical_json() {
+        let p = Projection {
+            tombstoned: vec!["gone".into()],
+            ..Projection::default()
+        };
+        let json = p.canonical_json();
+        assert_eq!(json, to_canonical_json(&p));
+        assert!(
+            json.starts_with(r#"{"records":[],"#) && json.ends_with(r#""tombstoned":["gone"]}"#),
+            "{json}"
+        );
+    }
+
+    /// The names `ctxlog conflicts` prints and canonical output carries.
+    #[test]
+    fn conflict_kinds_have_their_names() {
+        let names: Vec<&str> = [
+            ConflictKind::DivergentPut,
+            ConflictKind::WriteAfterDelete,
+            ConflictKind::StaleEpoch,
+            ConflictKind::SeqGap,
+            ConflictKind::Corrupt,
+            ConflictKind::ImplausibleHlc,
+        ]
+        .into_iter()
+        .map(ConflictKind::as_str)
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "divergent_put",
+                "write_after_delete",
+                "stale_epoch",
+                "seq_gap",
+                "corrupt",
+                "implausible_hlc"
+            ]
+        );
+    }
+}

@@ -120,3 +120,24 @@ impl Record {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stored kind codes (0 put, 1 tombstone) read back; any other code is refused.
+    #[test]
+    fn kinds_read_back_from_their_stored_codes() {
+        for k in [Kind::Put, Kind::Tombstone] {
+            assert_eq!(Kind::from_u8(k.as_u8()), Some(k));
+        }
+        assert_eq!(Kind::from_u8(2), None);
+    }
+
+    #[test]
+    fn a_body_is_empty_when_it_has_no_bytes() {
+        assert!(Body::Text(String::new()).is_empty() && Body::Bytes(Vec::new()).is_empty());
+        assert!(!Body::Text("a".into()).is_empty() && !Body::Bytes(vec![0]).is_empty());
+        assert_eq!(Body::Text("ab".into()).len(), 2);
+    }
+}

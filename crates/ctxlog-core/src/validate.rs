@@ -287,6 +287,11 @@ mod tests {
         let err = l.validate_batch(&[big.clone(), big.clone()]).unwrap_err();
         assert_eq!(field_of(err), ("records", Some(1)));
         l.validate_batch(std::slice::from_ref(&big)).unwrap();
+        // A batch of exactly the limit is accepted: 64 + 36 = 100.
+        let mut rest = big.clone();
+        rest.body = Body::Text("x".repeat(47 - 28));
+        assert_eq!(l.validate(&rest).unwrap(), 36);
+        l.validate_batch(&[big.clone(), rest]).unwrap();
 
         let many = vec![Record::text("a", "b", "s", "r", ""); 3];
         let few = Limits {
@@ -295,6 +300,40 @@ mod tests {
         };
         assert_eq!(field_of(few.validate_batch(&many).unwrap_err()).0, "records");
         few.validate_batch(&many[..2]).unwrap();
+    }
+
+    /// Role and content type are bounded like ids: at the limit accepted, one over refused;
+    /// metadata that is not an object is refused naming what it is.
+    #[test]
+    fn role_content_type_and_metadata_kind_are_checked() {
+        let l = Limits {
+            max_id_bytes: 8,
+            ..Limits::default()
+        };
+        let mut r = Record::text("a", "b", "s", "r".repeat(8), "x");
+        r.content_type = "t".repeat(8);
+        l.validate(&r).unwrap();
+        r.role.push('r');
+        assert_eq!(field_of(l.validate(&r).unwrap_err()).0, "role");
+        r.role.pop();
+        r.content_type.push('t');
+        assert_eq!(field_of(l.validate(&r).unwrap_err()).0, "content_type");
+        let mut r = Record::text("a", "b", "s", "user", "x");
+        r.content_type = "t".into();
+        for (v, kind) in [
+            (serde_json::json!(null), "null"),
+            (serde_json::json!(true), "a boolean"),
+            (serde_json::json!(1), "a number"),
+            (serde_json::json!("s"), "a string"),
+            (serde_json::json!([]), "an array"),
+        ] {
+            r.metadata = Some(v);
+            let err = l.validate(&r).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("must be a JSON object, got {kind}")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

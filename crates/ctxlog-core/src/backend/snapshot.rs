@@ -235,6 +235,68 @@ mod tests {
         }
     }
 
+    /// A snapshot of many ids finds each by binary search — ids with one put, with other
+    /// puts, with a tombstone — and no id it does not hold (before, between and after them).
+    /// The property test above draws from six ids, too few to exercise the search.
+    #[test]
+    fn every_id_of_a_large_snapshot_is_found_and_no_other() {
+        use crate::ids::WriterId;
+        use crate::record::{Kind, Record};
+        let shard = WriterId::new("w").unwrap().shard_id();
+        let entry = |seq: u64, id: &str, text: &str, kind: Kind| {
+            let mut record = Record::text(id, "bot", format!("s{}", seq % 2), "user", text);
+            record.kind = kind;
+            Entry {
+                shard,
+                seq,
+                epoch: 1,
+                hlc: crate::hlc::Hlc(seq),
+                content_hash: record.content_hash(),
+                record,
+                purged: false,
+            }
+        };
+        let (mut held, mut seq) = (Vec::new(), 0);
+        for i in 0..700u64 {
+            // Even numbers only: the odd ones lie between held ids.
+            let id = format!("id{:05}", 2 * i + 2);
+            for p in 0..=i % 3 {
+                seq += 1;
+                let kind = if i % 5 == 0 && p == i % 3 {
+                    Kind::Tombstone
+                } else {
+                    Kind::Put
+                };
+                held.push(entry(seq, &id, &format!("v{p}"), kind));
+            }
+        }
+        for with_at in [false, true] {
+            let mut saved = index_of_rows(&held, with_at);
+            let whole = saved.projection().canonical_json();
+            let bytes = encode(&mut saved, "store-a", Vec::new(), 1);
+            let mut loaded = decode(bytes, "store-a").expect("a fresh snapshot decodes").index;
+            for e in &held {
+                assert!(!loaded.apply(row(e, with_at)), "{} was not found", e.record.id);
+            }
+            assert_eq!(loaded.projection().canonical_json(), whole);
+            let absent: Vec<Entry> = (0..=701u64)
+                .map(|i| {
+                    seq += 1;
+                    entry(seq, &format!("id{:05}", 2 * i + 1), "new", Kind::Put)
+                })
+                .collect();
+            for e in &absent {
+                assert!(loaded.apply(row(e, with_at)), "{} was found", e.record.id);
+            }
+            let mut all = held.clone();
+            all.extend(absent);
+            assert_eq!(
+                loaded.projection().canonical_json(),
+                index_of_rows(&all, with_at).projection().canonical_json()
+            );
+        }
+    }
+
     fn sample() -> Vec<u8> {
         let entries: Vec<Entry> = proptest::strategy::ValueTree::current(
             &arb_entries()
@@ -293,14 +355,27 @@ mod tests {
     #[test]
     fn numbers_out_of_range_are_refused() {
         // (what, section, byte offset in it, bytes written there)
-        let crafted: [(&str, &str, usize, Vec<u8>); 7] = [
+        // The index holds one shard and one session: number 1 is the first out of range.
+        let crafted: [(&str, &str, usize, Vec<u8>); 9] = [
             (
                 "a session number out of range",
                 "winners",
                 28,
                 9u32.to_le_bytes().to_vec(),
             ),
+            (
+                "the session number one past the last",
+                "winners",
+                28,
+                1u32.to_le_bytes().to_vec(),
+            ),
             ("a shard number out of range", "winners", 8, 9u32.to_le_bytes().to_vec()),
+            (
+                "the shard number one past the last",
+                "winners",
+                8,
+                1u32.to_le_bytes().to_vec(),
+            ),
             ("offsets out of order", "offsets", 4, 9u32.to_le_bytes().to_vec()),
             ("offsets not from zero", "offsets", 0, 1u32.to_le_bytes().to_vec()),
             (
@@ -317,19 +392,78 @@ mod tests {
                 9u32.to_le_bytes().to_vec(),
             ),
         ];
+        refuses_crafted(&arb_entries_fixed(), &crafted);
+    }
+
+    /// Each patch (what, section, byte offset in it, bytes) written into a fresh, valid
+    /// snapshot of `entries` (its checksum made to match) must be refused as corrupt.
+    fn refuses_crafted(entries: &[Entry], crafted: &[(&str, &str, usize, Vec<u8>)]) {
+        let mut idx = index_of(entries);
+        let bytes = encode(&mut idx, "store-a", Vec::new(), 0);
+        assert!(
+            decode(bytes.clone(), "store-a").is_ok(),
+            "the snapshot unpatched is used"
+        );
+        let (meta, base) = header(&bytes).expect("a fresh header");
         for (what, section, at, patch) in crafted {
-            let mut idx = index_of(&unique(arb_entries_fixed()));
-            let bytes = encode(&mut idx, "store-a", Vec::new(), 0);
-            let (meta, base) = header(&bytes).expect("a fresh header");
             let start = crate::backend::frozen::Frozen::section(&meta.shape, base, section) + at;
             let mut sections = bytes[base..].to_vec();
-            sections[start - base..start - base + patch.len()].copy_from_slice(&patch);
+            sections[start - base..start - base + patch.len()].copy_from_slice(patch);
             let crafted = assemble(&meta, &sections);
             assert!(
                 matches!(decode(crafted, "store-a"), Err(Rejected::Corrupt(_))),
                 "{what} was not refused as corrupt"
             );
         }
+    }
+
+    /// Crafted extras (other puts and tombstones) and session lists are refused too: rows out
+    /// of order or past the ids, ranges that do not follow each other, an other put without a
+    /// session, shard numbers out of range, session lists out of order or past the ids.
+    #[test]
+    fn crafted_extras_and_session_lists_are_refused() {
+        use crate::record::{Kind, Record};
+        let w = crate::ids::WriterId::new("w").unwrap().shard_id();
+        let entry = |seq: u64, id: &str, session: &str, text: &str, kind: Kind| {
+            let mut record = Record::text(id, "bot", session, "user", text);
+            record.kind = kind;
+            Entry {
+                shard: w,
+                seq,
+                epoch: 1,
+                hlc: crate::hlc::Hlc(seq),
+                content_hash: record.content_hash(),
+                record,
+                purged: false,
+            }
+        };
+        // Ids a, b, c (numbers 0, 1, 2); extras rows: a (one other put), b (one tombstone);
+        // sessions s0 and s1.
+        let entries = [
+            entry(1, "a", "s0", "x", Kind::Put),
+            entry(2, "a", "s0", "y", Kind::Put),
+            entry(3, "b", "s0", "x", Kind::Put),
+            entry(4, "b", "s0", "", Kind::Tombstone),
+            entry(5, "c", "s1", "x", Kind::Put),
+        ];
+        let u = |v: u32| v.to_le_bytes().to_vec();
+        refuses_crafted(
+            &entries,
+            &[
+                ("extras rows out of order", "extras", 20, u(0)),
+                ("an extras row past the ids", "extras", 20, u(3)),
+                ("other puts not following each other", "extras", 4, u(1)),
+                ("tombstones not following each other", "extras", 32, u(1)),
+                ("an extras row with nothing", "extras", 8, u(0)),
+                ("an other put without a session", "others", 28, u(u32::MAX)),
+                ("an other put's session out of range", "others", 28, u(2)),
+                ("an other put's shard out of range", "others", 8, u(1)),
+                ("a tombstone's shard out of range", "tombstones", 8, u(1)),
+                ("session starts not from zero", "session_starts", 0, u(1)),
+                ("session lists out of order", "session_starts", 4, u(4)),
+                ("a session list past the ids", "session_ids", 0, u(3)),
+            ],
+        );
     }
 
     fn arb_entries_fixed() -> Vec<Entry> {
