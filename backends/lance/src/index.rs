@@ -181,11 +181,15 @@ impl IndexSource for LanceIndex {
         // or one whose cursor is below its WAL floor (gc may have deleted the entries there:
         // their rows are in generations or the base table), is read whole: its rows in the
         // base table, its generations not folded, its WAL.
-        let base = shared.latest().await?;
+        // The latest version and the shard list at once: the list does not depend on the
+        // version (each is a round trip on an object store).
+        let held = shared.held().await;
+        let (base, ids) = futures::try_join!(shared.latest(), async {
+            held.list_mem_wal_latest_shard_ids().await.map_err(read_err)
+        })?;
         let (store, base_path) = shared.io(&base).await?;
         let floors = reclaim::floors(&base);
         let below = |s: &ShardId, next: u64| next < floors.get(s).copied().unwrap_or(0);
-        let ids = base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?;
         let (known, mut whole): (Vec<ShardId>, Vec<ShardId>) = ids
             .into_iter()
             .map(ShardId)

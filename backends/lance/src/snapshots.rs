@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use ctxlog_core::backend::snapshot::{KEEP, Rejected};
 use ctxlog_core::{Result, ShardId, Written};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::error::{is_not_found, lance_err, store_err};
 use crate::index::Cursor;
 use crate::store::Shared;
+use crate::tiers::READ_WINDOW;
 
 fn identity_path(base: &Path) -> Path {
     Path::from(format!("{base}/_ctxlog/identity"))
@@ -151,17 +152,29 @@ pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result:
         let id = uuid::Uuid::parse_str(&shard).map_err(|e| Rejected::Corrupt(format!("cursor shard {shard}: {e}")))?;
         wal_next.insert(ShardId(id), next);
     }
-    let mut sources: Vec<Dataset> = Vec::with_capacity(saved.sources.len());
-    for (uri, version) in saved.sources {
-        let gone = |e: lance::Error| Rejected::Stale(format!("{uri} version {version} is gone: {e}"));
-        let ds = shared.open_dataset(&uri).await.map_err(gone)?;
-        let ds = if ds.version().version == version {
-            ds
-        } else {
-            ds.checkout_version(version).await.map_err(gone)?
-        };
-        sources.push(ds);
-    }
+    // The base table starts from the version this handle holds (no listing of its
+    // versions); the others are opened at once, each a round trip or two on an object store.
+    let held = shared.held().await;
+    let sources: Vec<Dataset> = futures::stream::iter(saved.sources)
+        .map(|(uri, version)| {
+            let held = &held;
+            async move {
+                let gone = |e: lance::Error| Rejected::Stale(format!("{uri} version {version} is gone: {e}"));
+                let ds = if uri == held.uri() {
+                    held.clone()
+                } else {
+                    shared.open_dataset(&uri).await.map_err(gone)?
+                };
+                if ds.version().version == version {
+                    Ok(ds)
+                } else {
+                    ds.checkout_version(version).await.map_err(gone)
+                }
+            }
+        })
+        .buffered(READ_WINDOW)
+        .try_collect()
+        .await?;
     Ok(Cursor::resumed(wal_next, sources))
 }
 

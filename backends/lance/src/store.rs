@@ -73,11 +73,15 @@ impl Shared {
         Ok((store, ds.branch_location().path))
     }
 
+    /// The dataset at the version this handle last read: no request.
+    pub(crate) async fn held(&self) -> Dataset {
+        self.dataset.lock().await.clone()
+    }
+
     /// The object store and base path, from the dataset as this handle holds it: neither
     /// changes with the version, so no manifest is read for them.
     pub(crate) async fn objects(&self) -> Result<(Arc<ObjectStore>, Path)> {
-        let ds = self.dataset.lock().await.clone();
-        self.io(&ds).await
+        self.io(&self.held().await).await
     }
 
     /// Open another dataset (a flushed generation) with the store's settings.

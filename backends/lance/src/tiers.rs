@@ -219,6 +219,29 @@ pub(crate) async fn walk(
     how: Walk<'_>,
     mut visit: impl FnMut(Rows<'_>) -> Result<()>,
 ) -> Result<Walked> {
+    // The WAL tails do not depend on the tables: read them meanwhile (on an object store a
+    // round trip less), visit them after, as before.
+    let wanted = t.shards.iter().map(|s| (s.shard, s.wal_from, s.wal_known)).collect();
+    let tails = read_tails(&t.store, &t.base_path, wanted);
+    let ((), tails) = futures::try_join!(visit_tables(t, sources, how, &mut visit), tails)?;
+    // WAL tails: each visited whole, in shard order.
+    let mut wal_next = Vec::with_capacity(t.shards.len());
+    for (shard, next, entries) in tails {
+        for rows in entries.iter().flat_map(wal_rows) {
+            visit(rows)?;
+        }
+        wal_next.push((shard, next));
+    }
+    Ok(Walked { wal_next })
+}
+
+/// The table tiers of [`walk`]: the base table, then the generations.
+async fn visit_tables(
+    t: &Tiers,
+    sources: &[Dataset],
+    how: Walk<'_>,
+    visit: &mut impl FnMut(Rows<'_>) -> Result<()>,
+) -> Result<()> {
     // The base table streams (Lance reads its fragments concurrently); only it holds other
     // shards' rows. Generations are small: read up to a window of them at once, each
     // visited whole, in source order.
@@ -244,16 +267,7 @@ pub(crate) async fn walk(
             visit(Rows::Table { batch, source })?;
         }
     }
-    // WAL tails: shards at once, each tail visited whole, in shard order.
-    let wanted = t.shards.iter().map(|s| (s.shard, s.wal_from, s.wal_known)).collect();
-    let mut wal_next = Vec::with_capacity(t.shards.len());
-    for (shard, next, entries) in read_tails(&t.store, &t.base_path, wanted).await? {
-        for rows in entries.iter().flat_map(wal_rows) {
-            visit(rows)?;
-        }
-        wal_next.push((shard, next));
-    }
-    Ok(Walked { wal_next })
+    Ok(())
 }
 
 /// [`walk`] over freshly opened sources.

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -130,7 +130,9 @@ pub(crate) fn read_shard(c: &mut Connection, shard: ShardId, after_seq: u64, lim
 struct ReadConn {
     path: PathBuf,
     options: StoreOptions,
-    conn: Mutex<Option<Conn>>,
+    /// Async, held while opening: callers that ask at once (a cold start reads the store's
+    /// identity and its snapshot list together) share one connection.
+    conn: tokio::sync::Mutex<Option<Conn>>,
 }
 
 impl ReadConn {
@@ -138,18 +140,20 @@ impl ReadConn {
         ReadConn {
             path,
             options,
-            conn: Mutex::new(None),
+            conn: tokio::sync::Mutex::new(None),
         }
     }
 
     async fn get(&self) -> Result<Conn> {
-        if let Some(c) = self.conn.lock().expect("not poisoned").as_ref() {
+        // Waiting here is bounded: whoever holds the lock is opening under a deadline.
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
         // Readers never create a store (a missing file is NotFound) and never write to one.
         let timeout = self.options.timeout;
         let conn = Conn::open_by(&self.path, Access::Read, timeout, tokio::time::Instant::now() + timeout).await?;
-        *self.conn.lock().expect("not poisoned") = Some(conn.clone());
+        *slot = Some(conn.clone());
         Ok(conn)
     }
 }

@@ -109,11 +109,10 @@ impl<S: IndexSource> IndexedProjector<S> {
     async fn load_snapshot(&mut self) -> Option<u64> {
         let source = self.source.clone();
         let timeout = source.timeout();
+        // The identity and the list at once: on an object store each is a round trip.
         let listed = with_deadline("read snapshots", timeout, None, Written::Nothing, async {
-            match source.store_identity(false).await? {
-                None => Ok(None),
-                Some(id) => Ok(Some((id, source.snapshot_names().await?))),
-            }
+            let (id, names) = tokio::try_join!(source.store_identity(false), source.snapshot_names())?;
+            Ok(id.map(|id| (id, names)))
         })
         .await;
         let (id, names) = match listed {
