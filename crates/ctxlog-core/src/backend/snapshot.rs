@@ -330,6 +330,25 @@ mod tests {
         }
     }
 
+    /// A damaged header is reported as the checksum mismatch it is; a header that passes
+    /// the checksum but does not parse (a crafted one) is reported as what is wrong with it.
+    #[test]
+    fn a_bad_header_says_whether_the_checksum_matched() {
+        let bytes = sample();
+        let (meta, base) = header(&bytes).expect("a fresh header");
+        let mut damaged = bytes.clone();
+        damaged[HEADER..HEADER + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode(damaged, "store-a").err(), Some(mismatch()));
+        let mut crafted = assemble(&meta, &bytes[base..]);
+        crafted[HEADER..HEADER + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let sum = blake3::hash(&crafted[HEADER..]);
+        crafted[12..HEADER].copy_from_slice(sum.as_bytes());
+        match decode(crafted, "store-a") {
+            Err(Rejected::Corrupt(why)) => assert!(why.contains("past the end"), "{why}"),
+            other => panic!("expected a corrupt header, got {:?}", other.err()),
+        }
+    }
+
     #[test]
     fn foreign_and_unknown_format_snapshots_say_why() {
         let bytes = sample();

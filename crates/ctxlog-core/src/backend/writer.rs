@@ -305,6 +305,7 @@ mod tests {
         assert_eq!((ack.first_seq, ack.last_seq, ack.epoch), (11, 13, 3));
         assert_eq!(ack.ids, ["r0", "r1", "r2"]);
         assert!(!s.is_poisoned());
+        assert_eq!(s.last_seq(), 13);
         let next = s.stage(batch(1)).unwrap();
         assert_eq!(next.first_seq(), 14);
         assert!(next.entries[0].hlc > ack.last_hlc);
@@ -351,6 +352,26 @@ mod tests {
         let mut s = state();
         s.mark_closed();
         assert!(matches!(s.check_usable(), Err(Error::Closed { .. })));
+    }
+
+    /// Marks set outside an append (a backend whose writer cannot go on; a successor seen
+    /// while closing) stick: every later append is refused at once, with the right error.
+    #[test]
+    fn poison_and_fence_marks_outside_an_append_stick() {
+        let mut s = state();
+        assert_eq!((s.last_seq(), s.fenced_by()), (10, None));
+        s.mark_fenced(Some(7));
+        assert_eq!(s.fenced_by(), Some(Some(7)));
+        assert!(matches!(s.check_usable(), Err(Error::Fenced { current: Some(7), .. })));
+
+        let mut s = state();
+        let _staged = s.stage(batch(1)).unwrap();
+        s.begin();
+        let _ = s.settle(Err(Error::invalid("x", None, "no")));
+        assert!(s.check_usable().is_ok(), "a definite error leaves the handle usable");
+        s.poison();
+        assert!(s.is_poisoned());
+        assert!(matches!(s.check_usable(), Err(Error::Poisoned { .. })));
     }
 
     #[test]
