@@ -240,22 +240,8 @@ mod tests {
     /// The property test above draws from six ids, too few to exercise the search.
     #[test]
     fn every_id_of_a_large_snapshot_is_found_and_no_other() {
-        use crate::ids::WriterId;
-        use crate::record::{Kind, Record};
-        let shard = WriterId::new("w").unwrap().shard_id();
-        let entry = |seq: u64, id: &str, text: &str, kind: Kind| {
-            let mut record = Record::text(id, "bot", format!("s{}", seq % 2), "user", text);
-            record.kind = kind;
-            Entry {
-                shard,
-                seq,
-                epoch: 1,
-                hlc: crate::hlc::Hlc(seq),
-                content_hash: record.content_hash(),
-                record,
-                purged: false,
-            }
-        };
+        use crate::record::Kind;
+        let entry = |seq: u64, id: &str, text: &str, kind: Kind| stored(seq, id, &format!("s{}", seq % 2), text, kind);
         let (mut held, mut seq) = (Vec::new(), 0);
         for i in 0..700u64 {
             // Even numbers only: the odd ones lie between held ids.
@@ -441,21 +427,8 @@ mod tests {
     /// session, shard numbers out of range, session lists out of order or past the ids.
     #[test]
     fn crafted_extras_and_session_lists_are_refused() {
-        use crate::record::{Kind, Record};
-        let w = crate::ids::WriterId::new("w").unwrap().shard_id();
-        let entry = |seq: u64, id: &str, session: &str, text: &str, kind: Kind| {
-            let mut record = Record::text(id, "bot", session, "user", text);
-            record.kind = kind;
-            Entry {
-                shard: w,
-                seq,
-                epoch: 1,
-                hlc: crate::hlc::Hlc(seq),
-                content_hash: record.content_hash(),
-                record,
-                purged: false,
-            }
-        };
+        use crate::record::Kind;
+        let entry = stored;
         // Ids a, b, c (numbers 0, 1, 2); extras rows: a (one other put), b (one tombstone);
         // sessions s0 and s1.
         let entries = [
@@ -486,21 +459,24 @@ mod tests {
     }
 
     fn arb_entries_fixed() -> Vec<Entry> {
-        let w = crate::ids::WriterId::new("w").unwrap().shard_id();
+        // Ids of two-byte characters: an offset can fall inside one.
         (1..4u64)
-            .map(|seq| {
-                // Ids of two-byte characters: an offset can fall inside one.
-                let record = crate::record::Record::text(format!("é{seq}"), "bot", "s0", "user", "x");
-                Entry {
-                    shard: w,
-                    seq,
-                    epoch: 1,
-                    hlc: crate::hlc::Hlc(seq),
-                    content_hash: record.content_hash(),
-                    record,
-                    purged: false,
-                }
-            })
+            .map(|seq| stored(seq, &format!("é{seq}"), "s0", "x", crate::record::Kind::Put))
             .collect()
+    }
+
+    /// Entry `seq` of writer `w`'s shard (epoch 1, HLC = seq), its hash matching its content.
+    fn stored(seq: u64, id: &str, session: &str, text: &str, kind: crate::record::Kind) -> Entry {
+        let mut record = crate::record::Record::text(id, "bot", session, "user", text);
+        record.kind = kind;
+        Entry {
+            shard: crate::ids::WriterId::new("w").unwrap().shard_id(),
+            seq,
+            epoch: 1,
+            hlc: crate::hlc::Hlc(seq),
+            content_hash: record.content_hash(),
+            record,
+            purged: false,
+        }
     }
 }
