@@ -65,8 +65,11 @@ pub(crate) fn gc(c: &mut Connection, path: &Path, options: &GcOptions) -> Result
     if incremental && free_before > 0 {
         // Bounded: each page moved is a short write under the write lock.
         let pages = free_before.min(options.max_objects.max(1));
-        c.execute_batch(&format!("PRAGMA incremental_vacuum({pages})"))
-            .map_err(sql)?;
+        // SQLite returns one page per step of this pragma: step it to the end (a single
+        // step, as `execute_batch` gives, returned one page per pass).
+        let mut stmt = c.prepare(&format!("PRAGMA incremental_vacuum({pages})")).map_err(sql)?;
+        let mut rows = stmt.query([]).map_err(sql)?;
+        while rows.next().map_err(sql)?.is_some() {}
     }
     let free_after = pragma_u64(c, "freelist_count").map_err(sql)?;
     let truncated = checkpoint_and_truncate(c).map_err(sql)?;

@@ -417,3 +417,34 @@ async fn purge_and_gc_never_wait_for_a_reader_and_truncate_the_wal_after_it() {
         .expect("the writer goes on after gc");
     shard.close().await.unwrap();
 }
+
+/// After a purge erased large bodies, gc gives their pages back to the file system and says
+/// so (pages returned, bytes the file and its WAL shrank by); a second pass has nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_returns_the_pages_a_purge_freed_and_reports_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let store = SqliteStore::open(&path, options(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let mut shard = store.open_shard(&w("writer")).await.unwrap();
+    let big: Vec<Record> = (0..16)
+        .map(|i| Record::text(format!("big-{i}"), "bot", "s", "user", "x".repeat(64 * 1024)))
+        .collect();
+    bounded("append", shard.append(big)).await.unwrap();
+    let tombstones = (0..16)
+        .map(|i| Record::tombstone(format!("big-{i}"), "bot", "s"))
+        .collect();
+    bounded("append", shard.append(tombstones)).await.unwrap();
+    shard.close().await.unwrap();
+    let purged = bounded("purge", store.purge(&PurgeOptions::default())).await.unwrap();
+    assert_eq!(purged.ids_purged, 16, "{purged:?}");
+
+    let done = bounded("gc", store.gc(&GcOptions::default())).await.unwrap();
+    // 16 bodies of 64 KiB on 4 KiB pages: at least 16 × 16 pages.
+    assert!(done.objects_deleted >= 256, "{done:?}");
+    assert!(done.bytes_reclaimed >= 16 * 64 * 1024, "{done:?}");
+    assert_eq!(done.objects_pending, 0, "{done:?}");
+    let again = bounded("gc", store.gc(&GcOptions::default())).await.unwrap();
+    assert_eq!((again.objects_deleted, again.objects_pending), (0, 0), "{again:?}");
+}
