@@ -428,15 +428,14 @@ mod tests {
     #[test]
     fn crafted_extras_and_session_lists_are_refused() {
         use crate::record::Kind;
-        let entry = stored;
         // Ids a, b, c (numbers 0, 1, 2); extras rows: a (one other put), b (one tombstone);
         // sessions s0 and s1.
         let entries = [
-            entry(1, "a", "s0", "x", Kind::Put),
-            entry(2, "a", "s0", "y", Kind::Put),
-            entry(3, "b", "s0", "x", Kind::Put),
-            entry(4, "b", "s0", "", Kind::Tombstone),
-            entry(5, "c", "s1", "x", Kind::Put),
+            stored(1, "a", "s0", "x", Kind::Put),
+            stored(2, "a", "s0", "y", Kind::Put),
+            stored(3, "b", "s0", "x", Kind::Put),
+            stored(4, "b", "s0", "", Kind::Tombstone),
+            stored(5, "c", "s1", "x", Kind::Put),
         ];
         let u = |v: u32| v.to_le_bytes().to_vec();
         refuses_crafted(
