@@ -105,7 +105,11 @@ impl LanceHistory {
 impl HistorySource for LanceHistory {
     async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
         let t = tiers(&self.shared, None).await?;
-        for_each_entry(&self.shared, &t, &mut |e| checker.visit(e)).await
+        walk_all(&self.shared, &t, EVERY_COLUMN, |r| {
+            rows(r.batch(), |c, i| c.stored_row(i).map(|row| checker.visit_row(row)))
+        })
+        .await?;
+        Ok(())
     }
 
     /// The base table's rows past `after` only (a filter on shard and seq: Lance reads those

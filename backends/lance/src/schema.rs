@@ -16,6 +16,7 @@ use arrow_array::types::{Int64Type, UInt8Type, UInt64Type};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use ctxlog_core::backend::canonical_json;
+use ctxlog_core::backend::history::{StoredBody, StoredRow};
 use ctxlog_core::backend::index::{IndexRow, RowRef};
 use ctxlog_core::{Body, ContentHash, Entry, Epoch, Error, Hlc, Kind, OrderKey, Record, Result, ShardId};
 use uuid::Uuid;
@@ -329,49 +330,43 @@ impl<'a> Columns<'a> {
         })
     }
 
-    /// The full entry of row `i`.
-    pub(crate) fn entry(&self, i: usize) -> Result<Entry> {
+    /// Row `i` as a full check reads it, borrowed from the batch's columns.
+    pub(crate) fn stored_row(&self, i: usize) -> Result<StoredRow<'_>> {
         let text = Self::need(self.text, BODY_TEXT)?;
         let bytes = Self::need(self.bytes, BODY_BYTES)?;
-        let (body, purged) = match (text.is_valid(i), bytes.is_valid(i)) {
-            (true, false) => (Body::Text(text.value(i).to_string()), false),
-            (false, true) => (Body::Bytes(bytes.value(i).to_vec()), false),
-            // Neither: the body was erased by a purge (rule 16); what is left reads as empty text.
-            (false, false) => (Body::Text(String::new()), true),
+        let body = match (text.is_valid(i), bytes.is_valid(i)) {
+            (true, false) => StoredBody::Text(text.value(i)),
+            (false, true) => StoredBody::Bytes(bytes.value(i)),
+            (false, false) => StoredBody::Purged,
             (true, true) => return Err(corrupt(format!("entry seq {} has two bodies", self.seq(i)))),
         };
         let metadata = Self::need(self.metadata, METADATA)?;
-        let metadata = if metadata.is_valid(i) {
-            Some(
-                serde_json::from_str(metadata.value(i))
-                    .map_err(|e| corrupt(format!("entry seq {}: metadata is not JSON: {e}", self.seq(i))))?,
-            )
-        } else {
-            None
-        };
-        let created = Self::need(self.created, CREATED_AT)?;
-        let created_at = created
-            .is_valid(i)
-            .then(|| chrono::DateTime::from_timestamp_nanos(created.value(i)));
-        Ok(Entry {
+        Ok(StoredRow {
             shard: self.shard(i),
             seq: self.seq(i),
             epoch: self.epoch(i),
             hlc: self.hlc(i)?,
+            kind: self.kind(i)?,
+            id: Self::need(self.id, ID)?.value(i),
+            bot_id: Self::need(self.bot, BOT_ID)?.value(i),
+            session_id: Self::need(self.session, SESSION_ID)?.value(i),
+            role: Self::need(self.role, ROLE)?.value(i),
+            content_type: Self::need(self.content_type, CONTENT_TYPE)?.value(i),
+            body,
+            metadata: metadata.is_valid(i).then(|| metadata.value(i)),
             content_hash: self.hash(i)?,
-            record: Record {
-                id: Self::need(self.id, ID)?.value(i).to_string(),
-                bot_id: Self::need(self.bot, BOT_ID)?.value(i).to_string(),
-                session_id: Self::need(self.session, SESSION_ID)?.value(i).to_string(),
-                role: Self::need(self.role, ROLE)?.value(i).to_string(),
-                content_type: Self::need(self.content_type, CONTENT_TYPE)?.value(i).to_string(),
-                body,
-                metadata,
-                created_at,
-                kind: self.kind(i)?,
-            },
-            purged,
         })
+    }
+
+    /// The full entry of row `i`.
+    pub(crate) fn entry(&self, i: usize) -> Result<Entry> {
+        let created = Self::need(self.created, CREATED_AT)?;
+        let created_at = created
+            .is_valid(i)
+            .then(|| chrono::DateTime::from_timestamp_nanos(created.value(i)));
+        self.stored_row(i)?
+            .to_entry(created_at)
+            .map_err(|e| corrupt(format!("entry seq {}: metadata is not JSON: {e}", self.seq(i))))
     }
 }
 

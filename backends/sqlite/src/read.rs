@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::DateTime;
-use ctxlog_core::backend::history::{HistoryChecker, HistorySource};
+use ctxlog_core::backend::history::{HistoryChecker, HistorySource, StoredBody, StoredRow};
 use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
 use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{
-    Body, Checkpoint, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Record, Result, ShardId, ShardInfo, StoreOptions,
-    WriterId, Written,
+    Checkpoint, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Result, ShardId, ShardInfo, StoreOptions, WriterId,
+    Written,
 };
 use rusqlite::{Connection, Row, params};
 
@@ -54,8 +54,30 @@ const ENTRY_JOIN: &str = "FROM entries e JOIN shards sh ON sh.shard_no = e.shard
 
 /// Decode one full entry. A row that cannot be decoded is corrupt, and the error says which.
 fn entry(r: &Row<'_>) -> Result<Entry> {
-    let corrupt = |what: String| Error::Corrupt { shard: None, what };
-    let sql = |e: rusqlite::Error| corrupt(format!("unreadable entry row: {e}"));
+    let row = stored_row(r)?;
+    let created_at = r
+        .get::<_, Option<i64>>(14)
+        .map_err(unreadable)?
+        .map(DateTime::from_timestamp_nanos);
+    row.to_entry(created_at).map_err(|e| Error::Corrupt {
+        shard: Some(row.shard),
+        what: format!("entry seq {} epoch {}: metadata is not JSON: {e}", row.seq, row.epoch),
+    })
+}
+
+fn unreadable(e: rusqlite::Error) -> Error {
+    Error::Corrupt {
+        shard: None,
+        what: format!("unreadable entry row: {e}"),
+    }
+}
+
+/// One row as stored, borrowed from SQLite's buffers (a full check reads every row this
+/// way, allocating nothing per row). A row that cannot be decoded is corrupt, and the error
+/// says which; metadata is not parsed here (a full check reports text that is not JSON as
+/// a corrupt entry, `entry` refuses it).
+fn stored_row<'r>(r: &'r Row<'_>) -> Result<StoredRow<'r>> {
+    let sql = unreadable;
     let shard = shard_id(r, 0).map_err(sql)?;
     let seq = r.get::<_, i64>(1).map_err(sql)? as u64;
     let epoch = r.get::<_, i64>(2).map_err(sql)? as u64;
@@ -63,45 +85,33 @@ fn entry(r: &Row<'_>) -> Result<Entry> {
         shard: Some(shard),
         what: format!("entry seq {seq} epoch {epoch}: {what}"),
     };
+    let text = |i: usize| -> Result<&'r str> { r.get_ref(i).and_then(|v| Ok(v.as_str()?)).map_err(sql) };
     let kind = Kind::from_u8(r.get::<_, u8>(4).map_err(sql)?).ok_or_else(|| at("unknown kind"))?;
-    let hash: Vec<u8> = r.get(7).map_err(sql)?;
-    let content_hash = ContentHash::from_slice(&hash).ok_or_else(|| at("content hash is not 32 bytes"))?;
-    let (body, purged) = match (
-        r.get::<_, Option<String>>(11).map_err(sql)?,
-        r.get::<_, Option<Vec<u8>>>(12).map_err(sql)?,
+    let hash = r.get_ref(7).and_then(|v| Ok(v.as_blob()?)).map_err(sql)?;
+    let content_hash = ContentHash::from_slice(hash).ok_or_else(|| at("content hash is not 32 bytes"))?;
+    let body = match (
+        r.get_ref(11).and_then(|v| Ok(v.as_str_or_null()?)).map_err(sql)?,
+        r.get_ref(12).and_then(|v| Ok(v.as_blob_or_null()?)).map_err(sql)?,
     ) {
-        (Some(t), None) => (Body::Text(t), false),
-        (None, Some(b)) => (Body::Bytes(b), false),
-        // Neither: the body was erased by a purge (rule 16); what is left reads as empty text.
-        (None, None) => (Body::Text(String::new()), true),
+        (Some(t), None) => StoredBody::Text(t),
+        (None, Some(b)) => StoredBody::Bytes(b),
+        (None, None) => StoredBody::Purged,
         (Some(_), Some(_)) => return Err(at("body must be text or bytes, not both")),
     };
-    let metadata = match r.get::<_, Option<String>>(13).map_err(sql)? {
-        None => None,
-        Some(m) => Some(serde_json::from_str(&m).map_err(|e| at(&format!("metadata is not JSON: {e}")))?),
-    };
-    let created_at = r
-        .get::<_, Option<i64>>(14)
-        .map_err(sql)?
-        .map(DateTime::from_timestamp_nanos);
-    Ok(Entry {
+    Ok(StoredRow {
         shard,
         seq,
         epoch,
         hlc: Hlc(r.get::<_, i64>(3).map_err(sql)? as u64),
-        record: Record {
-            id: r.get(8).map_err(sql)?,
-            bot_id: r.get(5).map_err(sql)?,
-            session_id: r.get(6).map_err(sql)?,
-            role: r.get(9).map_err(sql)?,
-            content_type: r.get(10).map_err(sql)?,
-            body,
-            metadata,
-            created_at,
-            kind,
-        },
+        kind,
+        id: text(8)?,
+        bot_id: text(5)?,
+        session_id: text(6)?,
+        role: text(9)?,
+        content_type: text(10)?,
+        body,
+        metadata: r.get_ref(13).and_then(|v| Ok(v.as_str_or_null()?)).map_err(sql)?,
         content_hash,
-        purged,
     })
 }
 
@@ -464,7 +474,7 @@ impl HistorySource for SqliteHistory {
                         .map_err(err)?;
                     let mut rows = stmt.query([]).map_err(err)?;
                     while let Some(r) = rows.next().map_err(err)? {
-                        ch.visit(entry(r)?);
+                        ch.visit_row(stored_row(r)?);
                     }
                 }
                 tx.commit().map_err(err)?;

@@ -48,15 +48,21 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
     };
     // A fenced writer's write that landed: epoch below the one at this seq.
     let stale = entry(3, epoch - 1, rec("stale", "s", "late write"));
-    // A hole: seqs 4 and 5 missing.
-    let after_gap = entry(6, epoch, rec("gap", "s", "after the hole"));
-    // Content that does not match its stored hash.
+    // A hole: seqs 4 and 5 missing. Its metadata is intact: checked as stored, it matches.
+    let mut with_metadata = rec("gap", "s", "after the hole");
+    with_metadata.metadata = Some(serde_json::json!({"z": [1, "x"], "a": {"b": null}}));
+    let after_gap = entry(6, epoch, with_metadata);
+    // Content that does not match its stored hash: the body, and the metadata.
     let mut corrupt = entry(7, epoch, rec("corrupt", "s", "original"));
     corrupt.record.body = Body::Text("tampered".into());
+    let mut tagged = rec("corrupt-metadata", "s", "original");
+    tagged.metadata = Some(serde_json::json!({"tag": "original"}));
+    let mut corrupt_metadata = entry(8, epoch, tagged);
+    corrupt_metadata.record.metadata = Some(serde_json::json!({"tag": "tampered"}));
     // A clock far past any plausible time (a damaged HLC).
-    let mut far = entry(8, epoch, rec("far", "s", "from the future"));
+    let mut far = entry(9, epoch, rec("far", "s", "from the future"));
     far.hlc = Hlc(u64::MAX - 7);
-    for e in [stale, after_gap, corrupt, far] {
+    for e in [stale, after_gap, corrupt, corrupt_metadata, far] {
         (ctx.backend.inject_raw_entry)(ctx.uri.clone(), e).await?;
     }
 
@@ -73,9 +79,10 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
                 ConflictKind::StaleEpoch,
                 ConflictKind::SeqGap,
                 ConflictKind::Corrupt,
+                ConflictKind::Corrupt,
                 ConflictKind::ImplausibleHlc
             ],
-        "expected stale_epoch, seq_gap, corrupt, implausible_hlc; got {conflicts:?}"
+        "expected stale_epoch, seq_gap, corrupt (body), corrupt (metadata), implausible_hlc; got {conflicts:?}"
     );
     // A writer that reads the damaged clock refuses to be dragged to it.
     let mut p = store.projector();
@@ -102,7 +109,7 @@ pub async fn history_checks_find_stale_gap_corrupt(ctx: Ctx) -> anyhow::Result<(
     // checks, and from a fresh one per checkpoint.
     let mut kept = store.conflict_discovery();
     let w2_shard = w("w2").shard_id();
-    for (seen, involved) in [(0, 4), (2, 4), (3, 3), (5, 3), (6, 2), (7, 1), (8, 0)] {
+    for (seen, involved) in [(0, 5), (2, 5), (3, 4), (5, 4), (6, 3), (7, 2), (8, 1), (9, 0)] {
         let mut cp = Checkpoint::default();
         cp.advance(shard, seen);
         cp.advance(w2_shard, 1);

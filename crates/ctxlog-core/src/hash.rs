@@ -5,8 +5,8 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-use crate::canonical::canonical_json;
-use crate::record::{Body, Record};
+use crate::canonical::write_canonical;
+use crate::record::{Body, Kind, Record};
 
 impl Record {
     /// The record's content hash (every field but `created_at`).
@@ -25,32 +25,26 @@ pub struct ContentHash(pub [u8; 32]);
 impl ContentHash {
     /// The content hash of `record`.
     pub fn of(record: &Record) -> Self {
-        let mut h = blake3::Hasher::new();
-        field(&mut h, ENCODING_VERSION);
-        field(&mut h, record.id.as_bytes());
-        field(&mut h, record.bot_id.as_bytes());
-        field(&mut h, record.session_id.as_bytes());
-        field(&mut h, record.role.as_bytes());
-        field(&mut h, record.content_type.as_bytes());
-        field(&mut h, &[record.kind.as_u8()]);
-        match &record.body {
-            Body::Text(t) => {
-                field(&mut h, b"t");
-                field(&mut h, t.as_bytes());
-            }
-            Body::Bytes(b) => {
-                field(&mut h, b"b");
-                field(&mut h, b);
-            }
+        let (text, body): (bool, &[u8]) = match &record.body {
+            Body::Text(t) => (true, t.as_bytes()),
+            Body::Bytes(b) => (false, b),
+        };
+        let metadata = record.metadata.as_ref().map(|v| {
+            let mut out = Vec::new();
+            write_canonical(&mut out, v);
+            out
+        });
+        Covered {
+            id: record.id.as_bytes(),
+            bot_id: record.bot_id.as_bytes(),
+            session_id: record.session_id.as_bytes(),
+            role: record.role.as_bytes(),
+            content_type: record.content_type.as_bytes(),
+            kind: record.kind,
+            text,
+            body,
         }
-        match &record.metadata {
-            None => field(&mut h, b"-"),
-            Some(v) => {
-                field(&mut h, b"m");
-                field(&mut h, canonical_json(v).as_bytes());
-            }
-        }
-        ContentHash(*h.finalize().as_bytes())
+        .hash(metadata.as_deref())
     }
 
     /// From 32 stored bytes (`None` for any other length).
@@ -81,6 +75,43 @@ impl ContentHash {
     }
 }
 
+/// The fields a content hash covers, as bytes: a record's, or a stored row's as read.
+pub(crate) struct Covered<'a> {
+    pub(crate) id: &'a [u8],
+    pub(crate) bot_id: &'a [u8],
+    pub(crate) session_id: &'a [u8],
+    pub(crate) role: &'a [u8],
+    pub(crate) content_type: &'a [u8],
+    pub(crate) kind: Kind,
+    /// Whether the body is text (else bytes).
+    pub(crate) text: bool,
+    pub(crate) body: &'a [u8],
+}
+
+impl Covered<'_> {
+    /// The hash of these fields with `metadata`, the canonical JSON of the metadata object.
+    pub(crate) fn hash(&self, metadata: Option<&[u8]>) -> ContentHash {
+        let mut h = blake3::Hasher::new();
+        field(&mut h, ENCODING_VERSION);
+        field(&mut h, self.id);
+        field(&mut h, self.bot_id);
+        field(&mut h, self.session_id);
+        field(&mut h, self.role);
+        field(&mut h, self.content_type);
+        field(&mut h, &[self.kind.as_u8()]);
+        field(&mut h, if self.text { b"t" } else { b"b" });
+        field(&mut h, self.body);
+        match metadata {
+            None => field(&mut h, b"-"),
+            Some(m) => {
+                field(&mut h, b"m");
+                field(&mut h, m);
+            }
+        }
+        ContentHash(*h.finalize().as_bytes())
+    }
+}
+
 /// Length-prefixed, so that no two different field sequences encode the same bytes.
 fn field(h: &mut blake3::Hasher, bytes: &[u8]) {
     h.update(&(bytes.len() as u64).to_le_bytes());
@@ -108,7 +139,6 @@ impl Serialize for ContentHash {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Kind;
 
     fn rec() -> Record {
         Record::text("id-1", "bot", "s1", "user", "hello")
@@ -182,6 +212,24 @@ mod tests {
         let mut b = rec();
         b.metadata = Some(serde_json::from_str(r#"{"a":{"x":[1,2],"y":2},"b":1}"#).unwrap());
         assert_eq!(a.content_hash(), b.content_hash());
+    }
+
+    /// The encoding is part of every stored entry: a change to it (or to canonical JSON)
+    /// would make every entry written before read as corrupt. Pinned to the bytes of v1.
+    #[test]
+    fn the_encoding_is_pinned() {
+        let mut r = rec();
+        r.metadata = Some(serde_json::json!({"z": [1, 2.5, null], "a": {"q": "\u{1}\"", "b": true}}));
+        assert_eq!(
+            r.content_hash().to_hex(),
+            "9905eeb20a5f3fc80848aafcc55341b733c7ef04fc6ca892a766ad57b315aaec"
+        );
+        let mut b = Record::tombstone("id-2", "bot", "s2");
+        b.body = Body::Bytes(vec![0, 255]);
+        assert_eq!(
+            b.content_hash().to_hex(),
+            "292f1443d265552ad5bf4e4bf22888d1ec49e5112a4969dabb16e493dccb2b24"
+        );
     }
 
     #[test]

@@ -8,19 +8,184 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::index::{IndexRow, ProjectionIndex};
+use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use crate::backend::projector::{IndexSource, IndexedProjector};
-use crate::entry::{Checkpoint, Entry};
+use crate::canonical::{canonical_json, write_canonical};
+use crate::entry::{Checkpoint, Entry, OrderKey};
 use crate::error::{Result, Written, with_deadline};
-use crate::hash::ContentHash;
+use crate::hash::{ContentHash, Covered};
 use crate::hlc::Hlc;
 use crate::ids::{Epoch, Seq, ShardId};
 use crate::projection::{Conflict, canonical_conflicts};
+use crate::record::{Body, Kind, Record};
 use crate::traits::ConflictDiscovery;
 use crate::traits::Projector;
+use chrono::{DateTime, Utc};
 
-/// Entries handed to a hashing thread at once.
+/// Rows handed to a hashing thread at once (or fewer, when their bytes reach `BATCH_BYTES`).
 const BATCH: usize = 256;
+const BATCH_BYTES: usize = 1 << 20;
+
+/// A stored body as a backend reads it, borrowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredBody<'a> {
+    /// UTF-8 text.
+    Text(&'a str),
+    /// Opaque bytes.
+    Bytes(&'a [u8]),
+    /// Erased by a purge (rule 16): nothing to check against the hash.
+    Purged,
+}
+
+/// One stored entry as a full check reads it, borrowed from the backend's buffers, so that
+/// reading allocates nothing per entry. The metadata is the JSON text as stored: backends
+/// store canonical JSON, which is what the hash covers, so it is hashed as stored and parsed
+/// only when that hash does not match.
+#[derive(Clone, Copy, Debug)]
+pub struct StoredRow<'a> {
+    /// The shard that wrote the entry.
+    pub shard: ShardId,
+    /// Its position in the shard.
+    pub seq: Seq,
+    /// The epoch it was written under.
+    pub epoch: Epoch,
+    /// Its clock value.
+    pub hlc: Hlc,
+    /// Put or tombstone.
+    pub kind: Kind,
+    /// The record id.
+    pub id: &'a str,
+    /// The bot.
+    pub bot_id: &'a str,
+    /// The session.
+    pub session_id: &'a str,
+    /// The role.
+    pub role: &'a str,
+    /// The body's media type.
+    pub content_type: &'a str,
+    /// The body.
+    pub body: StoredBody<'a>,
+    /// The metadata object's JSON text as stored.
+    pub metadata: Option<&'a str>,
+    /// The hash stored with the entry.
+    pub content_hash: ContentHash,
+}
+
+impl StoredRow<'_> {
+    fn key(&self) -> OrderKey {
+        OrderKey {
+            hlc: self.hlc,
+            shard: self.shard,
+            seq: self.seq,
+            epoch: self.epoch,
+        }
+    }
+}
+
+/// What a hashing thread needs of one row; its variable-length fields lie in the batch's
+/// buffer, one after the other, ending at `ends`.
+#[derive(Clone, Copy)]
+struct Held {
+    shard: ShardId,
+    seq: Seq,
+    epoch: Epoch,
+    hlc: Hlc,
+    kind: Kind,
+    hash: ContentHash,
+    /// 0 text, 1 bytes, 2 purged.
+    body: u8,
+    has_metadata: bool,
+    start: usize,
+    /// Ends of id, bot, session, role, content type, body, metadata in `RowBatch::bytes`.
+    ends: [usize; 7],
+}
+
+/// Rows on their way to a hashing thread: their fields copied into one buffer. A hashing
+/// thread hands each batch back emptied, so that a full check allocates (and frees on
+/// another thread than the one that allocated) per batch at most, never per entry.
+#[derive(Default)]
+struct RowBatch {
+    bytes: Vec<u8>,
+    rows: Vec<Held>,
+}
+
+impl RowBatch {
+    fn push(&mut self, r: &StoredRow<'_>) {
+        let start = self.bytes.len();
+        let (body_kind, body): (u8, &[u8]) = match r.body {
+            StoredBody::Text(t) => (0, t.as_bytes()),
+            StoredBody::Bytes(b) => (1, b),
+            StoredBody::Purged => (2, &[]),
+        };
+        let mut ends = [0; 7];
+        let fields: [&[u8]; 7] = [
+            r.id.as_bytes(),
+            r.bot_id.as_bytes(),
+            r.session_id.as_bytes(),
+            r.role.as_bytes(),
+            r.content_type.as_bytes(),
+            body,
+            r.metadata.unwrap_or_default().as_bytes(),
+        ];
+        for (end, f) in ends.iter_mut().zip(fields) {
+            self.bytes.extend_from_slice(f);
+            *end = self.bytes.len();
+        }
+        self.rows.push(Held {
+            shard: r.shard,
+            seq: r.seq,
+            epoch: r.epoch,
+            hlc: r.hlc,
+            kind: r.kind,
+            hash: r.content_hash,
+            body: body_kind,
+            has_metadata: r.metadata.is_some(),
+            start,
+            ends,
+        });
+    }
+
+    fn is_full(&self) -> bool {
+        self.rows.len() >= BATCH || self.bytes.len() >= BATCH_BYTES
+    }
+
+    /// Check every row's content, and empty the batch for reuse.
+    fn check(&mut self, out: &mut Vec<Conflict>) {
+        for h in &self.rows {
+            let field = |i: usize| &self.bytes[if i == 0 { h.start } else { h.ends[i - 1] }..h.ends[i]];
+            let covered = Covered {
+                id: field(0),
+                bot_id: field(1),
+                session_id: field(2),
+                role: field(3),
+                content_type: field(4),
+                kind: h.kind,
+                text: h.body == 0,
+                body: field(5),
+            };
+            let at = Position {
+                shard: h.shard,
+                seq: h.seq,
+                epoch: h.epoch,
+                hlc: h.hlc,
+                hash: h.hash,
+            };
+            let purged = h.body == 2;
+            content_conflicts(&at, &covered, purged, h.has_metadata.then(|| field(6)), out);
+        }
+        self.bytes.clear();
+        self.rows.clear();
+    }
+}
+
+/// Where an entry is, and the hash stored with it.
+struct Position {
+    shard: ShardId,
+    seq: Seq,
+    epoch: Epoch,
+    hlc: Hlc,
+    hash: ContentHash,
+}
 
 /// Collects what the history checks need while a backend streams every entry past it.
 /// Checking content (hashing every body) is most of a full check's work: it runs on
@@ -30,15 +195,17 @@ pub struct HistoryChecker {
     index: ProjectionIndex,
     positions: HashMap<ShardId, Vec<(Seq, Epoch)>>,
     corrupt: Vec<Conflict>,
-    batch: Vec<Entry>,
+    batch: RowBatch,
     hashers: Option<Hashers>,
 }
 
 /// The threads that check content. Dropping them (a cancelled check) closes their queues:
 /// each ends after the batch in hand.
 struct Hashers {
-    queues: Vec<std::sync::mpsc::SyncSender<Vec<Entry>>>,
+    queues: Vec<std::sync::mpsc::SyncSender<RowBatch>>,
     threads: Vec<std::thread::JoinHandle<Vec<Conflict>>>,
+    /// Batches the threads checked and emptied, for the reader to fill again.
+    emptied: std::sync::mpsc::Receiver<RowBatch>,
     next: usize,
 }
 
@@ -46,14 +213,17 @@ impl Hashers {
     fn start() -> Self {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1));
         let (mut queues, mut threads) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        // Room for every batch in flight (two queued and one in hand per thread): a thread
+        // never waits to hand one back; one that finds no room drops it.
+        let (give_back, emptied) = std::sync::mpsc::sync_channel::<RowBatch>(3 * n);
         for _ in 0..n {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Entry>>(2);
+            let (tx, rx) = std::sync::mpsc::sync_channel::<RowBatch>(2);
+            let give_back = give_back.clone();
             let spawned = std::thread::Builder::new().name("ctxlog-hash".into()).spawn(move || {
                 let mut out = Vec::new();
-                for batch in rx {
-                    for e in &batch {
-                        entry_conflicts(e, &mut out);
-                    }
+                for mut batch in rx {
+                    batch.check(&mut out);
+                    let _ = give_back.try_send(batch);
                 }
                 out
             });
@@ -66,12 +236,13 @@ impl Hashers {
         Hashers {
             queues,
             threads,
+            emptied,
             next: 0,
         }
     }
 
     /// Queue `batch` on the next thread (round robin); it comes back if that thread is gone.
-    fn send(&mut self, batch: Vec<Entry>) -> std::result::Result<(), Vec<Entry>> {
+    fn send(&mut self, batch: RowBatch) -> std::result::Result<(), RowBatch> {
         if self.queues.is_empty() {
             return Err(batch);
         }
@@ -102,17 +273,34 @@ impl HistoryChecker {
 
     /// Visit one stored entry (any order, repeats allowed).
     pub fn visit(&mut self, e: Entry) {
-        if !self.index.apply(IndexRow::of(&e)) {
+        let metadata = e.record.metadata.as_ref().map(canonical_json);
+        self.visit_row(StoredRow::of(&e, metadata.as_deref()));
+    }
+
+    /// Visit one stored entry as read (any order, repeats allowed): what backends feed a
+    /// full check, without building an [`Entry`].
+    pub fn visit_row(&mut self, r: StoredRow<'_>) {
+        let row = IndexRow {
+            key: r.key(),
+            id: r.id,
+            kind: r.kind,
+            hash: r.content_hash,
+            bot_id: r.bot_id,
+            session_id: r.session_id,
+            at: RowRef::default(),
+        };
+        if !self.index.apply(row) {
             return;
         }
-        self.positions.entry(e.shard).or_default().push((e.seq, e.epoch));
-        self.batch.push(e);
-        if self.batch.len() >= BATCH {
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
-            if let Err(back) = self.hashers.get_or_insert_with(Hashers::start).send(batch) {
-                for e in &back {
-                    entry_conflicts(e, &mut self.corrupt);
-                }
+        self.positions.entry(r.shard).or_default().push((r.seq, r.epoch));
+        self.batch.push(&r);
+        if self.batch.is_full() {
+            let hashers = self.hashers.get_or_insert_with(Hashers::start);
+            let spare = hashers.emptied.try_recv().unwrap_or_default();
+            let full = std::mem::replace(&mut self.batch, spare);
+            if let Err(mut back) = hashers.send(full) {
+                back.check(&mut self.corrupt);
+                self.batch = back;
             }
         }
     }
@@ -120,9 +308,7 @@ impl HistoryChecker {
     /// Every conflict, canonical order; with `after`, only those past that checkpoint.
     pub fn finish(mut self, after: Option<&Checkpoint>) -> Vec<Conflict> {
         let mut out = self.index.id_conflicts();
-        for e in &self.batch {
-            entry_conflicts(e, &mut out);
-        }
+        self.batch.check(&mut out);
         if let Some(h) = self.hashers.take() {
             out.extend(h.finish());
         }
@@ -138,29 +324,107 @@ impl HistoryChecker {
     }
 }
 
-/// What one entry's own content says (rule 10): a clock past the plausible horizon, or a
-/// stored hash that is not its content's.
-fn entry_conflicts(e: &Entry, out: &mut Vec<Conflict>) {
-    if e.hlc.millis() > Hlc::PLAUSIBLE_MILLIS {
-        out.push(Conflict::ImplausibleHlc {
+impl<'a> StoredRow<'a> {
+    /// The entry this row holds, as every reader sees it: the metadata parsed (`Err` when
+    /// it is not JSON), a purged entry's body as empty text.
+    pub fn to_entry(&self, created_at: Option<DateTime<Utc>>) -> std::result::Result<Entry, serde_json::Error> {
+        let (body, purged) = match self.body {
+            StoredBody::Text(t) => (Body::Text(t.to_owned()), false),
+            StoredBody::Bytes(b) => (Body::Bytes(b.to_vec()), false),
+            StoredBody::Purged => (Body::Text(String::new()), true),
+        };
+        Ok(Entry {
+            shard: self.shard,
+            seq: self.seq,
+            epoch: self.epoch,
+            hlc: self.hlc,
+            record: Record {
+                id: self.id.to_owned(),
+                bot_id: self.bot_id.to_owned(),
+                session_id: self.session_id.to_owned(),
+                role: self.role.to_owned(),
+                content_type: self.content_type.to_owned(),
+                body,
+                metadata: self.metadata.map(serde_json::from_str).transpose()?,
+                created_at,
+                kind: self.kind,
+            },
+            content_hash: self.content_hash,
+            purged,
+        })
+    }
+
+    /// The row of a full entry, with `metadata` its metadata's canonical JSON.
+    pub fn of(e: &'a Entry, metadata: Option<&'a str>) -> Self {
+        StoredRow {
             shard: e.shard,
             seq: e.seq,
             epoch: e.epoch,
             hlc: e.hlc,
+            kind: e.record.kind,
+            id: &e.record.id,
+            bot_id: &e.record.bot_id,
+            session_id: &e.record.session_id,
+            role: &e.record.role,
+            content_type: &e.record.content_type,
+            body: match (&e.record.body, e.purged) {
+                (_, true) => StoredBody::Purged,
+                (Body::Text(t), false) => StoredBody::Text(t),
+                (Body::Bytes(b), false) => StoredBody::Bytes(b),
+            },
+            metadata,
+            content_hash: e.content_hash,
+        }
+    }
+}
+
+/// What one entry's own content says (rule 10): a clock past the plausible horizon, or a
+/// stored hash that is not its content's.
+fn entry_conflicts(e: &Entry, out: &mut Vec<Conflict>) {
+    let metadata = e.record.metadata.as_ref().map(canonical_json);
+    let mut one = RowBatch::default();
+    one.push(&StoredRow::of(e, metadata.as_deref()));
+    one.check(out);
+}
+
+/// What one entry's content says (rule 10): a clock past the plausible horizon, or a
+/// stored hash that is not its content's. `metadata` is the JSON text as stored: hashed as
+/// it is first (backends store canonical JSON), and only if that does not match, parsed and
+/// written canonically as a reader would see it. Text that is not JSON is corrupt.
+fn content_conflicts(
+    at: &Position,
+    covered: &Covered<'_>,
+    purged: bool,
+    metadata: Option<&[u8]>,
+    out: &mut Vec<Conflict>,
+) {
+    if at.hlc.millis() > Hlc::PLAUSIBLE_MILLIS {
+        out.push(Conflict::ImplausibleHlc {
+            shard: at.shard,
+            seq: at.seq,
+            epoch: at.epoch,
+            hlc: at.hlc,
         });
     }
     // A purged entry's content is gone (rule 16): nothing to check it against.
-    if e.purged {
+    if purged {
         return;
     }
-    let actual = ContentHash::of(&e.record);
-    if actual != e.content_hash {
+    let mut actual = covered.hash(metadata);
+    if actual != at.hash
+        && let Some(Ok(v)) = metadata.map(serde_json::from_slice::<serde_json::Value>)
+    {
+        let mut canonical = Vec::new();
+        write_canonical(&mut canonical, &v);
+        actual = covered.hash(Some(&canonical));
+    }
+    if actual != at.hash {
         out.push(Conflict::Corrupt {
-            shard: e.shard,
-            seq: e.seq,
-            epoch: e.epoch,
-            id: e.record.id.clone(),
-            stored_hash: e.content_hash,
+            shard: at.shard,
+            seq: at.seq,
+            epoch: at.epoch,
+            id: String::from_utf8_lossy(covered.id).into_owned(),
+            stored_hash: at.hash,
             actual_hash: actual,
         });
     }
@@ -316,7 +580,6 @@ mod tests {
     use super::*;
     use crate::backend::index::tests::arb_entries;
     use crate::ids::WriterId;
-    use crate::record::Record;
     use crate::testing::model;
     use proptest::prelude::*;
 
@@ -438,6 +701,57 @@ mod tests {
         let found = checker.finish(None);
         assert_eq!(found.len(), (BATCH * 5 + 3) / 97 + 1);
         assert_eq!(found, model::conflicts(&entries));
+    }
+
+    /// A full check hashes stored metadata text as it is; text that is not canonical but
+    /// means the same object (what a reader would parse) is not corrupt, changed text is,
+    /// and so is text that is not JSON at all — in a batch of one and on the hashing threads.
+    #[test]
+    fn stored_metadata_is_checked_as_a_reader_would_read_it() {
+        let s = WriterId::new("w").unwrap().shard_id();
+        let mut record = Record::text("id", "b", "s", "r", "body");
+        record.metadata = Some(serde_json::json!({"a": 1, "b": [true, "x"]}));
+        let entry = Entry {
+            shard: s,
+            seq: 1,
+            epoch: 1,
+            hlc: Hlc(1),
+            content_hash: record.content_hash(),
+            record,
+            purged: false,
+        };
+        let stored = [
+            (r#"{"a":1,"b":[true,"x"]}"#, false),
+            (r#"{ "b": [true, "x"], "a": 1 }"#, false),
+            (r#"{"a":2,"b":[true,"x"]}"#, true),
+            (r#"{"a":1,"b":[true,"x"]"#, true),
+        ];
+        for many in [1, BATCH * 3] {
+            for (text, corrupt) in stored {
+                let mut checker = HistoryChecker::new();
+                for seq in 1..=many as u64 {
+                    let mut e = entry.clone();
+                    e.seq = seq;
+                    checker.visit_row(StoredRow::of(&e, Some(text)));
+                }
+                let found = checker.finish(None);
+                assert_eq!(
+                    found.len(),
+                    if corrupt { many } else { 0 },
+                    "{text} in batches of {many}"
+                );
+                assert!(
+                    found.iter().all(|c| c.kind() == crate::ConflictKind::Corrupt),
+                    "{found:?}"
+                );
+            }
+        }
+        // A purged row has no content to check; its text is not looked at.
+        let mut checker = HistoryChecker::new();
+        let mut row = StoredRow::of(&entry, Some("not json"));
+        row.body = StoredBody::Purged;
+        checker.visit_row(row);
+        assert_eq!(checker.finish(None), Vec::new());
     }
 
     /// The plausible horizon is the last plausible millisecond: at it, no conflict; one past
