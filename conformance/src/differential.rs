@@ -206,8 +206,8 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
     ensure!(conflicts == all, "conflicts differ from the model");
     // What a reader that had seen the first k acknowledged batches is told is new: the
     // model's conflicts involving an entry past that point — through the discovery kept
-    // since before the writes (a snapshot's index, then only what is new) and through a
-    // fresh one that never reads snapshots.
+    // since before the writes, through a fresh one that never reads snapshots, and through
+    // a fresh one that starts from the newest snapshot (then reads only what is new).
     for cp in earlier_checkpoints(&acked) {
         let want: Vec<_> = all.iter().filter(|c| c.involves_entries_after(&cp)).cloned().collect();
         let got = kept.conflicts(Some(&cp)).await?;
@@ -219,6 +219,11 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
         ensure!(
             got == want,
             "conflicts after {cp:?}: expected {want:?}, got {got:?} (a fresh discovery)"
+        );
+        let got = store.conflict_discovery().conflicts(Some(&cp)).await?;
+        ensure!(
+            got == want,
+            "conflicts after {cp:?}: expected {want:?}, got {got:?} (a fresh discovery from the newest snapshot)"
         );
     }
     Ok(())

@@ -117,6 +117,12 @@ impl Frozen {
         self.ids
     }
 
+    /// Whether any frozen entry was written by `shard` (the shard table names every shard
+    /// an entry or a position of the snapshot refers to).
+    pub(crate) fn holds_shard(&self, shard: ShardId) -> bool {
+        self.shards.contains(&shard)
+    }
+
     fn u32(&self, at: usize) -> u32 {
         u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("four bytes"))
     }

@@ -457,7 +457,9 @@ impl ProjectionIndex {
     }
 
     /// The positions `(seq, epoch)` of every entry of the shards `of`. A walk over every
-    /// id held, in memory.
+    /// id held, in memory — over the live ids only when the snapshot the index was loaded
+    /// from holds no entry of those shards (a check after a checkpoint in which only new
+    /// writers wrote).
     pub(crate) fn positions_of(
         &self,
         of: &std::collections::HashSet<crate::ids::ShardId>,
@@ -466,7 +468,13 @@ impl ProjectionIndex {
         if out.is_empty() {
             return out;
         }
-        for (_, state) in self.all_states() {
+        let states: Box<dyn Iterator<Item = (&str, Cow<'_, IdState>)>> =
+            if of.iter().any(|s| self.frozen.holds_shard(*s)) {
+                Box::new(self.all_states())
+            } else {
+                Box::new(self.ids.iter().map(|(k, s)| (&**k, Cow::Borrowed(s))))
+            };
+        for (_, state) in states {
             let keys = state.winner.iter().chain(state.others()).map(|p| &p.key);
             for k in keys.chain(state.tombstones()) {
                 if let Some(v) = out.get_mut(&k.shard) {
