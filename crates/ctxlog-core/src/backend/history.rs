@@ -378,15 +378,6 @@ impl<'a> StoredRow<'a> {
     }
 }
 
-/// What one entry's own content says (rule 10): a clock past the plausible horizon, or a
-/// stored hash that is not its content's.
-fn entry_conflicts(e: &Entry, out: &mut Vec<Conflict>) {
-    let metadata = e.record.metadata.as_ref().map(canonical_json);
-    let mut one = RowBatch::default();
-    one.push(&StoredRow::of(e, metadata.as_deref()));
-    one.check(out);
-}
-
 /// What one entry's content says (rule 10): a clock past the plausible horizon, or a
 /// stored hash that is not its content's. `metadata` is the JSON text as stored: hashed as
 /// it is first (backends store canonical JSON), and only if that does not match, parsed and
@@ -543,15 +534,18 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
         let mut seen = HashSet::new();
         let mut ids = BTreeSet::new();
         let mut shards = HashSet::new();
+        let mut content = RowBatch::default();
         for e in &newer {
             if !after.is_after(e.shard, e.seq) || !seen.insert((e.shard, e.seq, e.epoch)) {
                 continue;
             }
             index.apply(IndexRow::of(e));
-            entry_conflicts(e, &mut out);
+            let metadata = e.record.metadata.as_ref().map(canonical_json);
+            content.push(&StoredRow::of(e, metadata.as_deref()));
             ids.insert(e.record.id.as_str());
             shards.insert(e.shard);
         }
+        content.check(&mut out);
         out.extend(index.id_conflicts_of(ids));
         for (shard, positions) in index.positions_of(&shards) {
             position_conflicts(shard, positions, &mut out);
