@@ -175,6 +175,9 @@ impl RowBatch {
         }
         self.bytes.clear();
         self.rows.clear();
+        // A body near the size limit grows one batch far past `BATCH_BYTES`; do not keep
+        // that much per batch in flight for the rest of the check.
+        self.bytes.shrink_to(2 * BATCH_BYTES);
     }
 }
 
