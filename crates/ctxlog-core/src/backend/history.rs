@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use crate::backend::projector::{IndexSource, IndexedProjector};
@@ -20,7 +21,6 @@ use crate::projection::{Conflict, canonical_conflicts};
 use crate::record::{Body, Kind, Record};
 use crate::traits::ConflictDiscovery;
 use crate::traits::Projector;
-use chrono::{DateTime, Utc};
 
 /// Rows handed to a hashing thread at once (or fewer, when their bytes reach `BATCH_BYTES`).
 const BATCH: usize = 256;
@@ -69,17 +69,6 @@ pub struct StoredRow<'a> {
     pub metadata: Option<&'a str>,
     /// The hash stored with the entry.
     pub content_hash: ContentHash,
-}
-
-impl StoredRow<'_> {
-    fn key(&self) -> OrderKey {
-        OrderKey {
-            hlc: self.hlc,
-            shard: self.shard,
-            seq: self.seq,
-            epoch: self.epoch,
-        }
-    }
 }
 
 /// What a hashing thread needs of one row; its variable-length fields lie in the batch's
@@ -355,6 +344,15 @@ impl<'a> StoredRow<'a> {
             content_hash: self.content_hash,
             purged,
         })
+    }
+
+    fn key(&self) -> OrderKey {
+        OrderKey {
+            hlc: self.hlc,
+            shard: self.shard,
+            seq: self.seq,
+            epoch: self.epoch,
+        }
     }
 
     /// The row of a full entry, with `metadata` its metadata's canonical JSON.
