@@ -77,21 +77,24 @@ fn unreadable(e: rusqlite::Error) -> Error {
 /// says which; metadata is not parsed here (a full check reports text that is not JSON as
 /// a corrupt entry, `entry` refuses it).
 fn stored_row<'r>(r: &'r Row<'_>) -> Result<StoredRow<'r>> {
-    let sql = unreadable;
-    let shard = shard_id(r, 0).map_err(sql)?;
-    let seq = r.get::<_, i64>(1).map_err(sql)? as u64;
-    let epoch = r.get::<_, i64>(2).map_err(sql)? as u64;
+    let shard = shard_id(r, 0).map_err(unreadable)?;
+    let seq = r.get::<_, i64>(1).map_err(unreadable)? as u64;
+    let epoch = r.get::<_, i64>(2).map_err(unreadable)? as u64;
     let at = |what: &str| Error::Corrupt {
         shard: Some(shard),
         what: format!("entry seq {seq} epoch {epoch}: {what}"),
     };
-    let text = |i: usize| -> Result<&'r str> { r.get_ref(i).and_then(|v| Ok(v.as_str()?)).map_err(sql) };
-    let kind = Kind::from_u8(r.get::<_, u8>(4).map_err(sql)?).ok_or_else(|| at("unknown kind"))?;
-    let hash = r.get_ref(7).and_then(|v| Ok(v.as_blob()?)).map_err(sql)?;
+    let text = |i: usize| -> Result<&'r str> { r.get_ref(i).and_then(|v| Ok(v.as_str()?)).map_err(unreadable) };
+    let kind = Kind::from_u8(r.get::<_, u8>(4).map_err(unreadable)?).ok_or_else(|| at("unknown kind"))?;
+    let hash = r.get_ref(7).and_then(|v| Ok(v.as_blob()?)).map_err(unreadable)?;
     let content_hash = ContentHash::from_slice(hash).ok_or_else(|| at("content hash is not 32 bytes"))?;
     let body = match (
-        r.get_ref(11).and_then(|v| Ok(v.as_str_or_null()?)).map_err(sql)?,
-        r.get_ref(12).and_then(|v| Ok(v.as_blob_or_null()?)).map_err(sql)?,
+        r.get_ref(11)
+            .and_then(|v| Ok(v.as_str_or_null()?))
+            .map_err(unreadable)?,
+        r.get_ref(12)
+            .and_then(|v| Ok(v.as_blob_or_null()?))
+            .map_err(unreadable)?,
     ) {
         (Some(t), None) => StoredBody::Text(t),
         (None, Some(b)) => StoredBody::Bytes(b),
@@ -102,7 +105,7 @@ fn stored_row<'r>(r: &'r Row<'_>) -> Result<StoredRow<'r>> {
         shard,
         seq,
         epoch,
-        hlc: Hlc(r.get::<_, i64>(3).map_err(sql)? as u64),
+        hlc: Hlc(r.get::<_, i64>(3).map_err(unreadable)? as u64),
         kind,
         id: text(8)?,
         bot_id: text(5)?,
@@ -110,7 +113,10 @@ fn stored_row<'r>(r: &'r Row<'_>) -> Result<StoredRow<'r>> {
         role: text(9)?,
         content_type: text(10)?,
         body,
-        metadata: r.get_ref(13).and_then(|v| Ok(v.as_str_or_null()?)).map_err(sql)?,
+        metadata: r
+            .get_ref(13)
+            .and_then(|v| Ok(v.as_str_or_null()?))
+            .map_err(unreadable)?,
         content_hash,
     })
 }

@@ -81,12 +81,18 @@ struct Held {
     hlc: Hlc,
     kind: Kind,
     hash: ContentHash,
-    /// 0 text, 1 bytes, 2 purged.
-    body: u8,
+    body: HeldBody,
     has_metadata: bool,
     start: usize,
     /// Ends of id, bot, session, role, content type, body, metadata in `RowBatch::bytes`.
     ends: [usize; 7],
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HeldBody {
+    Text,
+    Bytes,
+    Purged,
 }
 
 /// Rows on their way to a hashing thread: their fields copied into one buffer. A hashing
@@ -101,10 +107,10 @@ struct RowBatch {
 impl RowBatch {
     fn push(&mut self, r: &StoredRow<'_>) {
         let start = self.bytes.len();
-        let (body_kind, body): (u8, &[u8]) = match r.body {
-            StoredBody::Text(t) => (0, t.as_bytes()),
-            StoredBody::Bytes(b) => (1, b),
-            StoredBody::Purged => (2, &[]),
+        let (body_kind, body): (HeldBody, &[u8]) = match r.body {
+            StoredBody::Text(t) => (HeldBody::Text, t.as_bytes()),
+            StoredBody::Bytes(b) => (HeldBody::Bytes, b),
+            StoredBody::Purged => (HeldBody::Purged, &[]),
         };
         let mut ends = [0; 7];
         let fields: [&[u8]; 7] = [
@@ -149,18 +155,10 @@ impl RowBatch {
                 role: field(3),
                 content_type: field(4),
                 kind: h.kind,
-                text: h.body == 0,
+                text: h.body == HeldBody::Text,
                 body: field(5),
             };
-            let at = Position {
-                shard: h.shard,
-                seq: h.seq,
-                epoch: h.epoch,
-                hlc: h.hlc,
-                hash: h.hash,
-            };
-            let purged = h.body == 2;
-            content_conflicts(&at, &covered, purged, h.has_metadata.then(|| field(6)), out);
+            content_conflicts(h, &covered, h.has_metadata.then(|| field(6)), out);
         }
         self.bytes.clear();
         self.rows.clear();
@@ -168,15 +166,6 @@ impl RowBatch {
         // that much per batch in flight for the rest of the check.
         self.bytes.shrink_to(2 * BATCH_BYTES);
     }
-}
-
-/// Where an entry is, and the hash stored with it.
-struct Position {
-    shard: ShardId,
-    seq: Seq,
-    epoch: Epoch,
-    hlc: Hlc,
-    hash: ContentHash,
 }
 
 /// Collects what the history checks need while a backend streams every entry past it.
@@ -383,13 +372,7 @@ impl<'a> StoredRow<'a> {
 /// stored hash that is not its content's. `metadata` is the JSON text as stored: hashed as
 /// it is first (backends store canonical JSON), and only if that does not match, parsed and
 /// written canonically as a reader would see it. Text that is not JSON is corrupt.
-fn content_conflicts(
-    at: &Position,
-    covered: &Covered<'_>,
-    purged: bool,
-    metadata: Option<&[u8]>,
-    out: &mut Vec<Conflict>,
-) {
+fn content_conflicts(at: &Held, covered: &Covered<'_>, metadata: Option<&[u8]>, out: &mut Vec<Conflict>) {
     if at.hlc.millis() > Hlc::PLAUSIBLE_MILLIS {
         out.push(Conflict::ImplausibleHlc {
             shard: at.shard,
@@ -399,7 +382,7 @@ fn content_conflicts(
         });
     }
     // A purged entry's content is gone (rule 16): nothing to check it against.
-    if purged {
+    if at.body == HeldBody::Purged {
         return;
     }
     let mut actual = covered.hash(metadata);
