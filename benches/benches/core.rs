@@ -90,6 +90,20 @@ fn bench(c: &mut Criterion) {
             idx
         })
     });
+    // The same rows applied by one thread per part of the index (one per core).
+    g.bench_function("index_from_rows_100k_parallel", |b| {
+        b.iter(|| {
+            let mut idx = ProjectionIndex::new();
+            idx.reserve(es.len());
+            let threads = idx.parts();
+            let (_, done) = idx.apply_in_parallel(threads, es.chunks(1024), |chunk, applier| {
+                chunk.iter().for_each(|e| applier.apply(IndexRow::of(e)));
+                Ok::<(), ()>(())
+            });
+            done.unwrap();
+            idx
+        })
+    });
     g.bench_function("index_from_snapshot_100k", |b| {
         b.iter_batched(
             || bytes.clone(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
-use ctxlog_core::backend::index::{ProjectionIndex, RowRef};
+use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
 use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId, Written};
@@ -100,6 +100,17 @@ impl LanceIndex {
 
 /// Apply one batch of a walk to the index; table sources are numbered from `first_source`.
 fn apply(rows: Rows<'_>, first_source: u32, index: &mut ProjectionIndex, done: &mut CatchUp) -> Result<()> {
+    each_row(rows, first_source, |row| {
+        done.read += 1;
+        if index.apply(row) {
+            done.applied += 1;
+        }
+    })
+}
+
+/// Hand every row of one batch of a walk to `sink`; table sources are numbered from
+/// `first_source`.
+fn each_row(rows: Rows<'_>, first_source: u32, mut sink: impl FnMut(IndexRow<'_>)) -> Result<()> {
     let batch = rows.batch();
     let cols = Columns::new(batch)?;
     let view = cols.index_view()?;
@@ -125,10 +136,7 @@ fn apply(rows: Rows<'_>, first_source: u32, index: &mut ProjectionIndex, done: &
         };
         let mut row = view.row(i)?;
         row.at = place.to_ref();
-        done.read += 1;
-        if index.apply(row) {
-            done.applied += 1;
-        }
+        sink(row);
     }
     Ok(())
 }
@@ -304,9 +312,10 @@ enum Place {
     Wal { position: u64, batch_no: u32 },
 }
 
-/// Rows applied on a thread of their own while the walk goes on reading and decoding (on
-/// the runtime's threads): a first scan costs about the longer of the two, not their sum.
-/// The index is moved to that thread and back; if the walk is cancelled, it stays empty.
+/// Rows applied on threads of their own, one per part of the index, while the walk goes on
+/// reading and decoding (on the runtime's threads): a first scan costs about the longer of
+/// the two, not their sum, and applying uses every core. The index is moved to those
+/// threads and back; if the walk is cancelled, it stays empty.
 async fn walk_applying(
     t: &Tiers,
     sources: &[Dataset],
@@ -315,10 +324,11 @@ async fn walk_applying(
 ) -> Result<Walked> {
     let (queue, batches) = std::sync::mpsc::sync_channel::<Batch>(APPLY_QUEUE);
     let mut idx = std::mem::take(index);
-    let mut counts = *done;
     let applier = tokio::task::spawn_blocking(move || {
-        // Stops at the first error, dropping `batches`: the walk's next send then fails.
-        let applied = batches.iter().try_for_each(|b| {
+        // One thread per part of the index, each keeping the rows of its part. Stops at the
+        // first error, dropping `batches`: the walk's next send then fails.
+        let threads = idx.parts();
+        let (counts, applied) = idx.apply_in_parallel(threads, batches, |b, applier| {
             let rows = match b.place {
                 Place::Table { source } => Rows::Table {
                     batch: &b.batch,
@@ -330,7 +340,7 @@ async fn walk_applying(
                     batch_no,
                 },
             };
-            apply(rows, 0, &mut idx, &mut counts)
+            each_row(rows, 0, |row| applier.apply(row))
         });
         (idx, counts, applied)
     });
@@ -353,7 +363,8 @@ async fn walk_applying(
         .await
         .map_err(|e| applier_error(format!("the thread applying rows failed: {e}")))?;
     *index = idx;
-    *done = counts;
+    done.read += counts.read;
+    done.applied += counts.applied;
     // An apply error explains a walk that stopped early: report it first.
     applied?;
     walked

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::DateTime;
 use ctxlog_core::backend::history::{HistoryChecker, HistorySource, StoredBody, StoredRow};
-use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
+use ctxlog_core::backend::index::{IndexRow, PartApplier, ProjectionIndex, Router, RowRef};
 use ctxlog_core::backend::projector::{CatchUp, IndexSource};
 use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{
@@ -294,35 +294,45 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
             cursor.max_session_no = cursor.max_session_no.max(no);
         }
     }
+    let stored: i64 = tx.query_row("SELECT coalesce(sum(last_seq), 0) FROM shards", [], |r| r.get(0))?;
+    let stored = u64::try_from(stored).unwrap_or(0);
     if index.entries() == 0 {
         // A first scan: make room for the ids at once instead of growing (and moving) the
         // index as it fills. The stored counts are only a hint, and may be damaged: the
         // reservation is capped, and the index grows past it as rows arrive.
-        let entries: i64 = tx.query_row("SELECT coalesce(sum(last_seq), 0) FROM shards", [], |r| r.get(0))?;
-        index.reserve(usize::try_from(entries).unwrap_or(0).min(MAX_RESERVE));
+        index.reserve(usize::try_from(stored).unwrap_or(0).min(MAX_RESERVE));
     }
-    // Two threads: this one reads rows (SQLite), a second applies them to the index. They
-    // take about as long as each other, so on two cores the scan costs about one of them.
     let shards: Vec<(i64, ShardId, u64)> = cursor
         .shards
         .iter()
         .map(|(&no, &shard)| (no, shard, index.position(shard)))
         .collect();
+    // This thread reads rows (SQLite); others apply them to the index. When there are many
+    // rows to apply (a first scan, a catch-up from an old snapshot), one per core but the
+    // one this thread takes (an index has a part per core); else one. Each row goes to the
+    // thread of its id. On two cores, a second applying thread made a 1m first scan
+    // slower (median of 9 runs 449.8 ms against 435.9 ms with one).
+    let behind = stored.saturating_sub(shards.iter().map(|s| s.2).sum());
+    let threads = if behind >= PARALLEL_FROM { index.parts() - 1 } else { 1 };
+    let router = index.router(threads);
     let sessions = &cursor.sessions;
     let done = std::thread::scope(|scope| {
-        let (send, receive) = std::sync::mpsc::sync_channel::<Vec<Raw>>(4);
-        let applier = scope.spawn(move || apply_rows(receive, sessions, index));
-        let read = read_rows(&tx, &shards, send);
+        let (sends, queues) = (0..router.threads())
+            .map(|_| std::sync::mpsc::sync_channel::<Vec<Raw>>(4))
+            .unzip();
+        let applier = scope.spawn(move || index.apply_routed(queues, |c, a| apply_chunk(c, sessions, a)));
+        let read = read_rows(&tx, &shards, &router, sends);
         // A panic there is a bug: let it surface as the blocking task's panic.
-        let applied = applier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let (done, applied) = applier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         // A read error explains an apply that stopped early; report it first.
-        read.and(applied)
+        read.and(applied).map(|()| done)
     })?;
     tx.commit()?;
     Ok(done)
 }
 
-/// One entry as the reading thread hands it over.
+/// One entry as the reading thread hands it over. Its id is allocated here, on the reading
+/// thread, and kept by the index as it is.
 struct Raw {
     key: OrderKey,
     id: Box<str>,
@@ -333,22 +343,27 @@ struct Raw {
 
 const CHUNK: usize = 1024;
 
+/// Rows behind the index from which a catch-up applies them on several threads.
+const PARALLEL_FROM: u64 = 10_000;
+
 /// Most ids a first scan reserves room for up front (about 250 MiB of index at most).
 const MAX_RESERVE: usize = 2_000_000;
 /// How far past twice the sessions read so far a session number may be.
 const MAX_SESSION_SLACK: usize = 1 << 20;
 
-/// Read every entry past each shard's position, in chunks, into `send`.
+/// Read every entry past each shard's position, in chunks, into the queue of the thread
+/// that applies its id.
 fn read_rows(
     tx: &rusqlite::Transaction<'_>,
     shards: &[(i64, ShardId, u64)],
-    send: std::sync::mpsc::SyncSender<Vec<Raw>>,
+    router: &Router,
+    sends: Vec<std::sync::mpsc::SyncSender<Vec<Raw>>>,
 ) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(
         "SELECT seq, epoch, hlc, kind, session_no, content_hash, id FROM entries INDEXED BY entries_projection
          WHERE shard_no = ?1 AND seq > ?2 ORDER BY seq, epoch",
     )?;
-    let mut chunk = Vec::with_capacity(CHUNK);
+    let mut chunks: Vec<Vec<Raw>> = sends.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
     for &(shard_no, shard, after) in shards {
         let mut rows = stmt.query(params![shard_no, after as i64])?;
         while let Some(r) = rows.next()? {
@@ -357,69 +372,67 @@ fn read_rows(
             let hash = ContentHash::from_slice(r.get_ref(5)?.as_blob()?).ok_or_else(|| {
                 rusqlite::Error::InvalidColumnType(5, "content_hash".into(), rusqlite::types::Type::Blob)
             })?;
-            chunk.push(Raw {
+            let id = r.get_ref(6)?.as_str()?;
+            let t = router.thread_of(id);
+            chunks[t].push(Raw {
                 key: OrderKey {
                     hlc: Hlc(r.get::<_, i64>(2)? as u64),
                     shard,
                     seq: r.get::<_, i64>(0)? as u64,
                     epoch: r.get::<_, i64>(1)? as u64,
                 },
-                id: r.get_ref(6)?.as_str()?.into(),
+                id: id.into(),
                 kind,
                 hash,
                 session_no: r.get(4)?,
             });
-            if chunk.len() == CHUNK
-                && send
-                    .send(std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK)))
+            if chunks[t].len() == CHUNK
+                && sends[t]
+                    .send(std::mem::replace(&mut chunks[t], Vec::with_capacity(CHUNK)))
                     .is_err()
             {
-                return Ok(()); // the index thread stopped: its error says why
+                return Ok(()); // an applying thread stopped: its error says why
             }
         }
     }
-    if !chunk.is_empty() {
-        let _ = send.send(chunk);
+    for (chunk, send) in chunks.into_iter().zip(&sends) {
+        if !chunk.is_empty() {
+            let _ = send.send(chunk);
+        }
     }
     Ok(())
 }
 
-/// Apply the chunks `read_rows` sends until it is done.
-fn apply_rows(
-    receive: std::sync::mpsc::Receiver<Vec<Raw>>,
+/// Apply one chunk of rows on the thread its ids were routed to.
+fn apply_chunk(
+    chunk: Vec<Raw>,
     sessions: &[Option<(String, String)>],
-    index: &mut ProjectionIndex,
-) -> rusqlite::Result<CatchUp> {
-    let mut done = CatchUp::default();
-    for chunk in receive {
-        for raw in chunk {
-            let (bot_id, session_id) = usize::try_from(raw.session_no)
-                .ok()
-                .and_then(|i| sessions.get(i))
-                .and_then(Option::as_ref)
-                .ok_or_else(|| {
-                    rusqlite::Error::InvalidColumnType(
-                        4,
-                        format!("session_no {}", raw.session_no),
-                        rusqlite::types::Type::Integer,
-                    )
-                })?;
-            let row = IndexRow {
-                key: raw.key,
-                id: "",
-                kind: raw.kind,
-                hash: raw.hash,
-                bot_id,
-                session_id,
-                at: RowRef::default(),
-            };
-            done.read += 1;
-            if index.apply_owned(row, raw.id) {
-                done.applied += 1;
-            }
-        }
+    applier: &mut PartApplier<'_>,
+) -> rusqlite::Result<()> {
+    for raw in chunk {
+        let (bot_id, session_id) = usize::try_from(raw.session_no)
+            .ok()
+            .and_then(|i| sessions.get(i))
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                rusqlite::Error::InvalidColumnType(
+                    4,
+                    format!("session_no {}", raw.session_no),
+                    rusqlite::types::Type::Integer,
+                )
+            })?;
+        let row = IndexRow {
+            key: raw.key,
+            id: "",
+            kind: raw.kind,
+            hash: raw.hash,
+            bot_id,
+            session_id,
+            at: RowRef::default(),
+        };
+        applier.apply_owned(row, raw.id);
     }
-    Ok(done)
+    Ok(())
 }
 
 fn fetch(c: &mut Connection, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {

@@ -455,10 +455,10 @@ fn goals(rows: &[Row]) -> String {
     for r in rows {
         if let Some(v) = r.ratios.get("first_scan_over_floor_warm") {
             out.push_str(&format!(
-                "- {} {}: first scan / floor = {v:.2} (goal ≤ 1.5: {})\n",
+                "- {} {}: first scan / floor = {v:.2} (goal ≤ 1.2: {})\n",
                 r.backend,
                 r.source,
-                if *v <= 1.5 { "met" } else { "missed" }
+                if *v <= 1.2 { "met" } else { "missed" }
             ));
         }
         if let Some(v) = r.ratios.get("refresh_over_first_scan_warm") {
@@ -472,10 +472,10 @@ fn goals(rows: &[Row]) -> String {
         }
         if let Some(v) = r.ratios.get("first_scan_over_size_div_10_warm") {
             out.push_str(&format!(
-                "- {} {}: time / time at a tenth of the size = {v:.2} (goal ≤ 11: {})\n",
+                "- {} {}: time / time at a tenth of the size = {v:.2} (goal ≤ 10.5: {})\n",
                 r.backend,
                 r.source,
-                if *v <= 11.0 { "met" } else { "missed" }
+                if *v <= 10.5 { "met" } else { "missed" }
             ));
         }
         if let Some(v) = r.ratios.get("cold_start_over_first_scan_warm")

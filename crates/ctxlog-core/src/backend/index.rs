@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::hash::BuildHasher;
 
 use indexmap::IndexMap;
 use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
@@ -156,25 +157,59 @@ struct SessionState {
     ids: Vec<u32>,
 }
 
+/// One part of an index's ids (see [`ProjectionIndex::apply_in_parallel`]).
+type Ids = IndexMap<Box<str>, IdState, Hasher>;
+type Sessions = IndexMap<(Box<str>, Box<str>), SessionState, Hasher>;
+
+/// Most parts an index splits its ids into: one per core, up to this many.
+const MAX_PARTS: usize = 8;
+/// The low bits of an id number name its part; the rest are its place in that part.
+const PART_BITS: u32 = 3;
+const PART_MASK: u32 = (1 << PART_BITS) - 1;
+
+/// The number of id `local` of part `part`.
+fn id_no(local: usize, part: usize) -> u32 {
+    let local = u32::try_from(local)
+        .ok()
+        .filter(|l| *l < 1 << (32 - PART_BITS))
+        .expect("fewer than 2^29 ids in one part of an index");
+    (local << PART_BITS) | part as u32
+}
+
 /// The projection of every row applied so far.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProjectionIndex {
-    ids: IndexMap<Box<str>, IdState, Hasher>,
-    sessions: IndexMap<(Box<str>, Box<str>), SessionState, Hasher>,
+    /// Every id, split by the hash of the id into parts that threads of their own can apply
+    /// rows to at once ([`ProjectionIndex::apply_in_parallel`]). How many parts there are is
+    /// fixed when the index is made; what the index answers does not depend on it.
+    parts: Vec<Ids>,
+    /// The hasher of every part, so that the hash that picks an id's part also finds the id
+    /// in it. Randomly seeded per index: ids are caller-chosen.
+    hasher: Hasher,
+    sessions: Sessions,
     entries: u64,
     /// Highest seq applied per shard (a `Checkpoint` on demand: this is on the hot path).
-    positions: std::collections::HashMap<crate::ids::ShardId, crate::ids::Seq, Hasher>,
+    positions: Positions,
     last_session: Option<u32>,
-    /// `(session, id)` pairs not yet filed into their session's list. Filed on the first
-    /// query that needs them: while scanning, one sequential append per put instead of a
-    /// random one into one of thousands of lists.
+    /// `(session, id number)` pairs not yet filed into their session's list. Filed on the
+    /// first query that needs them: while scanning, one sequential append per put instead
+    /// of a random one into one of thousands of lists.
     unfiled: Vec<(u32, u32)>,
     /// The ids a snapshot held, as it held them (empty for an index built from rows). Never
-    /// changed: the first row that touches one of its ids copies that id's state into `ids`
-    /// (and marks it `thawed`), so a snapshot loads without hashing or allocating per id.
+    /// changed: the first row that touches one of its ids copies that id's state into its
+    /// part (and marks it `thawed`), so a snapshot loads without hashing or allocating per id.
     frozen: std::sync::Arc<Frozen>,
-    /// Frozen ids copied into `ids`: their frozen state is stale.
+    /// Frozen ids copied into a part: their frozen state is stale.
     thawed: std::collections::HashSet<u32, Hasher>,
+}
+
+type Positions = std::collections::HashMap<crate::ids::ShardId, crate::ids::Seq, Hasher>;
+
+impl Default for ProjectionIndex {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_parts(cores)
+    }
 }
 
 /// A borrowed session key that hashes and compares like the owned `(Box<str>, Box<str>)`.
@@ -187,68 +222,473 @@ impl indexmap::Equivalent<(Box<str>, Box<str>)> for SessionRef<'_> {
     }
 }
 
+/// The one place a row changes an id: `ids` is the part the id's `hash` picked. Returns
+/// false when the id already held the row. Files a new `(session, id)` pair in `unfiled`
+/// and the number of a frozen id it copies out in `thawed`.
+#[allow(clippy::too_many_arguments)]
+fn apply_to(
+    ids: &mut Ids,
+    part: usize,
+    hash: u64,
+    row: &IndexRow<'_>,
+    owned: Option<Box<str>>,
+    session: u32,
+    frozen: &Frozen,
+    thawed: &mut impl Extend<u32>,
+    unfiled: &mut Vec<(u32, u32)>,
+) -> bool {
+    let id: &str = owned.as_deref().unwrap_or(row.id);
+    // One lookup per row: most ids are new, and a lookup-then-insert would probe twice.
+    let (local, state) = match ids.raw_entry_mut_v1().from_key_hashed_nocheck(hash, id) {
+        RawEntryMut::Occupied(e) => (e.index(), e.into_mut()),
+        RawEntryMut::Vacant(e) => {
+            let local = e.index();
+            // The first row of an id a snapshot held starts from what the snapshot held.
+            let state = match (frozen.len() > 0).then(|| frozen.find(id)).flatten() {
+                Some(b) => {
+                    let state = frozen.state(b);
+                    let mut sessions: Vec<u32> = state.sessions().collect();
+                    sessions.sort_unstable();
+                    sessions.dedup();
+                    unfiled.extend(sessions.into_iter().map(|s| (s, id_no(local, part))));
+                    thawed.extend([b as u32]);
+                    state
+                }
+                None => IdState::default(),
+            };
+            let key = owned.unwrap_or_else(|| row.id.into());
+            (local, e.insert_hashed_nocheck(hash, key, state).1)
+        }
+    };
+    if state.has(&row.key) {
+        return false;
+    }
+    match row.kind {
+        Kind::Tombstone => state.extra().tombstones.push(row.key),
+        Kind::Put => {
+            let known_here = state.sessions().any(|s| s == session);
+            let put = Put {
+                key: row.key,
+                hash: row.hash,
+                session,
+                at: row.at,
+            };
+            match state.winner {
+                None => state.winner = Some(put),
+                Some(w) if put.key < w.key => {
+                    state.extra().others.push(w);
+                    state.winner = Some(put);
+                }
+                Some(_) => state.extra().others.push(put),
+            }
+            if !known_here {
+                unfiled.push((session, id_no(local, part)));
+            }
+        }
+    }
+    true
+}
+
+fn raise(positions: &mut Positions, key: &OrderKey) {
+    let pos = positions.entry(key.shard).or_insert(0);
+    *pos = (*pos).max(key.seq);
+}
+
+/// Applies rows to some of an index's parts, on a thread of its own: see
+/// [`ProjectionIndex::apply_in_parallel`]. Rows of ids in other parts are skipped.
+pub struct PartApplier<'a> {
+    /// The parts of the index, `Some` for those this applier owns.
+    mine: Vec<Option<&'a mut Ids>>,
+    hasher: &'a Hasher,
+    frozen: &'a Frozen,
+    /// The index's sessions when the parallel apply began, read-only: a session found
+    /// there keeps its number. Others are numbered from `base` in `new_sessions`, and
+    /// renumbered when the appliers are merged.
+    sessions: &'a Sessions,
+    base: u32,
+    new_sessions: IndexMap<(Box<str>, Box<str>), (), Hasher>,
+    last_session: Option<u32>,
+    done: Finished,
+}
+
+/// What a [`PartApplier`] leaves to merge into its index.
+#[derive(Default)]
+struct Finished {
+    parts: Vec<usize>,
+    new_sessions: Vec<(Box<str>, Box<str>)>,
+    unfiled: Vec<(u32, u32)>,
+    thawed: Vec<u32>,
+    positions: Positions,
+    read: u64,
+    applied: u64,
+}
+
+impl PartApplier<'_> {
+    /// Apply `row` if its id is in a part of this applier's.
+    pub fn apply(&mut self, row: IndexRow<'_>) {
+        self.apply_inner(row, None);
+    }
+
+    /// Apply a row routed to this applier's thread ([`ProjectionIndex::apply_routed`]),
+    /// whose id the caller owns: the index keeps `id` instead of copying it, and ignores
+    /// `row.id`. Panics if the row's id is not in a part of this applier's (it was routed
+    /// to the wrong thread): skipping it would lose it.
+    pub fn apply_owned(&mut self, row: IndexRow<'_>, id: Box<str>) {
+        assert!(self.apply_inner(row, Some(id)), "a row routed to the wrong thread");
+    }
+
+    /// Whether the row's id is in a part of this applier's.
+    fn apply_inner(&mut self, row: IndexRow<'_>, owned: Option<Box<str>>) -> bool {
+        let hash = self.hasher.hash_one(owned.as_deref().unwrap_or(row.id));
+        let part = part_of(hash, self.mine.len());
+        if self.mine[part].is_none() {
+            return false;
+        }
+        let session = self.session_no(row.bot_id, row.session_id);
+        let ids = self.mine[part].as_deref_mut().expect("checked above");
+        let d = &mut self.done;
+        d.read += 1;
+        if apply_to(
+            ids,
+            part,
+            hash,
+            &row,
+            owned,
+            session,
+            self.frozen,
+            &mut d.thawed,
+            &mut d.unfiled,
+        ) {
+            d.applied += 1;
+            raise(&mut d.positions, &row.key);
+        }
+        true
+    }
+
+    fn session_no(&mut self, bot_id: &str, session_id: &str) -> u32 {
+        // Rows of one session tend to come together: try the last one first.
+        if let Some(last) = self.last_session
+            && self.session_key(last) == (bot_id, session_id)
+        {
+            return last;
+        }
+        let key = SessionRef(bot_id, session_id);
+        let no = match self.sessions.get_index_of(&key) {
+            Some(i) => i as u32,
+            None => match self.new_sessions.get_index_of(&key) {
+                Some(i) => self.base + i as u32,
+                None => {
+                    let owned = (Box::<str>::from(bot_id), Box::<str>::from(session_id));
+                    self.base + self.new_sessions.insert_full(owned, ()).0 as u32
+                }
+            },
+        };
+        self.last_session = Some(no);
+        no
+    }
+
+    fn session_key(&self, no: u32) -> (&str, &str) {
+        let key = match no.checked_sub(self.base) {
+            None => self.sessions.get_index(no as usize).map(|(k, _)| k),
+            Some(i) => self.new_sessions.get_index(i as usize).map(|(k, _)| k),
+        };
+        let (b, s) = key.expect("numbered by this applier");
+        (b, s)
+    }
+
+    fn finish(self) -> Finished {
+        let mut done = self.done;
+        done.new_sessions = self.new_sessions.into_keys().collect();
+        done
+    }
+}
+
+/// Which applying thread the rows of an id go to: see [`ProjectionIndex::apply_routed`].
+#[derive(Clone, Debug)]
+pub struct Router {
+    hasher: Hasher,
+    parts: usize,
+    threads: usize,
+}
+
+impl Router {
+    /// How many applying threads (and so queues) there are.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The thread the rows of `id` go to.
+    pub fn thread_of(&self, id: &str) -> usize {
+        part_of(self.hasher.hash_one(id), self.parts) % self.threads
+    }
+}
+
+/// Wait for the applying threads and collect what each left, and the first error: this
+/// thread's (`mine`), then theirs in order.
+fn joined<E>(
+    first: Finished,
+    mine: Result<(), E>,
+    threads: Vec<std::thread::ScopedJoinHandle<'_, (Finished, Result<(), E>)>>,
+) -> (Vec<Finished>, Result<(), E>) {
+    let mut results = vec![first];
+    let mut result = mine;
+    for t in threads {
+        // A panic there is a bug: let it surface here.
+        let (done, r) = t.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        results.push(done);
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    (results, result)
+}
+
+/// The part of `parts` an id of hash `hash` is in. Not the hash's low bits (they pick the
+/// id's bucket in its part) nor its high ones (its tag there).
+fn part_of(hash: u64, parts: usize) -> usize {
+    ((hash >> 32) as usize) % parts
+}
+
+/// Batches queued for each part's thread in [`ProjectionIndex::apply_in_parallel`].
+const PART_QUEUE: usize = 4;
+
 impl ProjectionIndex {
-    /// An empty index.
+    /// An empty index with a part per core.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An empty index whose ids are split into `parts` parts (at least 1, at most 8).
+    pub fn with_parts(parts: usize) -> Self {
+        let hasher = Hasher::default();
+        ProjectionIndex {
+            parts: (0..parts.clamp(1, MAX_PARTS))
+                .map(|_| Ids::with_hasher(hasher.clone()))
+                .collect(),
+            hasher,
+            sessions: Sessions::default(),
+            entries: 0,
+            positions: Positions::default(),
+            last_session: None,
+            unfiled: Vec::new(),
+            frozen: Default::default(),
+            thawed: Default::default(),
+        }
+    }
+
+    /// How many parts the index's ids are split into.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
+    }
+
     /// Apply one entry. Returns false when the index already held it.
     pub fn apply(&mut self, row: IndexRow<'_>) -> bool {
-        self.apply_inner(row, None)
-    }
-
-    /// [`ProjectionIndex::apply`] for a row whose id the caller owns: the index keeps `id`
-    /// instead of copying it, and ignores `row.id`.
-    pub fn apply_owned(&mut self, row: IndexRow<'_>, id: Box<str>) -> bool {
-        self.apply_inner(row, Some(id))
-    }
-
-    fn apply_inner(&mut self, row: IndexRow<'_>, owned: Option<Box<str>>) -> bool {
         let session = self.session_no(row.bot_id, row.session_id);
-        let id: &str = owned.as_deref().unwrap_or(row.id);
-        if self.frozen.len() > 0 && !self.ids.contains_key(id) {
-            self.thaw(id);
-        }
-        // One hash per row: most ids are new, and a lookup-then-insert would hash twice.
-        let (id_no, state) = match self.ids.raw_entry_mut_v1().from_key(id) {
-            RawEntryMut::Occupied(e) => (e.index() as u32, e.into_mut()),
-            RawEntryMut::Vacant(e) => {
-                let i = e.index() as u32;
-                let key = owned.unwrap_or_else(|| row.id.into());
-                (i, e.insert(key, IdState::default()).1)
-            }
-        };
-        if state.has(&row.key) {
+        let hash = self.hasher.hash_one(row.id);
+        let part = part_of(hash, self.parts.len());
+        let ids = &mut self.parts[part];
+        if !apply_to(
+            ids,
+            part,
+            hash,
+            &row,
+            None,
+            session,
+            &self.frozen,
+            &mut self.thawed,
+            &mut self.unfiled,
+        ) {
             return false;
         }
-        match row.kind {
-            Kind::Tombstone => state.extra().tombstones.push(row.key),
-            Kind::Put => {
-                let known_here = state.sessions().any(|s| s == session);
-                let put = Put {
-                    key: row.key,
-                    hash: row.hash,
-                    session,
-                    at: row.at,
-                };
-                match state.winner {
-                    None => state.winner = Some(put),
-                    Some(w) if put.key < w.key => {
-                        state.extra().others.push(w);
-                        state.winner = Some(put);
-                    }
-                    Some(_) => state.extra().others.push(put),
+        self.entries += 1;
+        raise(&mut self.positions, &row.key);
+        true
+    }
+
+    /// Apply every row `each` finds in `batches`, on one thread per part of the index (on
+    /// this one when `threads` is 1 or the index has one part). `each` runs on every
+    /// thread for every batch, and hands its rows to the thread's [`PartApplier`], which
+    /// keeps those of its own parts: a part is only ever changed by one thread, so the
+    /// threads share no lock. This thread hands the batches out and applies a part too.
+    /// For a source whose batches are cheap to share and whose rows are decoded where they
+    /// are applied (Arrow batches); see [`ProjectionIndex::apply_routed`] for the other kind.
+    ///
+    /// The first error stops the apply (this thread stops reading `batches`) and is
+    /// returned; the rows applied until then stay applied and the index stays whole.
+    pub fn apply_in_parallel<B, E>(
+        &mut self,
+        threads: usize,
+        batches: impl IntoIterator<Item = B>,
+        each: impl Fn(&B, &mut PartApplier<'_>) -> Result<(), E> + Sync,
+    ) -> (crate::backend::projector::CatchUp, Result<(), E>)
+    where
+        B: Send + Sync,
+        E: Send,
+    {
+        let each = &each;
+        self.with_appliers(threads, |appliers| {
+            let mut appliers = appliers.into_iter();
+            let mut first = appliers.next().expect("at least one thread");
+            std::thread::scope(|scope| {
+                let mut queues = Vec::new();
+                let mut threads = Vec::new();
+                for mut a in appliers {
+                    let (queue, batches) = std::sync::mpsc::sync_channel::<std::sync::Arc<B>>(PART_QUEUE);
+                    queues.push(queue);
+                    threads.push(scope.spawn(move || {
+                        // Stops at the first error, dropping `batches`: the next send fails.
+                        let r = batches.iter().try_for_each(|b| each(&b, &mut a));
+                        (a.finish(), r)
+                    }));
                 }
-                if !known_here {
-                    self.unfiled.push((session, id_no));
+                let mut mine = Ok(());
+                for b in batches {
+                    let b = std::sync::Arc::new(b);
+                    // A part's thread that stopped has an error to say why: stop handing out.
+                    if queues.iter().any(|q| q.send(b.clone()).is_err()) {
+                        break;
+                    }
+                    mine = each(&b, &mut first);
+                    if mine.is_err() {
+                        break;
+                    }
+                }
+                drop(queues);
+                joined(first.finish(), mine, threads)
+            })
+        })
+    }
+
+    /// Which of `threads` applying threads the rows of an id go to in
+    /// [`ProjectionIndex::apply_routed`].
+    pub fn router(&self, threads: usize) -> Router {
+        Router {
+            hasher: self.hasher.clone(),
+            parts: self.parts.len(),
+            threads: threads.clamp(1, self.parts.len()),
+        }
+    }
+
+    /// Apply what `each` makes of the batches of `queues`, one applying thread per queue
+    /// (this one takes the first): the source has routed each row to its thread with
+    /// [`ProjectionIndex::router`] (with `queues.len()` threads), so every thread gets only
+    /// rows it keeps, and owns them ([`PartApplier::apply_owned`] keeps an id the source
+    /// allocated). For a source that decodes rows on a thread of its own.
+    ///
+    /// The first error stops its thread (dropping its queue: the source's next send to it
+    /// fails) and is returned; the rows applied until then stay applied and the index
+    /// stays whole.
+    pub fn apply_routed<B, E>(
+        &mut self,
+        queues: Vec<std::sync::mpsc::Receiver<B>>,
+        each: impl Fn(B, &mut PartApplier<'_>) -> Result<(), E> + Sync,
+    ) -> (crate::backend::projector::CatchUp, Result<(), E>)
+    where
+        B: Send,
+        E: Send,
+    {
+        assert_eq!(
+            queues.len(),
+            self.router(queues.len()).threads,
+            "one queue per thread of a router"
+        );
+        let each = &each;
+        self.with_appliers(queues.len(), |appliers| {
+            let mut pairs = appliers.into_iter().zip(queues);
+            let (mut first, mine) = pairs.next().expect("at least one queue");
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = pairs
+                    .map(|(mut a, queue)| {
+                        scope.spawn(move || {
+                            let r = queue.into_iter().try_for_each(|b| each(b, &mut a));
+                            (a.finish(), r)
+                        })
+                    })
+                    .collect();
+                let r = mine.into_iter().try_for_each(|b| each(b, &mut first));
+                joined(first.finish(), r, threads)
+            })
+        })
+    }
+
+    /// Split the index's parts among `threads` appliers, let `run` run them, and merge what
+    /// they leave, also when one failed.
+    fn with_appliers<E>(
+        &mut self,
+        threads: usize,
+        run: impl for<'a> FnOnce(Vec<PartApplier<'a>>) -> (Vec<Finished>, Result<(), E>),
+    ) -> (crate::backend::projector::CatchUp, Result<(), E>) {
+        let threads = threads.clamp(1, self.parts.len());
+        let base = self.sessions.len() as u32;
+        let mut appliers: Vec<PartApplier<'_>> = (0..threads)
+            .map(|_| PartApplier {
+                mine: Vec::new(),
+                hasher: &self.hasher,
+                frozen: &self.frozen,
+                sessions: &self.sessions,
+                base,
+                new_sessions: IndexMap::with_hasher(self.hasher.clone()),
+                last_session: None,
+                done: Finished::default(),
+            })
+            .collect();
+        for (p, ids) in self.parts.iter_mut().enumerate() {
+            // The router's rule: part `p` is applied by thread `p % threads`.
+            let owner = p % threads;
+            let mut ids = Some(ids);
+            for (t, a) in appliers.iter_mut().enumerate() {
+                a.mine.push(if t == owner { ids.take() } else { None });
+            }
+            appliers[owner].done.parts.push(p);
+        }
+        let (results, result) = run(appliers);
+        let mut counts = crate::backend::projector::CatchUp::default();
+        for done in results {
+            counts.read += done.read;
+            counts.applied += done.applied;
+            self.merge(done, base);
+        }
+        (counts, result)
+    }
+
+    /// Number the sessions an applier found into the index's, renumber what it applied if
+    /// that changed their numbers, and take in the rest of what it left.
+    fn merge(&mut self, done: Finished, base: u32) {
+        let renumbered: Vec<u32> = done
+            .new_sessions
+            .into_iter()
+            .map(|key| match self.sessions.get_index_of(&key) {
+                Some(i) => i as u32,
+                None => self.sessions.insert_full(key, SessionState::default()).0 as u32,
+            })
+            .collect();
+        let renumber = |s: u32| s.checked_sub(base).map_or(s, |i| renumbered[i as usize]);
+        let mut unfiled = done.unfiled;
+        // The first applier merged numbers its sessions as the index does: no walk.
+        if renumbered.iter().enumerate().any(|(i, s)| *s != base + i as u32) {
+            for p in &done.parts {
+                for state in self.parts[*p].values_mut() {
+                    if let Some(w) = &mut state.winner {
+                        w.session = renumber(w.session);
+                    }
+                    if let Some(extra) = &mut state.extra {
+                        for o in &mut extra.others {
+                            o.session = renumber(o.session);
+                        }
+                    }
                 }
             }
+            for u in &mut unfiled {
+                u.0 = renumber(u.0);
+            }
         }
-        self.entries += 1;
-        let pos = self.positions.entry(row.key.shard).or_insert(0);
-        *pos = (*pos).max(row.key.seq);
-        true
+        self.unfiled.extend(unfiled);
+        self.thawed.extend(done.thawed);
+        self.entries += done.applied;
+        for (shard, seq) in done.positions {
+            let pos = self.positions.entry(shard).or_insert(0);
+            *pos = (*pos).max(seq);
+        }
     }
 
     fn session_no(&mut self, bot_id: &str, session_id: &str) -> u32 {
@@ -271,22 +711,14 @@ impl ProjectionIndex {
         no
     }
 
-    /// Copy the frozen state of `id` (if the snapshot held it) into `ids`, filed under each
-    /// session it has a put in, and mark the frozen copy stale.
-    fn thaw(&mut self, id: &str) {
-        let Some(b) = self.frozen.find(id) else { return };
-        let state = self.frozen.state(b);
-        let mut sessions: Vec<u32> = state.sessions().collect();
-        sessions.sort_unstable();
-        sessions.dedup();
-        let (no, _) = self.ids.insert_full(id.into(), state);
-        self.unfiled.extend(sessions.into_iter().map(|s| (s, no as u32)));
-        self.thawed.insert(b as u32);
+    /// The state of every id the parts hold.
+    fn held(&self) -> impl Iterator<Item = (&str, Cow<'_, IdState>)> {
+        self.parts.iter().flatten().map(|(k, s)| (&**k, Cow::Borrowed(s)))
     }
 
-    /// Every id's state: those in `ids`, then the frozen ones not thawed.
+    /// Every id's state: those the parts hold, then the frozen ones not thawed.
     fn all_states(&self) -> impl Iterator<Item = (&str, Cow<'_, IdState>)> {
-        self.ids.iter().map(|(k, s)| (&**k, Cow::Borrowed(s))).chain(
+        self.held().chain(
             self.frozen
                 .states()
                 .filter(|(b, _, _)| !self.thawed.contains(&(*b as u32)))
@@ -296,7 +728,9 @@ impl ProjectionIndex {
 
     /// The current state of `id`.
     fn state(&self, id: &str) -> Option<Cow<'_, IdState>> {
-        match self.ids.get(id) {
+        let hash = self.hasher.hash_one(id);
+        let part = &self.parts[part_of(hash, self.parts.len())];
+        match part.raw_entry_v1().from_key_hashed_nocheck(hash, id).map(|(_, s)| s) {
             Some(s) => Some(Cow::Borrowed(s)),
             None => self.frozen.find(id).map(|b| Cow::Owned(self.frozen.state(b))),
         }
@@ -314,7 +748,11 @@ impl ProjectionIndex {
 
     /// Make room for `ids` more record ids (a first scan knows roughly how many).
     pub fn reserve(&mut self, ids: usize) {
-        self.ids.reserve(ids);
+        // Ids spread evenly over the parts.
+        let each = ids.div_ceil(self.parts.len());
+        for part in &mut self.parts {
+            part.reserve(each);
+        }
     }
 
     /// Distinct entries applied.
@@ -371,7 +809,11 @@ impl ProjectionIndex {
         let mut keys: Vec<(OrderKey, RowRef)> = self.sessions[no]
             .ids
             .iter()
-            .filter_map(|&i| self.ids[i as usize].live().copied())
+            .filter_map(|&i| {
+                self.parts[(i & PART_MASK) as usize][(i >> PART_BITS) as usize]
+                    .live()
+                    .copied()
+            })
             .chain(
                 self.frozen
                     .session_ids(no)
@@ -406,7 +848,7 @@ impl ProjectionIndex {
         let mut stats = ProjectionStats {
             entries: self.entries,
             shards: self.positions.len() as u64,
-            ids: (self.ids.len() + self.frozen.len() - self.thawed.len()) as u64,
+            ids: (self.parts.iter().map(Ids::len).sum::<usize>() + self.frozen.len() - self.thawed.len()) as u64,
             ..Default::default()
         };
         let mut live_sessions = BTreeSet::new();
@@ -472,7 +914,7 @@ impl ProjectionIndex {
             if of.iter().any(|s| self.frozen.holds_shard(*s)) {
                 Box::new(self.all_states())
             } else {
-                Box::new(self.ids.iter().map(|(k, s)| (&**k, Cow::Borrowed(s))))
+                Box::new(self.held())
             };
         for (_, state) in states {
             let keys = state.winner.iter().chain(state.others()).map(|p| &p.key);
@@ -623,6 +1065,49 @@ pub(crate) mod tests {
         idx
     }
 
+    /// An error on one thread stops the apply and is returned; what was applied until then
+    /// is merged whole: the rest applied afterwards gives the index of everything.
+    #[test]
+    fn an_apply_that_fails_leaves_a_whole_index() {
+        let entries: Vec<Entry> = (0..400u64)
+            .map(|i| {
+                let record = Record::text(format!("id{}", i % 150), "bot", format!("s{}", i % 23), "user", "t");
+                Entry {
+                    shard: WriterId::new(format!("w{}", i % 3)).unwrap().shard_id(),
+                    seq: i + 1,
+                    epoch: 1,
+                    hlc: Hlc(i),
+                    content_hash: record.content_hash(),
+                    record,
+                    purged: false,
+                }
+            })
+            .collect();
+        for threads in [1, 2, 4] {
+            let mut idx = ProjectionIndex::with_parts(4);
+            let batches: Vec<&[Entry]> = entries.chunks(10).collect();
+            let (counts, result) = idx.apply_in_parallel(threads, batches, |b, a| {
+                if b[0].seq > 200 {
+                    return Err(b[0].seq);
+                }
+                b.iter().for_each(|e| a.apply(IndexRow::of(e)));
+                Ok(())
+            });
+            assert_eq!(result, Err(201), "{threads} threads");
+            assert_eq!(counts.applied, 200, "{threads} threads");
+            assert_eq!(idx.entries(), 200);
+            for e in &entries {
+                idx.apply(IndexRow::of(e));
+            }
+            let mut whole = index_of(&entries);
+            assert_eq!(idx.projection().canonical_json(), whole.projection().canonical_json());
+            for s in 0..23 {
+                let session = format!("s{s}");
+                assert_eq!(idx.session_keys("bot", &session), whole.session_keys("bot", &session));
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn index_matches_reference_model(entries in arb_entries()) {
@@ -656,15 +1141,72 @@ pub(crate) mod tests {
             }
             prop_assert_eq!(twice.projection().canonical_json(), once.projection().canonical_json());
             prop_assert_eq!(twice.entries(), once.entries());
-            // The owned-id path (what SQLite feeds) is the same function.
-            let mut owned = ProjectionIndex::new();
-            for e in &entries {
-                prop_assert!(owned.apply_owned(IndexRow::of(e), e.record.id.as_str().into()));
+        }
+
+        /// Rows applied in parallel, one thread per part, in batches of any size, onto an
+        /// index that already holds some (so some sessions are known and some are found by
+        /// several threads at once): the same index as one thread applying them in order.
+        #[test]
+        fn applying_in_parallel_equals_one_pass(
+            entries in arb_entries(),
+            sessions in proptest::collection::vec(0u8..6, 40),
+            split in 0usize..40,
+            parts in 1usize..5,
+            threads in 1usize..5,
+            batch in 1usize..6,
+            routed in any::<bool>(),
+        ) {
+            // More sessions than the shared strategy draws, so that threads find new ones.
+            let mut entries = unique_positions(entries);
+            for (e, s) in entries.iter_mut().zip(&sessions) {
+                e.record.session_id = format!("s{s}");
             }
-            for e in &entries {
-                prop_assert!(!owned.apply_owned(IndexRow::of(e), e.record.id.as_str().into()));
+            let split = split.min(entries.len());
+            let mut one = index_of(&entries);
+            let mut parallel = ProjectionIndex::with_parts(parts);
+            for e in &entries[..split] {
+                parallel.apply(IndexRow::of(e));
             }
-            prop_assert_eq!(owned.projection().canonical_json(), once.projection().canonical_json());
+            let (counts, result) = if routed {
+                // Each row sent to its thread's queue, its id owned by the applier.
+                let router = parallel.router(threads);
+                let (sends, queues): (Vec<_>, Vec<_>) =
+                    (0..router.threads()).map(|_| std::sync::mpsc::channel::<Vec<&Entry>>()).unzip();
+                for b in entries[split..].chunks(batch) {
+                    let mut routed = vec![Vec::new(); router.threads()];
+                    b.iter().for_each(|e| routed[router.thread_of(&e.record.id)].push(e));
+                    routed.into_iter().zip(&sends).for_each(|(r, s)| s.send(r).unwrap());
+                }
+                drop(sends);
+                parallel.apply_routed(queues, |b, a| {
+                    b.into_iter().for_each(|e| a.apply_owned(IndexRow { id: "", ..IndexRow::of(e) }, e.record.id.as_str().into()));
+                    Ok::<(), ()>(())
+                })
+            } else {
+                let rest: Vec<&[Entry]> = entries[split..].chunks(batch).collect();
+                parallel.apply_in_parallel(threads, rest, |b, a| {
+                    b.iter().for_each(|e| a.apply(IndexRow::of(e)));
+                    Ok::<(), ()>(())
+                })
+            };
+            prop_assert_eq!(result, Ok(()));
+            prop_assert_eq!(counts.read, (entries.len() - split) as u64);
+            prop_assert_eq!(counts.applied, (entries.len() - split) as u64);
+            prop_assert_eq!(parallel.projection().canonical_json(), one.projection().canonical_json());
+            prop_assert_eq!(parallel.stats(), one.stats());
+            prop_assert_eq!(parallel.checkpoint(), one.checkpoint());
+            prop_assert_eq!(parallel.entries(), one.entries());
+            for s in 0..6 {
+                let session = format!("s{s}");
+                prop_assert_eq!(parallel.session_keys("bot", &session), one.session_keys("bot", &session));
+            }
+            prop_assert_eq!(parallel.sessions("bot"), one.sessions("bot"));
+            let conflicts = |i: &ProjectionIndex| crate::projection::canonical_conflicts(i.id_conflicts());
+            prop_assert_eq!(conflicts(&parallel), conflicts(&one));
+            // Nothing applies twice afterwards, on either path.
+            for e in &entries {
+                prop_assert!(!parallel.apply(IndexRow::of(e)));
+            }
         }
 
         #[test]

@@ -201,6 +201,7 @@ mod tests {
             entries in arb_entries(),
             split in 0usize..40,
             with_at in any::<bool>(),
+            threads in 0usize..4,
         ) {
             let entries = unique(entries);
             let split = split.min(entries.len());
@@ -210,8 +211,17 @@ mod tests {
             prop_assert_eq!(&loaded.cursor, b"cursor");
             prop_assert_eq!(loaded.taken_millis, 7);
             let mut resumed = loaded.index;
-            for e in &entries[split..] {
-                resumed.apply(row(e, with_at));
+            if threads == 0 {
+                for e in &entries[split..] {
+                    resumed.apply(row(e, with_at));
+                }
+            } else {
+                // Thawed on the threads that apply the parts.
+                let (_, applied) = resumed.apply_in_parallel(threads, entries[split..].chunks(3), |b, a| {
+                    b.iter().for_each(|e| a.apply(row(e, with_at)));
+                    Ok::<(), ()>(())
+                });
+                prop_assert_eq!(applied, Ok(()));
             }
             // What the snapshot held, frozen or copied out, is held: nothing applies twice.
             for e in &entries {
