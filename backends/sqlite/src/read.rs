@@ -543,3 +543,60 @@ impl HistorySource for SqliteHistory {
         self.conn.options.timeout
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ctxlog_core::{Record, Store};
+
+    /// A catch-up of many rows applies them on several threads, each row routed by the
+    /// reading thread to the thread of its id: the same index, and the same counts, as one
+    /// applying thread. (On a two-core machine a store's own index has two parts and one
+    /// applying thread, so the routed path with more threads only runs here.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_catch_up_on_several_threads_equals_one_on_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = crate::SqliteStore::open(&path, StoreOptions::default()).await.unwrap();
+        for w in 0..3u64 {
+            let mut shard = store
+                .open_shard(&WriterId::new(format!("w{w}")).unwrap())
+                .await
+                .unwrap();
+            for b in 0..4u64 {
+                // Ids shared across writers with other text (divergent puts), some deleted,
+                // across 37 sessions.
+                let records = (0..1000u64)
+                    .map(|i| {
+                        let n = b * 1000 + i;
+                        let (id, session) = (format!("id{}", n % 2600), format!("s{}", n % 37));
+                        if n % 101 == w {
+                            Record::tombstone(id, "bot", session)
+                        } else {
+                            Record::text(id, "bot", session, "user", format!("w{w}"))
+                        }
+                    })
+                    .collect();
+                shard.append(records).await.unwrap();
+            }
+        }
+        const { assert!(12_000 >= PARALLEL_FROM, "enough rows to apply on several threads") };
+        let mut c = Connection::open(&path).unwrap();
+        let mut index_of = |parts: usize| {
+            let mut index = ProjectionIndex::with_parts(parts);
+            let done = catch_up(&mut c, &mut Cursor::default(), &mut index).unwrap();
+            (index, done)
+        };
+        let (mut one, on_one) = index_of(1);
+        let (mut four, on_three) = index_of(4);
+        assert_eq!(on_one.applied, 12_000);
+        assert_eq!(on_three, on_one);
+        assert_eq!(four.projection().canonical_json(), one.projection().canonical_json());
+        assert_eq!(four.sessions("bot"), one.sessions("bot"));
+        for s in 0..37 {
+            let session = format!("s{s}");
+            assert_eq!(four.session_keys("bot", &session), one.session_keys("bot", &session));
+        }
+        assert!(one.stats().divergent_puts > 0 && one.stats().tombstoned > 0);
+    }
+}

@@ -207,8 +207,9 @@ type Positions = std::collections::HashMap<crate::ids::ShardId, crate::ids::Seq,
 
 impl Default for ProjectionIndex {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::with_parts(cores)
+        // Asked once: on Linux the answer reads the process's cgroup files.
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        Self::with_parts(*CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())))
     }
 }
 
