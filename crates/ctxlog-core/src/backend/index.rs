@@ -506,11 +506,12 @@ impl ProjectionIndex {
         true
     }
 
-    /// Apply every row `each` finds in `batches`, on one thread per part of the index (on
-    /// this one when `threads` is 1 or the index has one part). `each` runs on every
-    /// thread for every batch, and hands its rows to the thread's [`PartApplier`], which
-    /// keeps those of its own parts: a part is only ever changed by one thread, so the
-    /// threads share no lock. This thread hands the batches out and applies a part too.
+    /// Apply every row `each` finds in `batches` on `threads` threads, each applying its
+    /// share of the index's parts (at most one thread per part; only this one when
+    /// `threads` is 1). `each` runs on every thread for every batch, and hands its rows to
+    /// the thread's [`PartApplier`], which keeps those of its own parts: a part is only ever
+    /// changed by one thread, so the threads share no lock. This thread hands the batches
+    /// out and applies its share too.
     /// For a source whose batches are cheap to share and whose rows are decoded where they
     /// are applied (Arrow batches); see [`ProjectionIndex::apply_routed`] for the other kind.
     ///
