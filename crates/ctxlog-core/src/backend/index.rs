@@ -643,7 +643,16 @@ impl ProjectionIndex {
             }
             appliers[owner].done.parts.push(p);
         }
-        let (results, result) = run(appliers);
+        // A panic on an applying thread (a bug) leaves its parts holding sessions the index
+        // never numbered: empty the index (a later catch-up reads everything again) rather
+        // than leave it torn, then let the panic go on.
+        let (results, result) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(appliers))) {
+            Ok(done) => done,
+            Err(panic) => {
+                *self = ProjectionIndex::with_parts(self.parts.len());
+                std::panic::resume_unwind(panic)
+            }
+        };
         let mut counts = crate::backend::projector::CatchUp::default();
         for done in results {
             counts.read += done.read;
@@ -1104,6 +1113,51 @@ pub(crate) mod tests {
             let mut whole = index_of(&entries);
             assert_eq!(idx.projection().canonical_json(), whole.projection().canonical_json());
             for s in 0..23 {
+                let session = format!("s{s}");
+                assert_eq!(idx.session_keys("bot", &session), whole.session_keys("bot", &session));
+            }
+        }
+    }
+
+    /// A panic on an applying thread reaches the caller, and the index it leaves is empty,
+    /// not torn: applying everything again gives the index of everything.
+    #[test]
+    fn a_panic_while_applying_leaves_an_empty_index() {
+        let entries: Vec<Entry> = (0..300u64)
+            .map(|i| {
+                let record = Record::text(format!("id{}", i % 110), "bot", format!("s{}", i % 17), "user", "t");
+                Entry {
+                    shard: WriterId::new("w").unwrap().shard_id(),
+                    seq: i + 1,
+                    epoch: 1,
+                    hlc: Hlc(i),
+                    content_hash: record.content_hash(),
+                    record,
+                    purged: false,
+                }
+            })
+            .collect();
+        for threads in [1, 3] {
+            let mut idx = ProjectionIndex::with_parts(3);
+            for e in &entries[..50] {
+                idx.apply(IndexRow::of(e));
+            }
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                idx.apply_in_parallel(threads, entries[50..].chunks(25), |b, a| {
+                    assert!(b[0].seq <= 200, "a bug on an applying thread");
+                    b.iter().for_each(|e| a.apply(IndexRow::of(e)));
+                    Ok::<(), ()>(())
+                })
+            }));
+            assert!(panicked.is_err(), "{threads} threads");
+            assert_eq!(idx.entries(), 0, "{threads} threads");
+            assert_eq!(idx.parts(), 3);
+            for e in &entries {
+                idx.apply(IndexRow::of(e));
+            }
+            let mut whole = index_of(&entries);
+            assert_eq!(idx.projection().canonical_json(), whole.projection().canonical_json());
+            for s in 0..17 {
                 let session = format!("s{s}");
                 assert_eq!(idx.session_keys("bot", &session), whole.session_keys("bot", &session));
             }
