@@ -1076,13 +1076,18 @@ pub(crate) mod tests {
         idx
     }
 
-    /// An error on one thread stops the apply and is returned; what was applied until then
-    /// is merged whole: the rest applied afterwards gives the index of everything.
-    #[test]
-    fn an_apply_that_fails_leaves_a_whole_index() {
-        let entries: Vec<Entry> = (0..400u64)
+    /// `n` puts, entry `i` of id `id{i % ids}` in session `s{i % sessions}`, in one of three
+    /// shards at seq `i + 1`.
+    fn puts(n: u64, ids: u64, sessions: u64) -> Vec<Entry> {
+        (0..n)
             .map(|i| {
-                let record = Record::text(format!("id{}", i % 150), "bot", format!("s{}", i % 23), "user", "t");
+                let record = Record::text(
+                    format!("id{}", i % ids),
+                    "bot",
+                    format!("s{}", i % sessions),
+                    "user",
+                    "t",
+                );
                 Entry {
                     shard: WriterId::new(format!("w{}", i % 3)).unwrap().shard_id(),
                     seq: i + 1,
@@ -1093,7 +1098,24 @@ pub(crate) mod tests {
                     purged: false,
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// `idx` answers as one thread applying `entries` in order would.
+    fn answers_as_one_pass(idx: &mut ProjectionIndex, entries: &[Entry], sessions: u64) {
+        let mut whole = index_of(entries);
+        assert_eq!(idx.projection().canonical_json(), whole.projection().canonical_json());
+        for s in 0..sessions {
+            let session = format!("s{s}");
+            assert_eq!(idx.session_keys("bot", &session), whole.session_keys("bot", &session));
+        }
+    }
+
+    /// An error on one thread stops the apply and is returned; what was applied until then
+    /// is merged whole: the rest applied afterwards gives the index of everything.
+    #[test]
+    fn an_apply_that_fails_leaves_a_whole_index() {
+        let entries = puts(400, 150, 23);
         for threads in [1, 2, 4] {
             let mut idx = ProjectionIndex::with_parts(4);
             let batches: Vec<&[Entry]> = entries.chunks(10).collect();
@@ -1110,12 +1132,7 @@ pub(crate) mod tests {
             for e in &entries {
                 idx.apply(IndexRow::of(e));
             }
-            let mut whole = index_of(&entries);
-            assert_eq!(idx.projection().canonical_json(), whole.projection().canonical_json());
-            for s in 0..23 {
-                let session = format!("s{s}");
-                assert_eq!(idx.session_keys("bot", &session), whole.session_keys("bot", &session));
-            }
+            answers_as_one_pass(&mut idx, &entries, 23);
         }
     }
 
@@ -1123,20 +1140,7 @@ pub(crate) mod tests {
     /// not torn: applying everything again gives the index of everything.
     #[test]
     fn a_panic_while_applying_leaves_an_empty_index() {
-        let entries: Vec<Entry> = (0..300u64)
-            .map(|i| {
-                let record = Record::text(format!("id{}", i % 110), "bot", format!("s{}", i % 17), "user", "t");
-                Entry {
-                    shard: WriterId::new("w").unwrap().shard_id(),
-                    seq: i + 1,
-                    epoch: 1,
-                    hlc: Hlc(i),
-                    content_hash: record.content_hash(),
-                    record,
-                    purged: false,
-                }
-            })
-            .collect();
+        let entries = puts(300, 110, 17);
         for threads in [1, 3] {
             let mut idx = ProjectionIndex::with_parts(3);
             for e in &entries[..50] {
@@ -1155,12 +1159,7 @@ pub(crate) mod tests {
             for e in &entries {
                 idx.apply(IndexRow::of(e));
             }
-            let mut whole = index_of(&entries);
-            assert_eq!(idx.projection().canonical_json(), whole.projection().canonical_json());
-            for s in 0..17 {
-                let session = format!("s{s}");
-                assert_eq!(idx.session_keys("bot", &session), whole.session_keys("bot", &session));
-            }
+            answers_as_one_pass(&mut idx, &entries, 17);
         }
     }
 
