@@ -268,11 +268,15 @@ impl IndexSource for SqliteIndex {
 /// shard is read at the same snapshot.
 fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex) -> rusqlite::Result<CatchUp> {
     let tx = c.transaction()?;
+    // Entries the store holds, by its shards' last seqs: only a hint (a damaged store may say
+    // anything), for how much room to reserve and how many threads to apply on.
+    let mut stored: u64 = 0;
     {
-        let mut stmt = tx.prepare_cached("SELECT shard_no, shard FROM shards")?;
+        let mut stmt = tx.prepare_cached("SELECT shard_no, shard, last_seq FROM shards")?;
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
             cursor.shards.insert(r.get(0)?, shard_id(r, 1)?);
+            stored = stored.saturating_add(u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0));
         }
         let mut stmt =
             tx.prepare_cached("SELECT session_no, bot_id, session_id FROM sessions WHERE session_no > ?1")?;
@@ -294,8 +298,6 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
             cursor.max_session_no = cursor.max_session_no.max(no);
         }
     }
-    let stored: i64 = tx.query_row("SELECT coalesce(sum(last_seq), 0) FROM shards", [], |r| r.get(0))?;
-    let stored = u64::try_from(stored).unwrap_or(0);
     if index.entries() == 0 {
         // A first scan: make room for the ids at once instead of growing (and moving) the
         // index as it fills. The stored counts are only a hint, and may be damaged: the

@@ -290,9 +290,10 @@ fn apply_to(
     true
 }
 
-fn raise(positions: &mut Positions, key: &OrderKey) {
-    let pos = positions.entry(key.shard).or_insert(0);
-    *pos = (*pos).max(key.seq);
+/// Raise the highest seq applied for `shard` to `seq`.
+fn raise(positions: &mut Positions, shard: crate::ids::ShardId, seq: crate::ids::Seq) {
+    let pos = positions.entry(shard).or_insert(0);
+    *pos = (*pos).max(seq);
 }
 
 /// Applies rows to some of an index's parts, on a thread of its own: see
@@ -361,7 +362,7 @@ impl PartApplier<'_> {
             &mut d.unfiled,
         ) {
             d.applied += 1;
-            raise(&mut d.positions, &row.key);
+            raise(&mut d.positions, row.key.shard, row.key.seq);
         }
         true
     }
@@ -502,7 +503,7 @@ impl ProjectionIndex {
             return false;
         }
         self.entries += 1;
-        raise(&mut self.positions, &row.key);
+        raise(&mut self.positions, row.key.shard, row.key.seq);
         true
     }
 
@@ -697,8 +698,7 @@ impl ProjectionIndex {
         self.thawed.extend(done.thawed);
         self.entries += done.applied;
         for (shard, seq) in done.positions {
-            let pos = self.positions.entry(shard).or_insert(0);
-            *pos = (*pos).max(seq);
+            raise(&mut self.positions, shard, seq);
         }
     }
 
