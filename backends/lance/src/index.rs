@@ -363,8 +363,7 @@ async fn walk_applying(
         .await
         .map_err(|e| applier_error(format!("the thread applying rows failed: {e}")))?;
     *index = idx;
-    done.read += counts.read;
-    done.applied += counts.applied;
+    *done += counts;
     // An apply error explains a walk that stopped early: report it first.
     applied?;
     walked

@@ -321,8 +321,7 @@ struct Finished {
     unfiled: Vec<(u32, u32)>,
     thawed: Vec<u32>,
     positions: Positions,
-    read: u64,
-    applied: u64,
+    counts: crate::backend::projector::CatchUp,
 }
 
 impl PartApplier<'_> {
@@ -349,7 +348,7 @@ impl PartApplier<'_> {
         let session = self.session_no(row.bot_id, row.session_id);
         let ids = self.mine[part].as_deref_mut().expect("checked above");
         let d = &mut self.done;
-        d.read += 1;
+        d.counts.read += 1;
         if apply_to(
             ids,
             part,
@@ -361,7 +360,7 @@ impl PartApplier<'_> {
             &mut d.thawed,
             &mut d.unfiled,
         ) {
-            d.applied += 1;
+            d.counts.applied += 1;
             raise(&mut d.positions, row.key.shard, row.key.seq);
         }
         true
@@ -656,8 +655,7 @@ impl ProjectionIndex {
         };
         let mut counts = crate::backend::projector::CatchUp::default();
         for done in results {
-            counts.read += done.read;
-            counts.applied += done.applied;
+            counts += done.counts;
             self.merge(done, base);
         }
         (counts, result)
@@ -696,7 +694,7 @@ impl ProjectionIndex {
         }
         self.unfiled.extend(unfiled);
         self.thawed.extend(done.thawed);
-        self.entries += done.applied;
+        self.entries += done.counts.applied;
         for (shard, seq) in done.positions {
             raise(&mut self.positions, shard, seq);
         }

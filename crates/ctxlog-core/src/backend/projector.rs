@@ -65,6 +65,13 @@ pub struct CatchUp {
     pub applied: u64,
 }
 
+impl std::ops::AddAssign for CatchUp {
+    fn add_assign(&mut self, other: CatchUp) {
+        self.read += other.read;
+        self.applied += other.applied;
+    }
+}
+
 /// A [`Projector`] over any [`IndexSource`].
 pub struct IndexedProjector<S: IndexSource> {
     source: std::sync::Arc<S>,
