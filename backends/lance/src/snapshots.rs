@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use ctxlog_core::backend::snapshot::{KEEP, Rejected};
+use ctxlog_core::backend::snapshot::{KEEP, Rejected, read_in_parts, read_parts};
 use ctxlog_core::{Result, ShardId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
@@ -27,12 +27,15 @@ fn identity_path(base: &Path) -> Path {
     Path::from(format!("{base}/_ctxlog/identity"))
 }
 
+/// Where the snapshots lie under the dataset.
+const DIR: &str = "_ctxlog/snapshots";
+
 fn dir(base: &Path) -> Path {
-    Path::from(format!("{base}/_ctxlog/snapshots"))
+    Path::from(format!("{base}/{DIR}"))
 }
 
 fn snapshot_path(base: &Path, name: &str) -> Path {
-    Path::from(format!("{base}/_ctxlog/snapshots/{name}"))
+    Path::from(format!("{base}/{DIR}/{name}"))
 }
 
 /// The store's identity; with `create`, made now if it has none (race-safe).
@@ -79,24 +82,14 @@ pub(crate) async fn names(shared: &Shared) -> Result<Vec<String>> {
 
 /// The bytes of snapshot `name`; `None` if it is gone.
 pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>> {
+    if let Some(dir) = crate::io::local_dir(&shared.uri) {
+        return read_local_file(dir.join(DIR).join(name)).await;
+    }
     let (store, base_path) = shared.objects().await?;
     let path = snapshot_path(&base_path, name);
-    let bytes = if store.is_local() {
-        // Lance meters a GET of a local file by streaming it in 8 KiB pieces, one blocking
-        // task each; a range read (which it meters as it is) reads the file at once.
-        match store.inner.head(&path).await {
-            Ok(meta) => {
-                let whole = 0..meta.size;
-                let read = store.inner.get_ranges(&path, std::slice::from_ref(&whole)).await;
-                read.map(|mut r| r.remove(0))
-            }
-            Err(e) => Err(e),
-        }
-    } else {
-        match store.inner.get(&path).await {
-            Ok(got) => got.bytes().await,
-            Err(e) => Err(e),
-        }
+    let bytes = match store.inner.get(&path).await {
+        Ok(got) => got.bytes().await,
+        Err(e) => Err(e),
     };
     match bytes {
         // The loaded index keeps these bytes: take the buffer rather than copy it.
@@ -104,6 +97,41 @@ pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>>
         Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(store_err("read a snapshot", None, Written::Nothing, e)),
     }
+}
+
+/// A local store's snapshot, read from its file on every core at once (`read_in_parts` says
+/// why) rather than through the object store, which reads a range on one thread into a
+/// buffer it first fills with zeros. So a test's injected object-store faults never strike
+/// this one read of a local store; on the object stores they do.
+async fn read_local_file(path: std::path::PathBuf) -> Result<Option<Vec<u8>>> {
+    let err = |e: std::io::Error| {
+        let e = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(e),
+        };
+        store_err("read a snapshot", None, Written::Nothing, e)
+    };
+    let read = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Seek, SeekFrom};
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let len = usize::try_from(file.metadata()?.len()).map_err(std::io::Error::other)?;
+        // A handle per reader (a cloned handle would share the file position). Deleting the
+        // file (a newer snapshot's cleanup) leaves open handles reading it whole.
+        let mut readers = vec![file];
+        for _ in 1..read_parts(len) {
+            readers.push(std::fs::File::open(&path)?);
+        }
+        let read = |file: &mut std::fs::File, offset, part: &mut [u8]| {
+            file.seek(SeekFrom::Start(offset))?;
+            file.read_exact(part)
+        };
+        read_in_parts(len, readers, read).map(Some)
+    });
+    read.await.map_err(|e| err(std::io::Error::other(e)))?.map_err(err)
 }
 
 /// Store a snapshot, then delete all but the newest [`KEEP`].
@@ -197,4 +225,26 @@ pub(crate) async fn tamper(shared: &Shared, f: &mut (dyn FnMut(&mut Vec<u8>) + S
             .map_err(|e| store_err("tamper with a snapshot", None, Written::Unknown, e))?;
     }
     Ok(before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A local snapshot large enough to be read in parts comes back byte for byte (each
+    /// part from its own offset); a missing one reads as none.
+    #[tokio::test]
+    async fn a_large_local_snapshot_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot");
+        let bytes = ctxlog_core::testing::large_snapshot_bytes();
+        std::fs::write(&path, &bytes).unwrap();
+        let read_back = read_local_file(path).await.unwrap();
+        assert!(
+            read_back.as_deref() == Some(&bytes[..]),
+            "the snapshot read back differs"
+        );
+        let missing = dir.path().join("gone");
+        assert_eq!(read_local_file(missing).await.unwrap(), None);
+    }
 }

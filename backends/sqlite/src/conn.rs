@@ -78,6 +78,11 @@ pub(crate) fn within<T>(deadline: std::time::Instant, f: impl FnOnce() -> T) -> 
     f()
 }
 
+/// The deadline of this thread's current call, if it is inside one.
+pub(crate) fn call_deadline() -> Option<std::time::Instant> {
+    CALL.with(|c| c.borrow().as_ref().map(|call| call.deadline))
+}
+
 /// SQLite's busy handler: wait for another connection's lock in short steps, until the
 /// current call's deadline. Outside a call it never waits.
 fn busy_wait(attempt: i32) -> bool {
@@ -211,7 +216,7 @@ fn look(path: &Path) -> Result<Found> {
     }
 }
 
-fn read_only(path: &Path) -> rusqlite::Result<Connection> {
+pub(crate) fn read_only(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
     install_handlers(&conn)?;
     Ok(conn)

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ctxlog_core::backend::snapshot::KEEP;
+use ctxlog_core::backend::snapshot::{KEEP, read_in_parts, read_parts};
 use ctxlog_core::{Result, StoreOptions, Written};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -79,11 +79,7 @@ pub(crate) async fn read(conn: &Conn, name: &str) -> Result<Option<Vec<u8>>> {
         if !has_table(c).map_err(err)? {
             return Ok(None);
         }
-        // Read straight into the buffer the index will keep (incremental blob I/O): a
-        // snapshot is tens of megabytes, and a plain column read copies it twice. One read
-        // transaction, so that a newer snapshot replacing this one cannot tear the read.
-        let tx = c.transaction().map_err(err)?;
-        let Some(len) = tx
+        let Some(len) = c
             .query_row(
                 "SELECT length(bytes) FROM snapshots WHERE snapshot_no = ?1",
                 [no],
@@ -94,13 +90,36 @@ pub(crate) async fn read(conn: &Conn, name: &str) -> Result<Option<Vec<u8>>> {
         else {
             return Ok(None);
         };
-        let blob = tx
-            .blob_open(rusqlite::MAIN_DB, "snapshots", "bytes", no, true)
-            .map_err(err)?;
-        let mut bytes = vec![0; len];
-        blob.read_at_exact(&mut bytes, 0).map_err(err)?;
-        drop(blob);
-        tx.finish().map_err(err)?;
+        // Straight into the buffer the index will keep (incremental blob I/O: a plain column
+        // read copies tens of megabytes twice), in parts read at once, each through a
+        // connection of its own (`read_in_parts` says why). Each open blob holds a read
+        // transaction of its own connection; a snapshot's row never changes once written
+        // (a newer one is a new row), and the checksum would refuse a mix of two anyway.
+        let path = c.path().filter(|p| !p.is_empty()).map(std::path::PathBuf::from);
+        let deadline = crate::conn::call_deadline();
+        let mut others = Vec::new();
+        for _ in 1..read_parts(len) {
+            match &path {
+                Some(p) => others.push(crate::conn::read_only(p).map_err(err)?),
+                None => break,
+            }
+        }
+        let readers: Vec<&mut Connection> = std::iter::once(c).chain(others.iter_mut()).collect();
+        let bytes = read_in_parts(len, readers, |conn, offset, part| {
+            let mut read = || {
+                let blob = conn.blob_open(rusqlite::MAIN_DB, "snapshots", "bytes", no, true)?;
+                if blob.len() != len {
+                    return Err(rusqlite::Error::BlobSizeError);
+                }
+                blob.read_at_exact(part, offset as usize)
+            };
+            // A reader on a thread of its own stops at the call's deadline too.
+            match deadline {
+                Some(d) if crate::conn::call_deadline().is_none() => crate::conn::within(d, read),
+                _ => read(),
+            }
+        })
+        .map_err(err)?;
         Ok(Some(bytes))
     })
     .await
@@ -138,4 +157,31 @@ async fn open(path: &Path, options: &StoreOptions, access: Access) -> Result<Con
     let path: PathBuf = path.to_path_buf();
     let deadline = tokio::time::Instant::now() + options.timeout;
     Conn::open_by(&path, access, options.timeout, deadline).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A snapshot large enough to be read in parts comes back byte for byte (each part
+    /// from its own offset), and one that is gone reads as none.
+    #[tokio::test]
+    async fn a_large_snapshot_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let options = StoreOptions::default();
+        drop(crate::SqliteStore::open(&path, options.clone()).await.unwrap());
+        let bytes = ctxlog_core::testing::large_snapshot_bytes();
+        put(&path, &options, bytes.clone()).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let conn = Conn::open_by(&path, Access::Read, options.timeout, deadline)
+            .await
+            .unwrap();
+        let names = names(&conn).await.unwrap();
+        assert_eq!(names.len(), 1);
+        let read_back = read(&conn, &names[0]).await.unwrap().expect("the snapshot is stored");
+        assert!(read_back == bytes, "the snapshot read back differs");
+        assert_eq!(read(&conn, "999").await.unwrap(), None);
+    }
 }

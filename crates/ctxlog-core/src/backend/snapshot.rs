@@ -138,6 +138,52 @@ pub fn decode(bytes: Vec<u8>, store_id: &str) -> Result<Loaded, Rejected> {
     })
 }
 
+/// Below this size a snapshot is read on one thread (threads cost more than they save).
+const PARALLEL_READ_FROM: usize = 8 << 20;
+
+/// How many readers [`read_in_parts`] should get for a snapshot of `len` bytes: one per
+/// core (at most four), one for a small snapshot.
+pub fn read_parts(len: usize) -> usize {
+    if len < PARALLEL_READ_FROM {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// A snapshot of `len` bytes read by every reader at once, reader `k` of `n` filling the
+/// `k`-th of `n` consecutive parts of one buffer with `read(reader, offset, part)`; the
+/// first error is returned.
+///
+/// Why: a snapshot is read into fresh memory, and most of reading tens of megabytes on one
+/// thread is the kernel faulting in and clearing that memory page by page, then copying
+/// into it. The buffer comes zeroed from the allocator without being written (a large
+/// zeroed allocation is fresh pages), so each page is faulted in by the reader that fills
+/// it, and the readers do that side by side.
+pub fn read_in_parts<R: Send, E: Send>(
+    len: usize,
+    mut readers: Vec<R>,
+    read: impl Fn(&mut R, u64, &mut [u8]) -> Result<(), E> + Sync,
+) -> Result<Vec<u8>, E> {
+    let mut bytes = vec![0u8; len];
+    let part = len.div_ceil(readers.len().max(1)).max(1);
+    let read = &read;
+    std::thread::scope(|s| {
+        let mut running = Vec::new();
+        let mut parts = bytes.chunks_mut(part).zip(readers.iter_mut()).enumerate();
+        // The first part on this thread, the others on threads of their own.
+        let first = parts.next();
+        for (k, (chunk, reader)) in parts {
+            running.push(s.spawn(move || read(reader, (k * part) as u64, chunk)));
+        }
+        let mine = first.map_or(Ok(()), |(_, (chunk, reader))| read(reader, 0, chunk));
+        running
+            .into_iter()
+            .map(|t| t.join().expect("a snapshot reader does not panic"))
+            .fold(mine, Result::and)
+    })?;
+    Ok(bytes)
+}
+
 fn checksum_matches(bytes: &[u8]) -> bool {
     blake3::hash(&bytes[HEADER..]).as_bytes() == &bytes[12..HEADER]
 }
@@ -291,6 +337,27 @@ mod tests {
                 index_of_rows(&all, with_at).projection().canonical_json()
             );
         }
+    }
+
+    /// The parts cover the buffer exactly, each read at its own offset, for any number of
+    /// readers and any length (shorter than the readers, not a multiple of them); an error
+    /// of any reader is the result.
+    #[test]
+    fn parts_fill_the_whole_buffer_or_fail() {
+        let source: Vec<u8> = (0..10_007u32).map(|i| (i * 7 % 251) as u8).collect();
+        for readers in 1..=5 {
+            for len in [0, 1, 3, 4, 5, 10_007] {
+                let got = read_in_parts(len, vec![(); readers], |_, at, part| {
+                    let at = at as usize;
+                    part.copy_from_slice(&source[at..at + part.len()]);
+                    Ok::<(), ()>(())
+                });
+                assert_eq!(got.as_deref(), Ok(&source[..len]), "{readers} readers, {len} bytes");
+            }
+        }
+        let failing = read_in_parts(100, vec![0, 1, 2], |k, _, _| if *k > 0 { Err(*k) } else { Ok(()) });
+        assert_eq!(failing, Err(1));
+        assert_eq!(read_parts(1 << 20), 1, "a small snapshot is read on one thread");
     }
 
     fn sample() -> Vec<u8> {
