@@ -152,7 +152,7 @@ pub fn read_parts(len: usize) -> usize {
 
 /// A snapshot of `len` bytes read by every reader at once, reader `k` of `n` filling the
 /// `k`-th of `n` consecutive parts of one buffer with `read(reader, offset, part)`; the
-/// first error is returned.
+/// first error is returned. Panics without a reader (nothing would fill the buffer).
 ///
 /// Why: a snapshot is read into fresh memory, and most of reading tens of megabytes on one
 /// thread is the kernel faulting in and clearing that memory page by page, then copying
@@ -164,8 +164,9 @@ pub fn read_in_parts<R: Send, E: Send>(
     mut readers: Vec<R>,
     read: impl Fn(&mut R, u64, &mut [u8]) -> Result<(), E> + Sync,
 ) -> Result<Vec<u8>, E> {
+    assert!(!readers.is_empty(), "a snapshot read needs a reader");
     let mut bytes = vec![0u8; len];
-    let part = len.div_ceil(readers.len().max(1)).max(1);
+    let part = len.div_ceil(readers.len()).max(1);
     let read = &read;
     std::thread::scope(|s| {
         let mut running = Vec::new();
@@ -358,6 +359,13 @@ mod tests {
         let failing = read_in_parts(100, vec![0, 1, 2], |k, _, _| if *k > 0 { Err(*k) } else { Ok(()) });
         assert_eq!(failing, Err(1));
         assert_eq!(read_parts(1 << 20), 1, "a small snapshot is read on one thread");
+    }
+
+    /// Without a reader nothing would fill the buffer: refused, never a buffer of zeros.
+    #[test]
+    #[should_panic(expected = "needs a reader")]
+    fn a_read_without_a_reader_is_refused() {
+        let _ = read_in_parts(10, Vec::<()>::new(), |_, _, _| Ok::<(), ()>(()));
     }
 
     fn sample() -> Vec<u8> {
