@@ -105,11 +105,12 @@ pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>>
 /// this one read of a local store; on the object stores they do.
 async fn read_local_file(path: std::path::PathBuf) -> Result<Option<Vec<u8>>> {
     let err = |e: std::io::Error| {
-        let e = object_store::Error::Generic {
-            store: "LocalFileSystem",
-            source: Box::new(e),
-        };
-        store_err("read a snapshot", None, Written::Nothing, e)
+        lance_err(
+            "read a snapshot",
+            None,
+            Written::Nothing,
+            lance::Error::io_source(Box::new(e)),
+        )
     };
     let read = tokio::task::spawn_blocking(move || {
         use std::io::{Read, Seek, SeekFrom};

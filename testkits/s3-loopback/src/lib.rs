@@ -119,10 +119,10 @@ impl Server {
     /// Install moto into `venv` if it is not there, start it on a free port of 127.0.0.1,
     /// and wait until it answers. The server dies with the thread that started it.
     pub fn start(venv: &Path) -> Result<Server, Error> {
-        ensure_moto(venv)?;
+        let python = ensure_moto(venv)?;
         let launcher = write_launcher(venv)?;
         let port = free_port()?;
-        let mut cmd = Command::new(venv.join("bin").join("python3"));
+        let mut cmd = Command::new(&python);
         cmd.arg(&launcher)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
@@ -282,13 +282,13 @@ fn write_launcher(venv: &Path) -> Result<PathBuf, Error> {
     Ok(path)
 }
 
-/// moto's server in `venv`, installed there first if need be (one installer at a time,
-/// across processes).
+/// The Python of `venv`, with moto installed there first if need be (one installer at a
+/// time, across processes).
 pub fn ensure_moto(venv: &Path) -> Result<PathBuf, Error> {
-    let moto = venv.join("bin").join("moto_server");
+    let python = venv.join("bin").join("python3");
     let done = venv.join(".installed");
     if done.exists() {
-        return Ok(moto);
+        return Ok(python);
     }
     if let Some(parent) = venv.parent() {
         std::fs::create_dir_all(parent).map_err(|e| err(format!("create {}: {e}", parent.display())))?;
@@ -298,7 +298,7 @@ pub fn ensure_moto(venv: &Path) -> Result<PathBuf, Error> {
     loop {
         match std::fs::OpenOptions::new().write(true).create_new(true).open(&lock) {
             Ok(_) => break,
-            Err(_) if done.exists() => return Ok(moto),
+            Err(_) if done.exists() => return Ok(python),
             Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(250)),
             Err(e) => return Err(err(format!("waiting for another installer ({}): {e}", lock.display()))),
         }
@@ -308,7 +308,7 @@ pub fn ensure_moto(venv: &Path) -> Result<PathBuf, Error> {
         let _ = std::fs::write(&done, MOTO_VERSION);
     }
     let _ = std::fs::remove_file(&lock);
-    result.map(|()| moto)
+    result.map(|()| python)
 }
 
 fn install(venv: &Path) -> Result<(), Error> {
