@@ -9,8 +9,9 @@
 //! error returns.
 //!
 //! Opening never changes a file before it is known to be a ctxlog store (or nothing at all):
-//! the file is inspected first, read-only. Readers open read-only connections, so they never
-//! take the write lock and never write to the store's file.
+//! the file is inspected first, read-only, and only through SQLite (never with a plain
+//! `open`, which would drop this process's locks on it: see [`look`]). Readers open read-only
+//! connections, so they never take the write lock and never write to the store's file.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -161,7 +162,8 @@ fn margin(timeout: Duration) -> Duration {
 enum Found {
     Nothing,
     EmptyFile,
-    Sqlite,
+    /// A regular file with bytes: SQLite itself says what it is.
+    File,
 }
 
 fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
@@ -177,9 +179,17 @@ fn not_found(path: &Path) -> Error {
     }
 }
 
-/// Look at the path: nothing, an empty file, or a SQLite database. Anything else (a
-/// directory, a FIFO, a device, a file of other bytes) is refused and never opened for
-/// writing. A symbolic link to a file is followed: the user named it.
+/// Look at the path's metadata: nothing, an empty file, or a file with bytes. Anything else
+/// (a directory, a FIFO, a device) is refused and never opened. A symbolic link to a file is
+/// followed: the user named it.
+///
+/// The file itself is never opened here, only `stat`ed. POSIX record locks belong to a
+/// process and a file, not to a descriptor: closing *any* descriptor of the store file drops
+/// every lock this process holds on it, SQLite's included, and another process may then
+/// checkpoint and delete the WAL this process still writes to (acknowledged writes lost;
+/// SQLite's "How To Corrupt" §2.2). Only SQLite opens a store's files: it keeps a closed
+/// connection's descriptor open while the process holds locks on the file, and it answers
+/// `SQLITE_NOTADB` for a file of other bytes.
 fn look(path: &Path) -> Result<Found> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -197,23 +207,20 @@ fn look(path: &Path) -> Result<Found> {
     if !meta.is_file() {
         return Err(not_a_store(path, "not a regular file"));
     }
-    if meta.len() == 0 {
-        return Ok(Found::EmptyFile);
+    Ok(if meta.len() == 0 { Found::EmptyFile } else { Found::File })
+}
+
+/// Whether `path` is a SQLite database, asked of SQLite itself through a read-only
+/// connection (never by reading the file: see [`look`]). `false` for anything SQLite calls
+/// not a database, and for what is not a regular file with bytes; any other answer (a lock,
+/// an I/O error) is `true`, for the open that follows to report.
+pub(crate) fn is_database(path: &Path) -> bool {
+    if !matches!(look(path), Ok(Found::File)) {
+        return false;
     }
-    let mut magic = [0u8; 16];
-    let read = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
-    match read {
-        Ok(()) if &magic == b"SQLite format 3\0" => Ok(Found::Sqlite),
-        Ok(()) => Err(not_a_store(path, "not a SQLite database")),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(not_a_store(path, "not a SQLite database")),
-        Err(e) => Err(Error::backend(
-            BACKEND,
-            "open",
-            None,
-            Written::Nothing,
-            with_path(path, e),
-        )),
-    }
+    let answer =
+        read_only(path).and_then(|c| c.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0)));
+    !matches!(answer, Err(e) if e.sqlite_error_code() == Some(ErrorCode::NotADatabase))
 }
 
 pub(crate) fn read_only(path: &Path) -> rusqlite::Result<Connection> {
@@ -261,7 +268,7 @@ impl Conn {
         let create = match look(path)? {
             Found::Nothing | Found::EmptyFile if access == Access::Create => true,
             Found::Nothing | Found::EmptyFile => return Err(not_found(path)),
-            Found::Sqlite => {
+            Found::File => {
                 let h = read_only(path)
                     .and_then(|c| holds(&c))
                     .map_err(|e| open_error(path, timeout, e))?;

@@ -32,6 +32,16 @@ use ctxlog_core::{
 use crate::conn::{Access, BACKEND, Conn, sql_error};
 use crate::read::{SqliteHistory, SqliteIndex, read_shard};
 
+/// The store format this build writes and reads (the `format` row of `ctxlog_meta`; a file
+/// of another format is refused). Benchmarks key the stores they generate on it.
+pub const FORMAT: &str = schema::FORMAT;
+
+/// The schema this build creates. A change of it that [`FORMAT`] does not mark (a
+/// compatible one, another index) still changes what a generated benchmark store holds, so
+/// benchmarks key their stores on this text as well.
+#[doc(hidden)]
+pub const SCHEMA_SQL: &str = schema::SCHEMA;
+
 /// A ctxlog store in one SQLite file.
 pub struct SqliteStore {
     path: PathBuf,
@@ -68,6 +78,14 @@ impl SqliteStore {
             Access::Write
         }
     }
+}
+
+/// Whether the regular file at `path` is a SQLite database, as SQLite itself answers through
+/// a read-only connection. The file is never opened any other way: a plain `open` and
+/// `close` of a store file drops every POSIX lock this process holds on it (SQLite's too),
+/// which lets another process delete the WAL this one is writing. A blocking call.
+pub fn is_sqlite_database(path: &Path) -> bool {
+    conn::is_database(path)
 }
 
 /// Copy the store at `src` into a new file `dst` (which must not exist): one consistent

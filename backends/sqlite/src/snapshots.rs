@@ -138,7 +138,9 @@ pub(crate) async fn put(path: &Path, options: &StoreOptions, bytes: Vec<u8>) -> 
     let conn = open(path, options, Access::Write).await?;
     conn.run("save a snapshot", None, Written::Unknown, move |c| {
         let err = |e| sql_error("save a snapshot", None, Written::Nothing, e);
-        let tx = c.transaction().map_err(err)?;
+        let tx = c
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(err)?;
         tx.execute(TABLE, []).map_err(err)?;
         tx.execute("INSERT INTO snapshots (bytes) VALUES (?1)", [&bytes])
             .map_err(err)?;

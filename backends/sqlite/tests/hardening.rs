@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ctxlog_core::testing::outside;
 use ctxlog_core::{CompactOptions, Error, GcOptions, PurgeOptions, Record, Store, StoreOptions, WriterId};
 use ctxlog_sqlite::SqliteStore;
 use rusqlite::Connection;
@@ -34,13 +35,23 @@ fn w(name: &str) -> WriterId {
     WriterId::new(name).unwrap()
 }
 
-/// Every file in `dir` with its bytes.
+/// Write a file that no connection of this process has open (a foreign file, before any
+/// store is opened on it).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "no connection of this process has this file open"
+)]
+fn write_foreign(path: &Path, bytes: &[u8]) {
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Every file in `dir` with its bytes (read by another process).
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| {
             let p = e.unwrap().path();
-            let bytes = std::fs::read(&p).unwrap();
+            let bytes = outside::read_file(&p).unwrap();
             (p, bytes)
         })
         .collect();
@@ -130,7 +141,7 @@ async fn foreign_files_are_refused_and_left_unchanged() {
         .unwrap();
     drop(c);
     let junk = dir.path().join("notes.db");
-    std::fs::write(&junk, b"these are notes, not a database at all").unwrap();
+    write_foreign(&junk, b"these are notes, not a database at all");
     let before = snapshot(dir.path());
 
     for path in [&rollback, &junk] {
@@ -164,7 +175,7 @@ async fn foreign_files_are_refused_and_left_unchanged() {
     c.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (x); INSERT INTO t VALUES (1);")
         .unwrap();
     drop(c);
-    let bytes = std::fs::read(&wal).unwrap();
+    let bytes = outside::read_file(&wal).unwrap();
     for create in [true, false] {
         let opts = StoreOptions {
             create_if_missing: create,
@@ -175,7 +186,7 @@ async fn foreign_files_are_refused_and_left_unchanged() {
             Err(Error::NotAStore { .. })
         ));
     }
-    assert_eq!(std::fs::read(&wal).unwrap(), bytes);
+    assert_eq!(outside::read_file(&wal).unwrap(), bytes);
 
     // A directory is not a store either; an empty file is where a store may be created.
     assert!(matches!(
@@ -183,7 +194,7 @@ async fn foreign_files_are_refused_and_left_unchanged() {
         Err(Error::NotAStore { .. })
     ));
     let empty = dir.path().join("empty.db");
-    std::fs::write(&empty, b"").unwrap();
+    write_foreign(&empty, b"");
     assert!(matches!(
         SqliteStore::open(&empty, reading()).await,
         Err(Error::NotFound { .. })
@@ -212,7 +223,7 @@ async fn readers_never_write_the_store_file() {
     drop(crashed);
     let wal = std::fs::metadata(format!("{}-wal", path.display())).unwrap().len();
     assert!(wal > 0, "the WAL holds pages");
-    let before = std::fs::read(&path).unwrap();
+    let before = outside::read_file(&path).unwrap();
     {
         let store = SqliteStore::open(&path, reading()).await.unwrap();
         let mut p = store.projector();
@@ -222,7 +233,11 @@ async fn readers_never_write_the_store_file() {
         assert!(store.conflict_discovery().conflicts(None).await.unwrap().is_empty());
         assert_eq!(store.shards().await.unwrap().len(), 1);
     }
-    assert_eq!(std::fs::read(&path).unwrap(), before, "a reader changed the store file");
+    assert_eq!(
+        outside::read_file(&path).unwrap(),
+        before,
+        "a reader changed the store file"
+    );
 }
 
 /// Damaged stored values (a crafted `--restore` source) are typed errors or harmless,
@@ -316,7 +331,7 @@ async fn a_file_by_file_copy_tears_where_the_backup_api_does_not() {
     }
     // Copy step 1 of the old way: the database file (its WAL holds most of the log).
     let torn = dir.path().join("torn.db");
-    std::fs::copy(&path, &torn).unwrap();
+    outside::copy_file(&path, &torn).unwrap();
     let before = dir.path().join("before.db");
     ctxlog_sqlite::copy_store(&path, &before, Duration::from_secs(10)).unwrap();
     // A checkpoint moves the WAL into the file and restarts the WAL; more commits follow.
@@ -329,7 +344,11 @@ async fn a_file_by_file_copy_tears_where_the_backup_api_does_not() {
         shard.append(recs(&format!("a{b}"), 50)).await.unwrap();
     }
     // Copy step 2 of the old way: the WAL, from the later point in time.
-    std::fs::copy(format!("{}-wal", path.display()), format!("{}-wal", torn.display())).unwrap();
+    outside::copy_file(
+        Path::new(&format!("{}-wal", path.display())),
+        Path::new(&format!("{}-wal", torn.display())),
+    )
+    .unwrap();
     let after = dir.path().join("after.db");
     ctxlog_sqlite::copy_store(&path, &after, Duration::from_secs(10)).unwrap();
     shard.close().await.unwrap();
@@ -447,4 +466,58 @@ async fn gc_returns_the_pages_a_purge_freed_and_reports_them() {
     assert_eq!(done.objects_pending, 0, "{done:?}");
     let again = bounded("gc", store.gc(&GcOptions::default())).await.unwrap();
     assert_eq!((again.objects_deleted, again.objects_pending), (0, 0), "{again:?}");
+}
+
+/// A snapshot is saved while writers commit: its write transaction takes the write lock
+/// first (waiting for it within the deadline) instead of starting as a read and failing at
+/// once when a writer committed in between (SQLite's `BUSY_SNAPSHOT`, which the busy
+/// handler never sees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshots_are_saved_beside_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    store_with_entries(&path, 2_000).await;
+    let store = Arc::new(
+        SqliteStore::open(&path, options(Duration::from_secs(10)))
+            .await
+            .unwrap(),
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2)
+        .map(|k| {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut shard = store.open_shard(&w(&format!("busy-{k}"))).await.unwrap();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    shard.append(recs(&format!("busy-{k}-{n}"), 1)).await.unwrap();
+                    n += 1;
+                }
+                shard.close().await.unwrap();
+                n
+            })
+        })
+        .collect();
+    let mut p = store.projector();
+    let mut saved = 0;
+    let mut failed = Vec::new();
+    for _ in 0..40 {
+        match bounded("save a snapshot", p.save_snapshot()).await {
+            Ok(_) => saved += 1,
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut appended = 0;
+    for t in writers {
+        appended += bounded("a writer stops", t).await.unwrap();
+    }
+    assert!(appended > 0, "the writers wrote nothing beside the snapshots");
+    assert!(
+        failed.is_empty(),
+        "{} of 40 saves failed beside writers: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(saved, 40);
 }

@@ -171,7 +171,7 @@ fn lance_location(uri: &str) -> Location {
     }
 }
 
-/// An existing store without a telling name: a SQLite file starts with its magic string,
+/// An existing store without a telling name: a SQLite file is what SQLite calls a database,
 /// a Lance dataset is a directory with `_versions`. Links are not followed, and nothing but
 /// a regular file is ever opened (a FIFO would block the reader).
 fn sniff(path: &std::path::Path) -> Option<Location> {
@@ -181,19 +181,25 @@ fn sniff(path: &std::path::Path) -> Option<Location> {
 impl Location {
     /// The store at `path` on the local disk, told by its contents rather than its name;
     /// `None` for anything else (including a symbolic link, a FIFO or a device).
+    ///
+    /// A file is asked of SQLite itself, never read directly: a process that holds a
+    /// connection to the store would lose its locks on the file when a plain descriptor of it
+    /// is closed. Without the `sqlite` backend compiled in, a regular file is taken for a
+    /// SQLite store (the one single-file backend), and opening it says the backend is missing.
     pub fn detect(path: &std::path::Path) -> Option<Location> {
         let meta = std::fs::symlink_metadata(path).ok()?;
         if meta.is_dir() {
             let versions = std::fs::symlink_metadata(path.join("_versions")).ok()?;
             return versions.is_dir().then(|| lance_location(&path.to_string_lossy()));
         }
-        if !meta.is_file() {
+        if !meta.is_file() || meta.len() == 0 {
             return None;
         }
-        let mut magic = [0u8; 16];
-        let mut f = std::fs::File::open(path).ok()?;
-        std::io::Read::read_exact(&mut f, &mut magic).ok()?;
-        (&magic == b"SQLite format 3\0").then(|| Location::Sqlite(path.to_path_buf()))
+        #[cfg(feature = "sqlite")]
+        if !ctxlog_sqlite::is_sqlite_database(path) {
+            return None;
+        }
+        Some(Location::Sqlite(path.to_path_buf()))
     }
 }
 

@@ -5,6 +5,7 @@
 mod clocks;
 pub mod memory;
 pub mod model;
+pub mod outside;
 
 pub use clocks::{ManualClock, SkewedClock};
 pub use memory::MemoryStore;
