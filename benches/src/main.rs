@@ -37,21 +37,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Build a store through the public API (appends through shards). Not timed.
-    Generate {
-        #[arg(long)]
-        entries: usize,
-        #[arg(long, default_value_t = 4)]
-        writers: usize,
-        #[arg(long, default_value_t = 10)]
-        bots: usize,
-        #[arg(long, default_value_t = 100)]
-        sessions: usize,
-        #[arg(long, default_value_t = 42)]
-        seed: u64,
-        /// Fold every flushed generation into the base table afterwards (Lance).
-        #[arg(long)]
-        compact: bool,
-    },
+    Generate(GenerateArgs),
+    /// What identifies the store `generate` with these arguments builds: the backend's
+    /// store format in this build, the generator's version and its parameters (defaults
+    /// included). Reads and writes nothing; `cargo xtask bench` keys reuse on it.
+    StoreKey(GenerateArgs),
     /// Open the store and build the full projection.
     FirstScan,
     /// First scan, then another writer appends `extra` entries, then a timed refresh.
@@ -134,6 +124,35 @@ enum Cmd {
     },
 }
 
+#[derive(clap::Args, Clone)]
+struct GenerateArgs {
+    #[arg(long)]
+    entries: usize,
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    #[arg(long, default_value_t = 10)]
+    bots: usize,
+    #[arg(long, default_value_t = 100)]
+    sessions: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Fold every flushed generation into the base table afterwards (Lance).
+    #[arg(long)]
+    compact: bool,
+}
+
+impl GenerateArgs {
+    fn workload(&self) -> Workload {
+        Workload {
+            entries: self.entries,
+            writers: self.writers,
+            bots: self.bots,
+            sessions_per_bot: self.sessions,
+            seed: self.seed,
+        }
+    }
+}
+
 /// Reads never create a store: a path that is not one fails with an error naming it.
 fn options() -> StoreOptions {
     StoreOptions {
@@ -192,28 +211,15 @@ async fn run(cli: Cli) -> Result<Value> {
     if let Cmd::Upload { to } = &cli.cmd {
         return upload(&location, to, &cli.storage_options).await;
     }
+    if let Cmd::StoreKey(g) = &cli.cmd {
+        return store_key(&location, g);
+    }
     if cli.cold {
         drop_from_page_cache(&location)?;
     }
     measured::init(cli.latency_ms);
     let mut out = match cli.cmd {
-        Cmd::Generate {
-            entries,
-            writers,
-            bots,
-            sessions,
-            seed,
-            compact,
-        } => {
-            let w = Workload {
-                entries,
-                writers,
-                bots,
-                sessions_per_bot: sessions,
-                seed,
-            };
-            generate(&cli.store, &w, compact).await?
-        }
+        Cmd::Generate(g) => generate(&cli.store, &g.workload(), g.compact).await?,
         Cmd::FirstScan => first_scan(&cli.store, &location).await?,
         Cmd::Session { bot, session } => session_view(&cli.store, &location, &bot, &session).await?,
         Cmd::Fence { batches } => fence(&cli.store, &location, batches).await?,
@@ -232,7 +238,7 @@ async fn run(cli: Cli) -> Result<Value> {
         Cmd::Purge => purge_all(&cli.store).await?,
         Cmd::Snapshot => snapshot(&cli.store).await?,
         Cmd::ColdStart { bot, session } => cold_start(&cli.store, &location, &bot, &session).await?,
-        Cmd::Copy { .. } | Cmd::Upload { .. } => unreachable!("handled above"),
+        Cmd::Copy { .. } | Cmd::Upload { .. } | Cmd::StoreKey(_) => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();
     out["latency_ms"] = json!(cli.latency_ms);
@@ -240,6 +246,44 @@ async fn run(cli: Cli) -> Result<Value> {
     out["store_bytes"] = json!(store_bytes(&location));
     out["cache"] = json!(if cli.cold { "cold" } else { "warm" });
     Ok(out)
+}
+
+/// What identifies the store `generate` builds with `g` at `location` (see `Cmd::StoreKey`).
+fn store_key(location: &Location, g: &GenerateArgs) -> Result<Value> {
+    let format = match location {
+        #[cfg(feature = "sqlite")]
+        Location::Sqlite(_) => format!(
+            "sqlite {} schema {:016x}",
+            ctxlog_sqlite::FORMAT,
+            fnv1a(ctxlog_sqlite::SCHEMA_SQL.as_bytes())
+        ),
+        #[cfg(feature = "lance")]
+        Location::Lance { .. } => format!("lance {}", ctxlog_lance::bench::store_format()),
+        #[allow(unreachable_patterns)]
+        _ => bail!("backend not compiled into ctxlog-bench"),
+    };
+    let w = g.workload();
+    Ok(json!({
+        "format": format,
+        "generator": workload::GENERATOR,
+        "params": {
+            "entries": w.entries,
+            "writers": w.writers,
+            "bots": w.bots,
+            "sessions_per_bot": w.sessions_per_bot,
+            "seed": w.seed,
+            "compact": g.compact,
+            "window": workload::WINDOW,
+        },
+    }))
+}
+
+/// FNV-1a, 64 bits: a fingerprint stable across Rust releases (unlike `DefaultHasher`).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 async fn generate(uri: &str, w: &Workload, compact: bool) -> Result<Value> {

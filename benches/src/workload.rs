@@ -19,6 +19,13 @@ pub(crate) struct Workload {
     pub seed: u64,
 }
 
+/// The generator's version: bump it whenever the same parameters give other records, or
+/// another store, than before — a change here (the mix, sizes, ids, metadata, timestamps,
+/// [`WINDOW`], the RNG) or in how `ctxlog-bench generate` appends them (writer names, batch
+/// size, the fold afterwards). `cargo xtask bench` reuses a store it generated only while
+/// this version, the generator's parameters and the backend's store format are unchanged.
+pub(crate) const GENERATOR: u32 = 1;
+
 /// Earlier records a writer's retries, rewrites and tombstones pick from: all of them up to
 /// this many (every log of up to 1m entries with 4 writers), then the newest this many.
 pub(crate) const WINDOW: usize = 250_000;

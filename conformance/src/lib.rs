@@ -115,6 +115,12 @@ impl SnapshotDamage {
 /// newest first, as they were before `damage` (if any) was done to each.
 pub type TamperSnapshots = fn(uri: String, damage: Option<SnapshotDamage>) -> BoxFuture<anyhow::Result<Vec<Vec<u8>>>>;
 
+/// Where the store at `uri` still holds `needle`, found by reading what it stores with the
+/// backend's own decoders (so also inside compressed or encoded files): one description per
+/// place, e.g. a table version and row, a generation, a write-ahead-log entry. Empty when the
+/// needle is nowhere.
+pub type DecodedSearch = fn(uri: String, needle: String) -> BoxFuture<anyhow::Result<Vec<String>>>;
+
 /// How a backend opens the store at a URI.
 pub type OpenFn = fn(uri: String, options: StoreOptions) -> BoxFuture<ctxlog_core::Result<Arc<dyn Store>>>;
 
@@ -133,7 +139,9 @@ pub struct Backend {
     pub case_timeout: Duration,
     /// Random histories per run of the differential property test.
     pub proptest_cases: u32,
-    /// Store an entry exactly as given, bypassing every check (history-check cases).
+    /// Store an entry exactly as given, bypassing every check (history-check cases). An
+    /// entry with `purged` set is stored without a body (both body columns empty), as a
+    /// purge leaves one or as damage may; it reads back as purged, empty text.
     pub inject_raw_entry: fn(uri: String, entry: Entry) -> BoxFuture<anyhow::Result<()>>,
     /// Make appends to the store fail or stall with an indeterminate outcome until the
     /// guard drops (rule 4).
@@ -145,8 +153,15 @@ pub struct Backend {
     pub tamper_snapshots: TamperSnapshots,
     /// Whether every byte of a store lives in files under the case's root directory (a
     /// local disk), so that a case can read them as an auditor would. False for in-memory
-    /// and object stores: their secret-scan case is reported as not applicable.
+    /// and object stores: their secret-scan case relies on
+    /// [`Backend::decoded_values_containing`], or is reported as not applicable without it.
     pub files_in_root: bool,
+    /// Search every value the store still holds — every stored version, flushed generation
+    /// and log entry, decoded — for a needle (rule 16's audit where a byte scan cannot see:
+    /// compressed files, object stores). `None` where it does not apply: a backend whose
+    /// files a byte scan reads as they are (SQLite), or that keeps only the values themselves,
+    /// in memory (memory).
+    pub decoded_values_containing: Option<DecodedSearch>,
 }
 
 /// What a case needs of a backend beyond the traits. A backend without it reports the case
@@ -157,6 +172,9 @@ pub enum Need {
     Faults,
     /// The store's bytes in files under the case's root ([`Backend::files_in_root`]).
     Files,
+    /// A way to audit erasure: the store's bytes in files under the case's root, or a search
+    /// of its decoded values ([`Backend::decoded_values_containing`]), or both.
+    Erasure,
 }
 
 impl Backend {
@@ -165,6 +183,10 @@ impl Backend {
         case.needs.iter().find_map(|need| match need {
             Need::Faults if self.faults.is_none() => Some("not applicable: the backend has no object store to fault"),
             Need::Files if !self.files_in_root => Some("not applicable: the store's bytes are not in local files"),
+            Need::Erasure if !self.files_in_root && self.decoded_values_containing.is_none() => Some(
+                "not applicable: the store's bytes are not in local files and the backend cannot search its \
+                 decoded values",
+            ),
             _ => None,
         })
     }
@@ -500,5 +522,7 @@ pub mod memory {
         },
         faults: None,
         files_in_root: false,
+        // The reference store keeps the values themselves, in memory: nothing to decode.
+        decoded_values_containing: None,
     };
 }

@@ -93,11 +93,63 @@ pub(crate) fn step(what: &str, cmd: &mut Command) -> Result<()> {
     bail!("{what} failed ({})", out.status)
 }
 
-pub(crate) fn has_nextest() -> bool {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["nextest", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// The cargo-nextest this repository's tests run under when the machine has none: its
+/// per-test timeouts (`.config/nextest.toml`) and `threads-required` are what keep a hang
+/// from stalling a run and a 2-core machine from being oversubscribed.
+const NEXTEST_VERSION: &str = "0.9.143";
+
+fn nextest_answers(path: Option<&std::ffi::OsStr>) -> bool {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    cmd.args(["nextest", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `cargo nextest ARGS…`: with the machine's cargo-nextest, or else the pinned one, which is
+/// installed under the target directory the first time (`cargo install --locked`). Never
+/// falls back to `cargo test`, which would drop every per-test timeout.
+pub(crate) fn nextest(args: &[&str]) -> Result<Command> {
+    let mut all = vec!["nextest"];
+    all.extend_from_slice(args);
+    let mut cmd = cargo(&all)?;
+    if nextest_answers(None) {
+        return Ok(cmd);
+    }
+    let root = target_dir()?
+        .join("tools")
+        .join(format!("cargo-nextest-{NEXTEST_VERSION}"));
+    let path = std::env::join_paths(
+        std::iter::once(root.join("bin")).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )?;
+    if !nextest_answers(Some(&path)) {
+        let version = format!("={NEXTEST_VERSION}");
+        let root_arg = root.to_string_lossy().into_owned();
+        run(
+            &format!("install cargo-nextest {NEXTEST_VERSION} (not on this machine)"),
+            &[
+                "install",
+                "cargo-nextest",
+                "--locked",
+                "--version",
+                &version,
+                "--root",
+                &root_arg,
+            ],
+        )?;
+        if !nextest_answers(Some(&path)) {
+            bail!(
+                "cargo-nextest {NEXTEST_VERSION} was installed under {} but does not run",
+                root.display()
+            );
+        }
+    }
+    cmd.env("PATH", path);
+    Ok(cmd)
 }
 
 /// Cargo's target directory (honours `CARGO_TARGET_DIR`).

@@ -1,10 +1,13 @@
 //! `cargo xtask chaos`: a seeded soak. Writer processes (`ctxlog-chaos write`) append to
-//! shared sessions with caller ids and log every acknowledgement; meanwhile the soak
-//! SIGKILLs writers at random points, starts a second process with the same writer id (a
-//! takeover), runs compaction, keeps a reader refreshing and — on Lance — lets every
-//! writer's object store inject faults of every kind. At the end `ctxlog-chaos check`
-//! verifies the store against every acknowledgement. One summary, with the seed that
-//! replays the run's decisions.
+//! shared sessions with caller ids and log every acknowledgement; some of them also hold a
+//! projector on the store (opened before or after their shard, as a server holds both).
+//! Meanwhile the soak SIGKILLs writers at random points, starts a second process with the
+//! same writer id (a takeover), runs compaction and the maintenance commands (`ctxlog
+//! retain`, `purge`, `gc`, `snapshot`, each a process of its own), keeps a reader refreshing
+//! and — on Lance — lets every writer's object store inject faults of every kind. At the end
+//! `ctxlog-chaos check` verifies the store against every acknowledgement. One summary, with
+//! the seed that replays the run's decisions; [`verdict`] fails the run on any recorded
+//! failure and on a run that showed no progress.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -59,35 +62,72 @@ pub(crate) fn short(s3: &s3_loopback::Server) -> Result<()> {
     Ok(())
 }
 
-/// The soak's verdict: nothing acknowledged lost, nothing hung, the check passed.
+/// The soak's verdict: the final check passed (nothing acknowledged lost or changed, no
+/// conflict the ack logs do not explain), nothing hung, no process failed (a writer, the
+/// reader, compaction, a maintenance command), and the run made progress: every writer
+/// identity had batches acknowledged, the reader refreshed, the check saw acknowledged ids.
 pub(crate) fn verdict(summary: &Value) -> Result<()> {
+    let (backend, seed) = (&summary["backend"], &summary["seed"]);
     ensure!(
         summary["check"]["ok"] == true,
-        "chaos ({}): the final check failed (seed {}): {}",
-        summary["backend"],
-        summary["seed"],
+        "chaos ({backend}): the final check failed (seed {seed}): {}",
         summary["check"]
     );
     ensure!(
         summary["acknowledged_records_lost"] == 0,
-        "chaos ({}): acknowledged records were lost (seed {})",
-        summary["backend"],
-        summary["seed"]
+        "chaos ({backend}): acknowledged records were lost (seed {seed})"
     );
     ensure!(
         summary["hangs"] == 0,
-        "chaos ({}): operations hung (seed {})",
-        summary["backend"],
-        summary["seed"]
+        "chaos ({backend}): operations hung (seed {seed})"
+    );
+    let failures = summary["failures"].as_array().map_or(0, Vec::len);
+    ensure!(
+        failures == 0,
+        "chaos ({backend}): {failures} processes failed (seed {seed}): {}",
+        summary["failures"]
+    );
+    let by_identity = summary["acks_by_identity"].as_object();
+    for slot in 0..WRITERS {
+        let id = identity(slot);
+        let acks = by_identity
+            .and_then(|m| m.get(&id))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        ensure!(
+            acks > 0,
+            "chaos ({backend}): writer identity {id} had nothing acknowledged (seed {seed})"
+        );
+    }
+    ensure!(
+        summary["reader"]["refreshes"].as_u64().unwrap_or(0) > 0,
+        "chaos ({backend}): the reader never refreshed (seed {seed})"
+    );
+    ensure!(
+        summary["check"]["acked_ids"].as_u64().unwrap_or(0) > 0,
+        "chaos ({backend}): the check saw no acknowledged id (seed {seed})"
     );
     Ok(())
 }
+
+/// The writer identity of a slot.
+fn identity(slot: usize) -> String {
+    format!("chaos-w{slot}")
+}
+
+/// How a writer process holds the store: its shard only, or a projector too (opened first or
+/// second), chosen per process.
+const HOLDS: [&str; 3] = ["none", "projector-first", "shard-first"];
+
+/// Maintenance commands the soak runs beside the writers, each a `ctxlog` process.
+const MAINTENANCE: [&str; 4] = ["retain", "purge", "gc", "snapshot"];
 
 /// Run one soak; `s3` is a running loopback S3 server for `lance-s3` (started if `None`).
 pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_loopback::Server>) -> Result<Value> {
     let target = cargo::target_dir()?;
     cargo::run("build (debug)", &["build", "--workspace", "--all-features", "--bins"])?;
     let bin = target.join("debug").join("ctxlog-chaos");
+    let cli = target.join("debug").join("ctxlog");
     let dir = tempfile::Builder::new().prefix("ctxlog-chaos-").tempdir()?;
     let acks = dir.path().join("acks");
     std::fs::create_dir_all(&acks)?;
@@ -116,6 +156,16 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             .args(args);
         cmd
     };
+    // Maintenance runs with an operator's deadline, longer than a writer's: it works through
+    // the whole store, which grows fast under the soak's writers.
+    let ctxlog_cli = |args: &[&str]| {
+        let mut cmd = Command::new(&cli);
+        cmd.args(["--store", &uri, "--timeout", &MAINTENANCE_TIMEOUT.as_secs().to_string()])
+            .args(args);
+        cmd
+    };
+    // A grace period longer than any reader's deadline (rule 15).
+    let grace = format!("{}s", (timeout * 3.0) as u64);
     // Create the store before the writers race (creation has its own cases).
     let out = crate::bench::probe::output_within(&mut driver(&["compact"]), Duration::from_secs(120))?;
     ensure!(
@@ -132,8 +182,16 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         let writer_seed = rng.random::<u64>().to_string();
         let acks_file = acks.join(format!("{name}.acks"));
         let stats_file = acks.join(format!("{name}.stats"));
-        let mut cmd = driver(&["--seed", &writer_seed, "write", "--writer", &format!("chaos-w{slot}")]);
+        let hold = HOLDS[below(rng, HOLDS.len() as u64) as usize];
+        let mut cmd = driver(&["--seed", &writer_seed, "write", "--writer", &identity(slot)]);
         cmd.arg("--acks").arg(&acks_file).arg("--stats").arg(&stats_file);
+        cmd.args(["--hold-projector", hold]);
+        // One writer in three stops by itself after some batches and closes its handles
+        // (then its slot starts again): a process that closes the store cleanly beside the
+        // others is where a lost lock shows (it may checkpoint and delete the WAL).
+        if below(rng, 3) == 0 {
+            cmd.args(["--batches", &(20 + below(rng, 300)).to_string()]);
+        }
         if faults {
             cmd.arg("--faults");
         }
@@ -149,21 +207,29 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
     for slot in 0..WRITERS {
         writers.push(spawn_writer(slot, &mut rng)?);
     }
-    let reader_stats = acks.join("reader.stats");
-    let mut reader = driver(&["--seed", &seed.to_string(), "read", "--stats"]);
-    reader.arg(&reader_stats);
-    if faults {
-        reader.arg("--faults");
-    }
-    let mut reader = reader
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("start the chaos reader")?;
+    // Readers come and go too (a new process now and then), each with its own stats file.
+    let mut readers_started = 0u64;
+    let spawn_reader = |readers_started: &mut u64| -> Result<Child> {
+        *readers_started += 1;
+        let stats = acks.join(format!("reader-{readers_started}.stats"));
+        let mut cmd = driver(&["--seed", &seed.to_string(), "read", "--stats"]);
+        cmd.arg(&stats);
+        if faults {
+            cmd.arg("--faults");
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("start the chaos reader")
+    };
+    let mut reader = spawn_reader(&mut readers_started)?;
 
     let (mut kills, mut takeovers, mut compactions, mut fenced_exits, mut failed_exits) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut maintenance: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut maintenance_running: Option<Maintenance> = None;
+    let mut retained = 0u64;
     let mut hangs = 0u64;
     let mut failures: Vec<String> = Vec::new();
     let started = Instant::now();
@@ -194,6 +260,9 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 }
             }
         }
+        if let Some(m) = maintenance_running.take() {
+            maintenance_running = settle_maintenance(m, false, &mut retained, &mut hangs, &mut failures)?;
+        }
         match below(&mut rng, 10) {
             // SIGKILL a writer mid-flight, and start its identity again.
             0 | 1 if !writers.is_empty() => {
@@ -218,54 +287,94 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
                     if stderr.contains("HANG") {
                         hangs += 1;
-                        failures.push(format!("compaction hung: {}", stderr.trim()));
                     }
+                    failures.push(format!("compaction exited {}: {}", out.status, stderr.trim()));
                 }
+            }
+            // A maintenance command from its own process, beside the writers (one at a time).
+            4 | 5 if maintenance_running.is_none() => {
+                let op = MAINTENANCE[below(&mut rng, MAINTENANCE.len() as u64) as usize];
+                let mut cmd = match op {
+                    "retain" => ctxlog_cli(&["retain", "--older-than", "3s"]),
+                    "gc" => ctxlog_cli(&["gc", "--grace", &grace]),
+                    other => ctxlog_cli(&[other]),
+                };
+                let child = cmd
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .with_context(|| format!("start ctxlog {op}"))?;
+                *maintenance.entry(op).or_default() += 1;
+                maintenance_running = Some(Maintenance {
+                    op,
+                    child,
+                    started: Instant::now(),
+                });
+            }
+            // A new reader process in place of the running one.
+            6 => {
+                let old = std::mem::replace(&mut reader, spawn_reader(&mut readers_started)?);
+                stop_reader(old, &mut hangs, &mut failures)?;
             }
             _ => {}
         }
     }
     let soaked = started.elapsed();
+    // A maintenance command still running is waited for (within its deadline): the check
+    // counts what it acknowledged.
+    if let Some(m) = maintenance_running.take() {
+        settle_maintenance(m, true, &mut retained, &mut hangs, &mut failures)?;
+    }
     // Stop: writers are killed (their acks are on disk), the reader told to finish.
     for mut w in writers {
         let _ = w.child.kill();
         let _ = w.child.wait_timeout(Duration::from_secs(30))?;
     }
-    drop(reader.stdin.take());
-    match reader.wait_timeout(Duration::from_secs(60))? {
-        Some(status) if !status.success() => {
-            let stderr = read_stderr(&mut reader);
-            if stderr.contains("HANG") {
-                hangs += 1;
-            }
-            failures.push(format!("reader exited {status}: {}", stderr.trim()));
-        }
-        Some(_) => {}
-        None => {
-            hangs += 1;
-            let _ = reader.kill();
-            failures.push("the reader did not stop within 60 s".into());
-        }
-    }
+    stop_reader(reader, &mut hangs, &mut failures)?;
     // The check scans the whole log (millions of entries after a long soak): its store
     // deadline is its own, inside the process's.
     let mut check_cmd = Command::new(&bin);
     check_cmd
         .args(["--store", &uri, "--timeout", "570", "check", "--acks"])
-        .arg(&acks);
+        .arg(&acks)
+        .args(["--retained", &retained.to_string()]);
     let out = crate::bench::probe::output_within(&mut check_cmd, Duration::from_secs(600))?;
     let check: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| json!({"ok": false, "error": String::from_utf8_lossy(&out.stderr).trim().to_string()}));
     let mut totals: BTreeMap<String, u64> = BTreeMap::new();
     let mut faults_by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    let mut acks_by_identity: BTreeMap<String, u64> = (0..WRITERS).map(|s| (identity(s), 0)).collect();
+    let mut reader_totals: BTreeMap<String, u64> = BTreeMap::new();
+    reader_totals.insert("processes".into(), readers_started);
     for entry in std::fs::read_dir(&acks)? {
         let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "stats") || path == reader_stats {
+        let is_reader = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("reader-"));
+        if path.extension().is_none_or(|e| e != "stats") {
             continue;
         }
         let Ok(v) = serde_json::from_str::<Value>(&std::fs::read_to_string(&path).unwrap_or_default()) else {
             continue;
         };
+        if is_reader {
+            for k in ["refreshes", "errors", "hot_ids_seen"] {
+                *reader_totals.entry(k.into()).or_default() += v[k].as_u64().unwrap_or(0);
+            }
+            continue;
+        }
+        // `w{slot}-{incarnation}.stats`
+        let slot = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.strip_prefix('w'))
+            .and_then(|s| s.split('-').next())
+            .and_then(|s| s.parse::<usize>().ok());
+        if let Some(slot) = slot {
+            *acks_by_identity.entry(identity(slot)).or_default() += v["acks"].as_u64().unwrap_or(0);
+        }
         for k in [
             "appends",
             "acks",
@@ -274,6 +383,8 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             "indeterminate_errors",
             "reopens",
             "hangs",
+            "read_backs",
+            "read_errors",
         ] {
             *totals.entry(k.into()).or_default() += v[k].as_u64().unwrap_or(0);
         }
@@ -283,8 +394,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             }
         }
     }
-    let reader: Value =
-        serde_json::from_str(&std::fs::read_to_string(&reader_stats).unwrap_or_default()).unwrap_or(Value::Null);
+    let reader = json!(reader_totals);
     hangs += totals.get("hangs").copied().unwrap_or(0);
     Ok(json!({
         "backend": backend,
@@ -296,6 +406,11 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         "definite_errors": totals.get("definite_errors"),
         "indeterminate_errors": totals.get("indeterminate_errors"),
         "reopens": totals.get("reopens"),
+        "acks_by_identity": acks_by_identity,
+        "read_backs": totals.get("read_backs"),
+        "read_errors": totals.get("read_errors"),
+        "maintenance": maintenance,
+        "retained_tombstones": retained,
         "faults_injected": faults_by_kind,
         "kills": kills,
         "takeovers": takeovers,
@@ -312,6 +427,83 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
     }))
 }
 
+/// Tell a reader to finish (its stdin closes) and wait for it: a non-zero exit (its view
+/// shrank, a read failed indeterminately, a hang) is a failure.
+fn stop_reader(mut reader: Child, hangs: &mut u64, failures: &mut Vec<String>) -> Result<()> {
+    drop(reader.stdin.take());
+    match reader.wait_timeout(Duration::from_secs(60))? {
+        Some(status) if !status.success() => {
+            let stderr = read_stderr(&mut reader);
+            if stderr.contains("HANG") {
+                *hangs += 1;
+            }
+            failures.push(format!("reader exited {status}: {}", stderr.trim()));
+        }
+        Some(_) => {}
+        None => {
+            *hangs += 1;
+            let _ = reader.kill();
+            let _ = reader.wait_timeout(Duration::from_secs(30))?;
+            failures.push("a reader did not stop within 60 s".into());
+        }
+    }
+    Ok(())
+}
+
+/// The deadline of a maintenance command (`--timeout`).
+const MAINTENANCE_TIMEOUT: Duration = Duration::from_secs(240);
+/// Past its deadline, how long a maintenance process may take to end before it counts as hung.
+const MAINTENANCE_GRACE: Duration = Duration::from_secs(30);
+
+/// A maintenance command running beside the writers.
+struct Maintenance {
+    op: &'static str,
+    child: Child,
+    started: Instant,
+}
+
+/// Look at a maintenance process: when it ended, count what it acknowledged (retention's
+/// tombstones) or its failure; past its deadline and grace, kill it and count a hang. With
+/// `wait`, wait for it to end first (within the same bounds). Returns it while it still runs.
+fn settle_maintenance(
+    mut m: Maintenance,
+    wait: bool,
+    retained: &mut u64,
+    hangs: &mut u64,
+    failures: &mut Vec<String>,
+) -> Result<Option<Maintenance>> {
+    let limit = MAINTENANCE_TIMEOUT + MAINTENANCE_GRACE;
+    let status = if wait {
+        m.child.wait_timeout(limit.saturating_sub(m.started.elapsed()))?
+    } else {
+        m.child.try_wait()?
+    };
+    let Some(status) = status else {
+        if m.started.elapsed() < limit {
+            return Ok(Some(m));
+        }
+        let _ = m.child.kill();
+        let _ = m.child.wait_timeout(Duration::from_secs(30))?;
+        *hangs += 1;
+        failures.push(format!("ctxlog {} did not end within {limit:?}", m.op));
+        return Ok(None);
+    };
+    let mut stdout = String::new();
+    if let Some(mut o) = m.child.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut o, &mut stdout);
+    }
+    let stderr = read_stderr(&mut m.child);
+    if status.success() {
+        if m.op == "retain" {
+            let report: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+            *retained += report["tombstones"].as_u64().unwrap_or(0);
+        }
+    } else {
+        failures.push(format!("ctxlog {} exited {status}: {}", m.op, stderr.trim()));
+    }
+    Ok(None)
+}
+
 /// A number below `n` from the soak's seeded generator.
 fn below(rng: &mut StdRng, n: u64) -> u64 {
     rng.random_range(0..n.max(1))
@@ -323,4 +515,57 @@ fn read_stderr(child: &mut Child) -> String {
         let _ = std::io::Read::read_to_string(&mut e, &mut s);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A summary of a run that passed.
+    fn passing() -> Value {
+        json!({
+            "backend": "sqlite", "seed": 1,
+            "check": {"ok": true, "acked_ids": 120},
+            "acknowledged_records_lost": 0,
+            "hangs": 0,
+            "failures": [],
+            "acks_by_identity": {"chaos-w0": 3, "chaos-w1": 1, "chaos-w2": 7},
+            "reader": {"refreshes": 9},
+        })
+    }
+
+    #[test]
+    fn a_run_that_passed_passes() {
+        verdict(&passing()).unwrap();
+    }
+
+    /// Each way a run can go wrong fails the verdict on its own.
+    #[test]
+    fn every_recorded_failure_and_a_run_without_progress_fail() {
+        type Breaks = fn(&mut Value);
+        let broken: [(&str, Breaks); 9] = [
+            ("the check failed", |s| s["check"]["ok"] = json!(false)),
+            ("an ack was lost", |s| s["acknowledged_records_lost"] = json!(1)),
+            ("the check could not tell", |s| {
+                s["acknowledged_records_lost"] = Value::Null
+            }),
+            ("a hang", |s| s["hangs"] = json!(1)),
+            ("a reader whose view shrank", |s| {
+                s["failures"] = json!(["reader exited exit status: 1: a refreshed view lost a record"])
+            }),
+            ("a writer crash", |s| {
+                s["failures"] = json!(["writer slot 1 exited exit status: 4"])
+            }),
+            ("an identity without acks", |s| {
+                s["acks_by_identity"]["chaos-w1"] = json!(0)
+            }),
+            ("no refresh", |s| s["reader"]["refreshes"] = json!(0)),
+            ("nothing checked", |s| s["check"]["acked_ids"] = json!(0)),
+        ];
+        for (what, breaks) in broken {
+            let mut s = passing();
+            breaks(&mut s);
+            assert!(verdict(&s).is_err(), "{what}: the verdict passed");
+        }
+    }
 }

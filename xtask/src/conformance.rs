@@ -27,34 +27,16 @@ pub(crate) fn run(backend: Option<String>, filter: Option<String>, json: Option<
     if let Some(f) = &filter {
         expr = format!("{expr} & test(~{f})");
     }
-    let mut cmd = if cargo::has_nextest() {
-        cargo::cargo(&[
-            "nextest",
-            "run",
-            "--workspace",
-            "--all-features",
-            "--profile",
-            "ci",
-            "--no-fail-fast",
-            "-E",
-            &expr,
-        ])?
-    } else {
-        let mut args = vec![
-            "test",
-            "--workspace",
-            "--all-features",
-            "--test",
-            "conformance",
-            "--test",
-            "multiprocess",
-            "--",
-        ];
-        if let Some(f) = &filter {
-            args.push(f);
-        }
-        cargo::cargo(&args)?
-    };
+    let mut cmd = cargo::nextest(&[
+        "run",
+        "--workspace",
+        "--all-features",
+        "--profile",
+        "ci",
+        "--no-fail-fast",
+        "-E",
+        &expr,
+    ])?;
     cmd.env(REPORT_ENV, &report);
     let ran = cargo::step("conformance suite", &mut cmd);
 

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use serde_json::Value;
 
 /// The URI of a local store of `backend` at `path`.
 pub(crate) fn store_uri(backend: &str, path: &Path) -> String {
@@ -51,5 +52,119 @@ pub(crate) fn remove_store(uri: &str) {
         for ext in ["-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{ext}", p.display()));
         }
+    }
+}
+
+/// What a generated bench store is reused by: the store format of the build that would
+/// generate it (`format`), the generator's version (`generator`) and the generator's
+/// parameters, defaults included (`params`), as `ctxlog-bench store-key` reports them. A
+/// store whose marker holds another key is regenerated.
+pub(crate) fn generated_key(format: &str, generator: u64, params: &Value) -> String {
+    // The parameters as a fingerprint: a marker stays one short line.
+    let hash = blake3::hash(params.to_string().as_bytes()).to_hex();
+    let params = &hash.as_str()[..16];
+    format!("format {format}; generator {generator}; params {params}")
+}
+
+/// What a marker holds: the key, and what the generator reported.
+pub(crate) fn marker(key: &str, generated: &Value) -> String {
+    serde_json::json!({"key": key, "generated": generated}).to_string()
+}
+
+/// Whether a store whose marker holds `marker` (`None`: no marker) may be reused as the
+/// store of `key`. A marker of before keys (the generator's report alone), or one that is
+/// not JSON, is not a match.
+pub(crate) fn reusable(marker: Option<&str>, key: &str) -> bool {
+    marker
+        .and_then(|m| serde_json::from_str::<Value>(m).ok())
+        .is_some_and(|m| m["key"].as_str() == Some(key))
+}
+
+fn with_command<'a>(command: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    std::iter::once(command).chain(args.iter().copied()).collect()
+}
+
+/// The key of the store that `ctxlog-bench generate <args>` would build at `uri` with this
+/// binary (its `store-key`, which reads and writes nothing).
+pub(crate) fn generated_key_of(bin: &Path, uri: &str, args: &[&str]) -> Result<String> {
+    let v = crate::bench::probe::probe(bin, uri, false, &with_command("store-key", args))?;
+    let format = v["format"].as_str().with_context(|| format!("no format in {v}"))?;
+    let generator = v["generator"]
+        .as_u64()
+        .with_context(|| format!("no generator in {v}"))?;
+    Ok(generated_key(format, generator, &v["params"]))
+}
+
+/// The store at `uri`, generated with `ctxlog-bench generate <args>`, or reused when its
+/// marker `done` holds the key of what this binary would generate now. `generating` shows
+/// progress while it generates.
+pub(crate) fn generate_or_reuse(
+    bin: &Path,
+    uri: &str,
+    done: &Path,
+    args: &[&str],
+    generating: impl FnOnce() -> indicatif::ProgressBar,
+) -> Result<()> {
+    let key = generated_key_of(bin, uri, args)?;
+    if reusable(std::fs::read_to_string(done).ok().as_deref(), &key) && path_of(uri).exists() {
+        return Ok(());
+    }
+    // No marker while the store is not the one it names.
+    let _ = std::fs::remove_file(done);
+    remove_store(uri);
+    let pb = generating();
+    let v = crate::bench::probe::probe(bin, uri, false, &with_command("generate", args))?;
+    pb.finish_and_clear();
+    std::fs::write(done, marker(&key, &v)).with_context(|| format!("write {}", done.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Fails when the key ignores the store format, the generator's version or its
+    /// parameters: a store generated before any of them changed would be reused.
+    #[test]
+    fn a_generated_store_is_reused_only_for_the_same_format_generator_and_parameters() {
+        let params = json!({"entries": 1000, "writers": 2, "seed": 42, "compact": true});
+        let key = generated_key("sqlite 1 schema 00ff", 1, &params);
+        let done = marker(&key, &json!({"entries": 1000, "seconds": 0.5}));
+        assert!(reusable(Some(&done), &key));
+        assert_eq!(
+            key,
+            generated_key("sqlite 1 schema 00ff", 1, &params),
+            "a key is deterministic"
+        );
+        for (other, what) in [
+            (generated_key("sqlite 2 schema 00ff", 1, &params), "the store format"),
+            (
+                generated_key("sqlite 1 schema 0100", 1, &params),
+                "the store format (schema)",
+            ),
+            (generated_key("lance 1 schema 00ff", 1, &params), "the backend's format"),
+            (
+                generated_key("sqlite 1 schema 00ff", 2, &params),
+                "the generator version",
+            ),
+            (
+                generated_key(
+                    "sqlite 1 schema 00ff",
+                    1,
+                    &json!({"entries": 1000, "writers": 2, "seed": 43, "compact": true}),
+                ),
+                "the generator's parameters",
+            ),
+        ] {
+            assert_ne!(other, key, "the key ignores {what}");
+            assert!(!reusable(Some(&done), &other), "reused across a change of {what}");
+        }
+        // No marker, a marker of before keys (the generator's report alone), not JSON.
+        assert!(!reusable(None, &key));
+        assert!(!reusable(Some(r#"{"entries":1000,"seconds":0.5}"#), &key));
+        assert!(!reusable(Some("not json"), &key));
+        assert!(!reusable(Some(""), &key));
     }
 }

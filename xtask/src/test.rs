@@ -29,23 +29,11 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
     };
     // The multi-process cases spawn the `ctxlog` binary; cargo builds it for the CLI's own
     // integration tests, with the same (all) features.
-    if cargo::has_nextest() {
-        let mut args = vec!["nextest", "run", "--workspace", "--all-features", "--profile", "ci"];
-        args.extend(extra.iter().map(String::as_str));
-        let mut cmd = cargo::cargo(&args)?;
-        with_s3(&mut cmd);
-        cargo::step("tests (nextest)", &mut cmd)?;
-    } else {
-        eprintln!("xtask: cargo-nextest not found, falling back to `cargo test` (no per-test timeouts)");
-        let mut args = vec!["test", "--workspace", "--all-features"];
-        if !extra.is_empty() {
-            args.push("--");
-            args.extend(extra.iter().map(String::as_str));
-        }
-        let mut cmd = cargo::cargo(&args)?;
-        with_s3(&mut cmd);
-        cargo::step("tests", &mut cmd)?;
-    }
+    let mut args = vec!["run", "--workspace", "--all-features", "--profile", "ci"];
+    args.extend(extra.iter().map(String::as_str));
+    let mut cmd = cargo::nextest(&args)?;
+    with_s3(&mut cmd);
+    cargo::step("tests (nextest)", &mut cmd)?;
     cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])?;
     crate::smoke::run(&s3)?;
     crate::chaos::short(&s3)

@@ -3,6 +3,12 @@
 //! where the last one stopped (every entry passes through the WAL). Below a shard's floor gc
 //! may have emptied the WAL (`reclaim.rs`): a reader that is behind it reads that shard
 //! whole instead, and a row whose pinned place is gone is found again by its key.
+//!
+//! A table row's place is a source number and a row address. The numbers index the cursor's
+//! source list, which only grows between first scans: a read registers its datasets before
+//! it applies a row under their numbers, and a first scan starts from an empty index and
+//! cursor. So a place always names the dataset its row was read from; and a fetch checks
+//! that each row it returns is the entry indexed there.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -154,8 +160,11 @@ impl IndexSource for LanceIndex {
         let shared = &self.shared;
         let mut done = CatchUp::default();
         if !cursor.scanned {
-            // First scan: the index columns of every tier. The cursor only advances after
-            // its rows are applied, so a cancelled scan leaves the two consistent.
+            // First scan: the index columns of every tier, into an empty index and cursor —
+            // whatever an earlier first scan that failed or was cancelled left behind (rows
+            // numbered in a source list the new scan replaces) is dropped, never mixed in.
+            *cursor = Cursor::default();
+            *index = ProjectionIndex::new();
             let mut attempt = 1;
             let behind = loop {
                 match first_scan(shared, cursor, index, &mut done).await {
@@ -180,8 +189,12 @@ impl IndexSource for LanceIndex {
             };
             // WAL entries the scan read may have been emptied by a gc that ran meanwhile
             // (their rows are in a generation or the base table the scan did not read):
-            // read those shards whole, as a refresh does.
-            read_whole(shared, cursor, index, &mut done, behind).await?;
+            // read those shards whole, as a refresh does. Never a partial first scan.
+            if let Err(e) = read_whole(shared, cursor, index, &mut done, behind).await {
+                *cursor = Cursor::default();
+                *index = ProjectionIndex::new();
+                return Err(e);
+            }
             cursor.scanned = true;
             return Ok(done);
         }
@@ -197,7 +210,8 @@ impl IndexSource for LanceIndex {
         })?;
         let (store, base_path) = shared.io(&base).await?;
         let floors = reclaim::floors(&base);
-        let below = |s: &ShardId, next: u64| next < floors.get(s).copied().unwrap_or(0);
+        // gc may empty the WAL up to and including a shard's floor (`reclaim.rs`).
+        let below = |s: &ShardId, next: u64| next <= floors.get(s).copied().unwrap_or(0);
         let (known, mut whole): (Vec<ShardId>, Vec<ShardId>) = ids
             .into_iter()
             .map(ShardId)
@@ -217,7 +231,7 @@ impl IndexSource for LanceIndex {
             for rows in entries.iter().flat_map(wal_rows) {
                 apply(rows, 0, index, &mut done)?;
             }
-            if from < floors.get(&shard).copied().unwrap_or(0) {
+            if from <= floors.get(&shard).copied().unwrap_or(0) {
                 whole.push(shard);
             } else {
                 cursor.wal_next.insert(shard, next);
@@ -231,7 +245,8 @@ impl IndexSource for LanceIndex {
         match self.fetch_pinned(cursor, keys).await {
             Ok(entries) => Ok(entries),
             // What the index pinned may be gone (gc deleted a folded generation, a WAL entry
-            // below its floor, a superseded version's files): find the rows again by key.
+            // below its floor, a superseded version's files), or — never expected — hold
+            // another entry than the one indexed there: find the rows again by key.
             Err(pinned) => self.fetch_by_key(keys).await.map_err(|_| pinned),
         }
     }
@@ -293,8 +308,10 @@ async fn first_scan(
         rows += ds.count_rows(None).await.map_err(read_err)?;
     }
     index.reserve(rows);
-    let walked = walk_applying(&t, &sources, index, done).await?;
+    // The sources are the cursor's before a row is applied under their numbers (the cursor
+    // and index are empty here: they are numbered from 0).
     cursor.sources = sources;
+    let walked = walk_applying(&t, &cursor.sources, index, done).await?;
     cursor.wal_next.extend(walked.wal_next);
     below_floor(shared, &t).await
 }
@@ -382,13 +399,13 @@ fn applier_error(what: String) -> Error {
     }
 }
 
-/// The shards of `t` whose WAL reads began below the floor the store has now: gc may have
+/// The shards of `t` whose WAL reads began at or below the floor the store has now: gc may have
 /// emptied entries they read.
 async fn below_floor(shared: &Shared, t: &Tiers) -> Result<Vec<ShardId>> {
     let floors = reclaim::floors(&shared.latest().await?);
     Ok(t.shards
         .iter()
-        .filter(|s| s.wal_from < floors.get(&s.shard).copied().unwrap_or(0))
+        .filter(|s| s.wal_from <= floors.get(&s.shard).copied().unwrap_or(0))
         .map(|s| s.shard)
         .collect())
 }
@@ -418,10 +435,18 @@ async fn read_whole(
             // A shard compaction never folded has no row in the base table: do not scan the
             // base table's shard column for it (what a new writer would cost every reader).
             t.read_base = t.folded.contains_key(&shard.0);
+            // The sources join the cursor before a row is applied under their numbers: if
+            // the walk fails or is cancelled part way, the rows it applied still point into
+            // the datasets they were read from, and the next read's sources are numbered
+            // after them. A number never names two datasets in one index's lifetime (only
+            // a first scan, which starts from an empty index, numbers from 0 again).
             let sources = open_sources(shared, &t).await?;
-            let first = cursor.sources.len() as u32;
-            let walked = walk(&t, &sources, HOW, |r| apply(r, first, index, done)).await?;
+            let first = cursor.sources.len();
             cursor.sources.extend(sources);
+            let walked = walk(&t, &cursor.sources[first..], HOW, |r| {
+                apply(r, first as u32, index, done)
+            })
+            .await?;
             cursor.wal_next.extend(walked.wal_next);
             if below_floor(shared, &t).await?.is_empty() {
                 break;
@@ -486,15 +511,35 @@ impl LanceIndex {
         }
         // Each dataset's take and each WAL entry's read is one request (or a few) that no
         // other depends on: all are issued at once, up to a window.
+        let shared = &self.shared;
         let taken: Vec<(Vec<(usize, u64)>, RecordBatch)> = futures::stream::iter(takes)
             .map(|(source, rows)| async move {
-                let ds = cursor.sources.get(source as usize).ok_or_else(|| Error::Corrupt {
-                    shard: None,
-                    what: format!("an indexed entry names unknown source {source}"),
+                let ds = cursor.sources.get(source as usize).ok_or_else(|| {
+                    misplaced(shared, None, format!("an indexed entry names unknown source {source}"))
                 })?;
                 let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
+                // A row that cannot be in the dataset: never asked of Lance, which may read
+                // past a fragment's end.
+                if let Some(id) = not_a_row_of(ds, &ids) {
+                    return Err(misplaced(
+                        shared,
+                        None,
+                        format!("an indexed entry names row {id} of source {source}, which has no such row"),
+                    ));
+                }
                 let projection = ProjectionRequest::from(Arc::new(ds.schema().clone()));
                 let batch = ds.take_rows(&ids, projection).await.map_err(read_err)?;
+                if batch.num_rows() != ids.len() {
+                    return Err(misplaced(
+                        shared,
+                        None,
+                        format!(
+                            "{} rows taken from source {source} for {} indexed entries",
+                            batch.num_rows(),
+                            ids.len()
+                        ),
+                    ));
+                }
                 Ok::<_, Error>((rows, batch))
             })
             .buffer_unordered(READ_WINDOW)
@@ -530,22 +575,88 @@ impl LanceIndex {
                 .await?;
             for (shard, position, rows, entry) in read {
                 for (slot, b, i) in rows {
-                    let batch = entry.batches.get(b as usize).ok_or_else(|| Error::Corrupt {
-                        shard: Some(shard),
-                        what: format!("WAL entry {position} changed"),
-                    })?;
+                    let batch = entry
+                        .batches
+                        .get(b as usize)
+                        .filter(|batch| (i as usize) < batch.num_rows())
+                        .ok_or_else(|| Error::Corrupt {
+                            shard: Some(shard),
+                            what: format!("WAL entry {position} changed"),
+                        })?;
                     out[slot] = Some(Columns::new(batch)?.entry(i as usize)?);
                 }
             }
         }
+        // Every row must be the entry the index holds at its location: a location that
+        // points elsewhere (into another dataset, at another row) is never answered with
+        // what happens to lie there.
         out.into_iter()
-            .zip(keys.iter().map(|k| k.0))
-            .map(|(e, k)| {
-                e.ok_or_else(|| Error::Corrupt {
+            .zip(keys)
+            .map(|(e, (k, _))| match e {
+                Some(e) if e.key() == *k => Ok(e),
+                Some(e) => Err(misplaced(
+                    shared,
+                    Some(k.shard),
+                    format!(
+                        "the row indexed as entry seq {} epoch {} is entry seq {} epoch {} of shard {}",
+                        k.seq, k.epoch, e.seq, e.epoch, e.shard
+                    ),
+                )),
+                None => Err(Error::Corrupt {
                     shard: Some(k.shard),
                     what: format!("entry seq {} epoch {} could not be read", k.seq, k.epoch),
-                })
+                }),
             })
             .collect()
     }
+}
+
+/// The first of `ids` that cannot be a row of `ds` at its version: its fragment is not
+/// there, or its offset is past the fragment's rows. Only a location that points into
+/// another dataset names one.
+fn not_a_row_of(ds: &Dataset, ids: &[u64]) -> Option<u64> {
+    if ds.manifest().uses_stable_row_ids() {
+        // Row ids are no addresses there; Lance looks them up itself.
+        return None;
+    }
+    let rows: HashMap<u64, Option<usize>> = ds.fragments().iter().map(|f| (f.id, f.physical_rows)).collect();
+    ids.iter().copied().find(|id| match rows.get(&(id >> 32)) {
+        None => true,
+        Some(n) => n.is_some_and(|n| (id & u64::from(u32::MAX)) >= n as u64),
+    })
+}
+
+/// The error of a fetch that found, where the index pinned an entry, something else (the
+/// caller then finds the entries by key). Never expected: logged, and counted for tests.
+fn misplaced(shared: &Shared, shard: Option<ShardId>, what: String) -> Error {
+    tracing::warn!(what = %what, "an indexed location does not hold the entry indexed there; reading by key");
+    #[cfg(feature = "testing")]
+    {
+        *MISPLACED
+            .get_or_init(Default::default)
+            .lock()
+            .expect("not poisoned")
+            .entry(shared.uri.clone())
+            .or_default() += 1;
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = shared;
+    Error::Corrupt { shard, what }
+}
+
+/// Per store URI, how many fetches found another row where the index pinned an entry.
+#[cfg(feature = "testing")]
+static MISPLACED: std::sync::OnceLock<std::sync::Mutex<HashMap<String, u64>>> = std::sync::OnceLock::new();
+
+/// How many fetches of the store at `uri` (as Lance sees it) found another row where the
+/// index pinned an entry (`testing::misplaced_rows`).
+#[cfg(feature = "testing")]
+pub(crate) fn misplaced_rows(uri: &str) -> u64 {
+    MISPLACED
+        .get_or_init(Default::default)
+        .lock()
+        .expect("not poisoned")
+        .get(uri)
+        .copied()
+        .unwrap_or(0)
 }

@@ -57,6 +57,12 @@ use crate::faults::Faults;
 pub use crate::shard::WriterTuning;
 use crate::store::Shared;
 
+/// The layout of a ctxlog Lance store this build writes and reads: the entry schema, MemWAL
+/// with one shard per writer, and the `_ctxlog/` objects beside them. Bump it when any of
+/// them changes. Nothing in a store records it (the open checks the entry schema's
+/// columns); benchmarks key the stores they generate on it.
+pub const FORMAT: &str = "1";
+
 /// A ctxlog store in one Lance dataset.
 pub struct LanceStore {
     shared: Arc<Shared>,

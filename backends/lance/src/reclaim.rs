@@ -2,38 +2,52 @@
 //!
 //! What may go, and why it is safe:
 //!
-//! - **The rows of WAL entries** below a shard's *floor*. A pass first records, per shard,
-//!   the WAL position its flushed generations cover (`replay_after_wal_entry_position`) as
-//!   the shard's floor in the base table's config (`ctxlog.wal_floor.<shard>`), in one
-//!   commit. A later pass empties the entries below the floors of the newest base version
-//!   older than the grace period: each is overwritten by an entry with the same epoch and no
+//! - **The rows of WAL entries** up to a shard's *floor*. A pass first records, per shard,
+//!   the last WAL position its flushed generations cover (`replay_after_wal_entry_position`)
+//!   as the shard's floor in the base table's config (`ctxlog.wal_floor.<shard>`), in one
+//!   commit. A later pass empties the entries up to and including the floors of the newest
+//!   base version older than the grace period: each is overwritten by an entry with the same epoch and no
 //!   rows. The object stays, so every WAL slot ever taken stays taken: a stale writer's
 //!   `put_if_absent` still collides (and learns it is fenced) wherever it aims, and a writer
 //!   that probes for the WAL's tip still finds it. Readers read the floors from the base
-//!   version they start from: a reader whose WAL position is below its shard's floor reads
-//!   that shard from the generations and the base table instead (`index.rs`).
+//!   version they start from: a reader whose next WAL position is at or below its shard's
+//!   floor reads that shard from the generations and the base table instead (`index.rs`).
 //! - **Flushed generations** folded into the base table (per the compaction markers of the
 //!   same grace-old base version): their rows are in the base table.
 //! - **Base-table versions** superseded before that grace-old version, with the data files
 //!   only they reference: Lance's own cleanup (it never touches `_mem_wal/` or `_ctxlog/`).
 //!
 //! Every step re-derives what to do from durable state, and every step is idempotent, so an
-//! interrupted pass is finished by the next one. Per shard, how far the WAL is emptied is
-//! recorded too (`ctxlog.wal_emptied.<shard>`), so that a pass reads only the entries it has
-//! not emptied yet.
+//! interrupted pass is finished by the next one. A pass's work does not grow with history:
+//!
+//! - Per shard, how far the WAL is emptied (`ctxlog.wal_emptied.<shard>`) and up to which
+//!   generation the folded ones are deleted (`ctxlog.gen_deleted.<shard>`) are recorded, so
+//!   that a pass reads no entry and lists no generation an earlier pass finished.
+//! - Steps 3 and 4 run requests several at once (`tiers::READ_WINDOW`) within the budget
+//!   (`max_objects`): a unit per WAL entry read, per generation object deleted, per listing
+//!   of a generation found empty — at most two requests a unit. They stop at half the
+//!   store's deadline; then what they did is recorded, in one commit (also when they failed),
+//!   and step 5 runs.
+//! - Step 2 reads no manifest when the latest version is older than the grace period, and
+//!   bisects the stored versions otherwise; step 5 cleans at most `max_objects / 8` versions
+//!   (at least four, more than a pass commits) past the oldest, and is skipped when there
+//!   is none to clean. A pass with nothing to do reads the latest version, lists the shards
+//!   and the versions, and reads each shard's manifest and the MemWAL index: no listing of
+//!   history.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::Utc;
 use ctxlog_core::{Error, GcOptions, GcReport, PurgeOptions, PurgeReport, Result, ShardId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
-use lance::dataset::UpdateBuilder;
 use lance::dataset::cleanup::CleanupPolicy;
 use lance::dataset::mem_wal::util::{shard_base_path, shard_wal_path, wal_entry_filename};
 use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore};
 use lance::dataset::optimize::{CompactionOptions, compact_files};
+use lance::dataset::{UpdateBuilder, VersionRef};
 use lance_io::object_store::ObjectStore;
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
@@ -47,6 +61,9 @@ use crate::store::Shared;
 const FLOOR_PREFIX: &str = "ctxlog.wal_floor.";
 /// The config key of the position below which a shard's WAL entries are all emptied.
 const EMPTIED_PREFIX: &str = "ctxlog.wal_emptied.";
+/// The config key of the generation up to which a shard's folded generations (those its
+/// manifest lists) are all deleted.
+const GEN_DELETED_PREFIX: &str = "ctxlog.gen_deleted.";
 
 fn gc_err(e: lance::Error) -> Error {
     lance_err("gc", None, Written::Unknown, e)
@@ -67,8 +84,48 @@ fn positions(ds: &Dataset, prefix: &str) -> HashMap<ShardId, u64> {
         .collect()
 }
 
+/// What a pass may still do, shared by the requests it runs at once: a unit per object it
+/// visits (a WAL entry read, a generation's object deleted, a generation's listing that
+/// found nothing), so that a pass makes at most two requests per unit.
+struct Budget(AtomicU64);
+
+impl Budget {
+    /// Take up to `n` units; returns how many were taken.
+    fn take(&self, n: u64) -> u64 {
+        let mut got = 0;
+        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            got = left.min(n);
+            Some(left - got)
+        });
+        got
+    }
+}
+
+/// How far one shard is reclaimed, as a pass advances it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reclaimed {
+    /// Every generation listed in the shard manifest up to this one is deleted.
+    gen_deleted: u64,
+    /// Generations past `gen_deleted` this pass visited, and the objects they still hold.
+    gens_visited: u64,
+    gens_left: u64,
+    /// Every WAL entry below this position is emptied.
+    wal_emptied: u64,
+}
+
+/// What the working steps (3 and 4) of a pass did.
+#[derive(Default)]
+struct Work {
+    shards: HashMap<Uuid, Reclaimed>,
+    deleted: u64,
+    bytes: u64,
+}
+
 /// One gc pass (see the module docs).
 pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
+    // Steps 3 and 4 stop at half the deadline, so that what they did is recorded and step 5
+    // runs within it.
+    let work_until = tokio::time::Instant::now() + shared.timeout() / 2;
     let mut base = shared.latest().await?;
     let (store, base_path) = shared.io(&base).await?;
     let shards: Vec<Uuid> = base.list_mem_wal_latest_shard_ids().await.map_err(gc_err)?;
@@ -99,78 +156,234 @@ pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
     }
     // 2. What the newest base version older than the grace period allows.
     let cutoff = Utc::now() - chrono::Duration::from_std(opts.grace).unwrap_or(chrono::Duration::MAX);
-    let versions = base.versions().await.map_err(gc_err)?;
-    let Some(settled) = versions.iter().rev().find(|v| v.timestamp <= cutoff) else {
+    let refs = base.version_refs().await.map_err(gc_err)?;
+    let Some(old) = settled(&base, &refs, cutoff).await? else {
         return Ok(GcReport {
             note: "lance: nothing older than the grace period yet".into(),
             ..GcReport::default()
         });
     };
-    let old = base.checkout_version(settled.version).await.map_err(gc_err)?;
+    let settled_version = old.version().version;
     let (floors, folded) = (floors(&old), crate::tiers::folded(&old).await?);
-    let emptied = positions(&base, EMPTIED_PREFIX);
-    let mut progress: Vec<(String, String)> = Vec::new();
-    let mut report = GcReport::default();
-    let mut budget = opts.max_objects;
-    for shard in &shards {
-        let Some(m) = manifests.get(shard) else { continue };
-        // 3. Folded generations.
-        let upto = folded.get(shard).copied().unwrap_or(0);
-        for t in m.sstables.iter().filter(|t| t.generation <= upto) {
-            let dir = shard_base_path(&base_path, shard).join(t.path.as_str());
-            let (n, bytes, more) = remove_all(&store, &dir, &mut budget).await?;
-            report.objects_deleted += n;
-            report.bytes_reclaimed += bytes;
-            report.objects_pending += more;
-        }
-        // 4. The rows of WAL entries below the floor.
-        let floor = floors.get(&ShardId(*shard)).copied().unwrap_or(0);
-        let from = emptied.get(&ShardId(*shard)).copied().unwrap_or(1).max(1);
-        let (n, bytes, upto) = empty_wal(&store, &base_path, *shard, from, floor, &mut budget).await?;
-        report.objects_deleted += n;
-        report.bytes_reclaimed += bytes;
-        report.objects_pending += floor.saturating_sub(upto);
-        if upto > from {
-            progress.push((format!("{EMPTIED_PREFIX}{shard}"), upto.to_string()));
-        }
+    // How far earlier passes got: nothing below is listed or read again.
+    let (emptied, gen_deleted) = (positions(&base, EMPTIED_PREFIX), positions(&base, GEN_DELETED_PREFIX));
+    let budget = Arc::new(Budget(AtomicU64::new(opts.max_objects)));
+    let mut order: Vec<Uuid> = manifests.keys().copied().collect();
+    order.sort();
+    if !order.is_empty() {
+        // A different shard first in each pass that follows a commit: none waits behind a
+        // busy one for ever.
+        let first = usize::try_from(base.version().version).unwrap_or(0) % order.len();
+        order.rotate_left(first);
     }
-    if !progress.is_empty() {
-        base.update_config(progress).await.map_err(gc_err)?;
+    let mut work = Work::default();
+    for shard in &order {
+        let id = ShardId(*shard);
+        work.shards.insert(
+            *shard,
+            Reclaimed {
+                gen_deleted: gen_deleted.get(&id).copied().unwrap_or(0),
+                wal_emptied: emptied.get(&id).copied().unwrap_or(1).max(1),
+                ..Reclaimed::default()
+            },
+        );
     }
-    // 5. Base-table versions superseded before the settled one, and the files only they use.
-    let policy = CleanupPolicy {
-        before_timestamp: Some(cutoff),
-        before_version: Some(settled.version),
-        error_if_tagged_old_versions: false,
-        ..CleanupPolicy::default()
+    let steps = async {
+        for shard in &order {
+            let m = &manifests[shard];
+            let id = ShardId(*shard);
+            // 3. Folded generations, oldest first, past those already deleted.
+            let upto = folded.get(shard).copied().unwrap_or(0);
+            let after = work.shards[shard].gen_deleted;
+            let mut gens: Vec<(u64, Path)> = m
+                .sstables
+                .iter()
+                .filter(|t| t.generation > after && t.generation <= upto)
+                .map(|t| (t.generation, shard_base_path(&base_path, shard).join(t.path.as_str())))
+                .collect();
+            gens.sort_by_key(|(g, _)| *g);
+            remove_generations(&store, &gens, &budget, *shard, &mut work).await?;
+            // 4. The rows of WAL entries up to the floor (the entry at the floor is covered
+            // by a flush too).
+            let floor = floors.get(&id).copied().unwrap_or(0);
+            empty_wal(&store, &base_path, *shard, floor, &budget, &mut work).await?;
+        }
+        Ok::<_, Error>(())
     };
-    let removed = base.cleanup_with_policy(policy).await.map_err(gc_err)?;
-    report.objects_deleted += removed.old_versions
-        + removed.data_files_removed
-        + removed.transaction_files_removed
-        + removed.index_files_removed
-        + removed.deletion_files_removed;
-    report.bytes_reclaimed += removed.bytes_removed;
+    let outcome = tokio::time::timeout_at(work_until, steps).await;
+    let mut report = GcReport {
+        objects_deleted: work.deleted,
+        bytes_reclaimed: work.bytes,
+        ..GcReport::default()
+    };
+    // Record how far each shard got, in one commit, also when the steps failed or ran out
+    // of time: the next pass starts there.
+    let mut progress: Vec<(String, String)> = Vec::new();
+    for shard in &order {
+        let (m, r, id) = (&manifests[shard], work.shards[shard], ShardId(*shard));
+        let upto = folded.get(shard).copied().unwrap_or(0);
+        let candidates = m
+            .sstables
+            .iter()
+            .filter(|t| t.generation > r.gen_deleted && t.generation <= upto)
+            .count() as u64;
+        report.objects_pending += candidates.saturating_sub(r.gens_visited) + r.gens_left;
+        let floor = floors.get(&id).copied().unwrap_or(0);
+        report.objects_pending += (floor + 1).saturating_sub(r.wal_emptied);
+        if r.gen_deleted > gen_deleted.get(&id).copied().unwrap_or(0) {
+            progress.push((format!("{GEN_DELETED_PREFIX}{shard}"), r.gen_deleted.to_string()));
+        }
+        if r.wal_emptied > emptied.get(&id).copied().unwrap_or(1).max(1) {
+            progress.push((format!("{EMPTIED_PREFIX}{shard}"), r.wal_emptied.to_string()));
+        }
+    }
+    let committed = if progress.is_empty() {
+        Ok(())
+    } else {
+        base.update_config(progress).await.map(|_| ()).map_err(gc_err)
+    };
+    // The steps' error first: it is what stopped them.
+    let stopped = match outcome {
+        Ok(steps) => {
+            steps?;
+            committed?;
+            ""
+        }
+        Err(_) => {
+            committed?;
+            report.objects_pending = report.objects_pending.max(1);
+            " (stopped at half the deadline)"
+        }
+    };
+    // 5. Base-table versions superseded before the settled one, and the files only they use:
+    // at most `max_objects / 8` versions (and at least a few, more than a pass commits) past
+    // the oldest, so that a long history is cleaned over several passes.
+    let oldest = refs.first().map_or(settled_version, |r| r.version);
+    let per_pass = (opts.max_objects / 8).max(MIN_VERSIONS_PER_PASS);
+    let before = settled_version.min(oldest.saturating_add(per_pass));
+    report.objects_pending += settled_version - before;
+    let mut cleaned = 0;
+    if oldest < before {
+        let policy = CleanupPolicy {
+            before_timestamp: Some(cutoff),
+            before_version: Some(before),
+            error_if_tagged_old_versions: false,
+            ..CleanupPolicy::default()
+        };
+        let removed = base.cleanup_with_policy(policy).await.map_err(gc_err)?;
+        cleaned = removed.old_versions;
+        report.objects_deleted += removed.old_versions
+            + removed.data_files_removed
+            + removed.transaction_files_removed
+            + removed.index_files_removed
+            + removed.deletion_files_removed;
+        report.bytes_reclaimed += removed.bytes_removed;
+    }
     report.note = format!(
-        "lance: folded generations deleted and WAL entries below the floors of version {} emptied; \
-         {} old versions cleaned up",
-        settled.version, removed.old_versions
+        "lance: folded generations deleted and WAL entries up to the floors of version {settled_version} \
+         emptied{stopped}; {cleaned} old versions cleaned up"
     );
     Ok(report)
 }
 
-/// Delete every object under `dir`, within `budget`. Returns (deleted, bytes, left over).
-async fn remove_all(store: &Arc<ObjectStore>, dir: &Path, budget: &mut u64) -> Result<(u64, u64, u64)> {
-    let objects: Vec<object_store::ObjectMeta> = store.list(Some(dir.clone())).try_collect().await.map_err(gc_err)?;
-    let take = objects.len().min(usize::try_from(*budget).unwrap_or(usize::MAX));
-    let bytes: u64 = objects[..take].iter().map(|o| o.size).sum();
+/// Versions a pass may clean up however small its budget: more than a pass commits (two),
+/// so that the count falls.
+const MIN_VERSIONS_PER_PASS: u64 = 4;
+
+/// The newest version at or before `cutoff`: the latest if it is, else found among `refs`
+/// (every stored version, oldest first) by bisection, reading a manifest per step. Versions
+/// are committed in order, so their timestamps rise with them; were a clock to step back,
+/// bisection finds an older version at or before the cutoff, never a younger one.
+async fn settled(base: &Dataset, refs: &[VersionRef], cutoff: chrono::DateTime<Utc>) -> Result<Option<Dataset>> {
+    if base.version().timestamp <= cutoff {
+        return Ok(Some(base.clone()));
+    }
+    let (mut lo, mut hi) = (0, refs.len());
+    let mut found = None;
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match base.checkout_version(refs[mid].version).await {
+            Ok(ds) if ds.version().timestamp <= cutoff => {
+                found = Some(ds);
+                lo = mid + 1;
+            }
+            Ok(_) => hi = mid,
+            // Cleaned up meanwhile: older than anything still there.
+            Err(e)
+                if e.is_not_found()
+                    || matches!(
+                        e,
+                        lance::Error::DatasetNotFound { .. } | lance::Error::VersionNotFound { .. }
+                    ) =>
+            {
+                lo = mid + 1
+            }
+            Err(e) => return Err(gc_err(e)),
+        }
+    }
+    Ok(found)
+}
+
+/// Delete the directories of `gens` (one shard's folded generations past those already
+/// deleted, oldest first), several at once, within `budget`, advancing the shard's
+/// `gen_deleted` over the prefix deleted whole.
+async fn remove_generations(
+    store: &Arc<ObjectStore>,
+    gens: &[(u64, Path)],
+    budget: &Arc<Budget>,
+    shard: Uuid,
+    work: &mut Work,
+) -> Result<()> {
+    // Owned items and handles: borrowed ones trip the compiler's higher-ranked lifetime check
+    // inside `async_trait` futures.
+    let mut results = futures::stream::iter(gens.to_vec())
+        .map(|(generation, dir)| {
+            // Taken in order, as each generation is started: one unit for its listing.
+            let reserved = budget.take(1) == 1;
+            let (store, budget) = (store.clone(), budget.clone());
+            async move {
+                if !reserved {
+                    return Ok(None);
+                }
+                remove_all(&store, &dir, &budget).await.map(|r| Some((generation, r)))
+            }
+        })
+        .buffered(crate::tiers::READ_WINDOW);
+    let mut whole = true;
+    while let Some(done) = results.next().await {
+        let Some((generation, (n, bytes, left))) = done? else {
+            break;
+        };
+        work.deleted += n;
+        work.bytes += bytes;
+        let r = work.shards.get_mut(&shard).expect("every shard has its entry");
+        r.gens_visited += 1;
+        r.gens_left += left;
+        whole &= left == 0;
+        if whole {
+            r.gen_deleted = generation;
+            // Counted by `gen_deleted` from now on.
+            r.gens_visited -= 1;
+        }
+    }
+    Ok(())
+}
+
+/// Delete every object under `dir`, its listing paid for already, within `budget`.
+/// Returns (deleted, bytes, left over).
+async fn remove_all(store: &Arc<ObjectStore>, dir: &Path, budget: &Budget) -> Result<(u64, u64, u64)> {
+    let mut objects: Vec<object_store::ObjectMeta> =
+        store.list(Some(dir.clone())).try_collect().await.map_err(gc_err)?;
     // The dataset's manifests first: a half-deleted generation then no longer opens as a
     // dataset with missing files (nobody opens a folded one, but a listing might).
-    let mut paths: Vec<Path> = objects[..take].iter().map(|o| o.location.clone()).collect();
-    paths.sort_by_key(|p| !p.as_ref().contains("/_versions/"));
+    objects.sort_by_key(|o| !o.location.as_ref().contains("/_versions/"));
+    let found = objects.len() as u64;
+    let take = if found == 0 { 0 } else { 1 + budget.take(found - 1) };
+    let take = usize::try_from(take).unwrap_or(usize::MAX).min(objects.len());
+    let bytes: u64 = objects[..take].iter().map(|o| o.size).sum();
+    let paths: Vec<Path> = objects[..take].iter().map(|o| o.location.clone()).collect();
     remove(store, paths).await?;
-    *budget -= take as u64;
-    Ok((take as u64, bytes, (objects.len() - take) as u64))
+    Ok((take as u64, bytes, found - take as u64))
 }
 
 async fn remove(store: &Arc<ObjectStore>, paths: Vec<Path>) -> Result<()> {
@@ -183,40 +396,60 @@ async fn remove(store: &Arc<ObjectStore>, paths: Vec<Path>) -> Result<()> {
     Ok(())
 }
 
-/// Empty a shard's WAL entries from `from` to below `floor` that hold rows, within
-/// `budget`: each is overwritten by an entry of the same epoch without rows (see the module
-/// docs). Returns (entries emptied, bytes freed, the position below which all are emptied).
+/// Empty a shard's WAL entries from where earlier passes stopped up to and including
+/// `floor` that hold rows, several at once, within `budget` (a unit per entry read): each
+/// is overwritten by an entry of the same epoch without rows (see the module docs).
+/// Advances the shard's `wal_emptied` as each entry is done, in order.
 async fn empty_wal(
     store: &Arc<ObjectStore>,
     base_path: &Path,
     shard: Uuid,
-    from: u64,
     floor: u64,
-    budget: &mut u64,
-) -> Result<(u64, u64, u64)> {
+    budget: &Arc<Budget>,
+    work: &mut Work,
+) -> Result<()> {
     let dir = shard_wal_path(base_path, &shard);
-    let (mut emptied, mut bytes) = (0u64, 0u64);
-    let mut position = from;
-    while position < floor && *budget > 0 {
-        let path = dir.clone().join(wal_entry_filename(position));
-        let data = match store.inner.get(&path).await {
-            Ok(d) => d.bytes().await.map_err(|e| gc_err(e.into()))?,
-            // A hole (an entry never completed): nothing to empty.
-            Err(object_store::Error::NotFound { .. }) => {
-                position += 1;
-                continue;
+    let from = work.shards[&shard].wal_emptied;
+    let mut results = futures::stream::iter(from..=floor)
+        .map(|position| {
+            let reserved = budget.take(1) == 1;
+            let path = dir.clone().join(wal_entry_filename(position));
+            let store = store.clone();
+            async move {
+                if !reserved {
+                    return Ok(None);
+                }
+                empty_entry(&store, &path).await.map(|r| Some((position, r)))
             }
-            Err(e) => return Err(gc_err(e.into())),
-        };
-        if let Some(empty) = without_rows(&data)? {
-            store.put(&path, &empty).await.map_err(gc_err)?;
-            emptied += 1;
-            bytes += (data.len() as u64).saturating_sub(empty.len() as u64);
-            *budget -= 1;
+        })
+        .buffered(crate::tiers::READ_WINDOW);
+    while let Some(done) = results.next().await {
+        let Some((position, freed)) = done? else { break };
+        if let Some(bytes) = freed {
+            work.deleted += 1;
+            work.bytes += bytes;
         }
-        position += 1;
+        work.shards
+            .get_mut(&shard)
+            .expect("every shard has its entry")
+            .wal_emptied = position + 1;
     }
-    Ok((emptied, bytes, position))
+    Ok(())
+}
+
+/// Empty one WAL entry if it holds rows. Returns the bytes freed, `None` when there was
+/// nothing to empty (no rows, or a hole: an entry never completed).
+async fn empty_entry(store: &Arc<ObjectStore>, path: &Path) -> Result<Option<u64>> {
+    let data = match store.inner.get(path).await {
+        Ok(d) => d.bytes().await.map_err(|e| gc_err(e.into()))?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(gc_err(e.into())),
+    };
+    let Some(empty) = without_rows(&data)? else {
+        return Ok(None);
+    };
+    store.put(path, &empty).await.map_err(gc_err)?;
+    Ok(Some((data.len() as u64).saturating_sub(empty.len() as u64)))
 }
 
 /// The same WAL entry without its rows: its schema's metadata (the writer epoch, what

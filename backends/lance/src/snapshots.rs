@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use ctxlog_core::backend::snapshot::{KEEP, Rejected, read_in_parts, read_parts};
-use ctxlog_core::{Result, ShardId, Written};
+use ctxlog_core::{Result, ShardId, Written, redact_uri};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use object_store::ObjectStoreExt;
@@ -113,23 +113,21 @@ async fn read_local_file(path: std::path::PathBuf) -> Result<Option<Vec<u8>>> {
         )
     };
     let read = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Seek, SeekFrom};
+        use std::os::unix::fs::FileExt;
         let file = match std::fs::File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         let len = usize::try_from(file.metadata()?.len()).map_err(std::io::Error::other)?;
-        // A handle per reader (a cloned handle would share the file position). Deleting the
-        // file (a newer snapshot's cleanup) leaves open handles reading it whole.
+        // Every reader reads the one open file at its own offsets (positional reads share no
+        // file position), never the path again: a newer snapshot's cleanup may delete the
+        // file meanwhile, and an open handle still reads it whole.
         let mut readers = vec![file];
         for _ in 1..read_parts(len) {
-            readers.push(std::fs::File::open(&path)?);
+            readers.push(readers[0].try_clone()?);
         }
-        let read = |file: &mut std::fs::File, offset, part: &mut [u8]| {
-            file.seek(SeekFrom::Start(offset))?;
-            file.read_exact(part)
-        };
+        let read = |file: &mut std::fs::File, offset, part: &mut [u8]| file.read_exact_at(part, offset);
         read_in_parts(len, readers, read).map(Some)
     });
     read.await.map_err(|e| err(std::io::Error::other(e)))?.map_err(err)
@@ -181,6 +179,15 @@ pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result:
         let id = uuid::Uuid::parse_str(&shard).map_err(|e| Rejected::Corrupt(format!("cursor shard {shard}: {e}")))?;
         wal_next.insert(ShardId(id), next);
     }
+    // A snapshot is bytes that anyone who can write under `_ctxlog/snapshots/` can forge
+    // (its checksum is no secret), and the datasets it names are opened with the store's
+    // storage options: it is used only if each one is a dataset of this store.
+    if let Some((uri, _)) = saved.sources.iter().find(|(uri, _)| !inside_store(&shared.uri, uri)) {
+        return Err(Rejected::Corrupt(format!(
+            "cursor names a dataset outside the store: {}",
+            redact_uri(uri)
+        )));
+    }
     // The base table starts from the version this handle holds (no listing of its
     // versions); the others are opened at once, each a round trip or two on an object store.
     let held = shared.held().await;
@@ -188,7 +195,8 @@ pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result:
         .map(|(uri, version)| {
             let held = &held;
             async move {
-                let gone = |e: lance::Error| Rejected::Stale(format!("{uri} version {version} is gone: {e}"));
+                let gone =
+                    |e: lance::Error| Rejected::Stale(format!("{} version {version} is gone: {e}", redact_uri(&uri)));
                 let ds = if uri == held.uri() {
                     held.clone()
                 } else {
@@ -205,6 +213,30 @@ pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result:
         .try_collect()
         .await?;
     Ok(Cursor::resumed(wal_next, sources))
+}
+
+/// Whether `uri` names a dataset of the store at `root` (both as Lance sees them): the base
+/// table itself, or a flushed generation of one of its shards,
+/// `<root>/_mem_wal/<shard>/<directory>` as `tiers` names them. Nothing else — no other
+/// path, bucket or scheme, no `..`, no escape, query or fragment a URI parser could turn
+/// into another location.
+fn inside_store(root: &str, uri: &str) -> bool {
+    let root = root.trim_end_matches('/');
+    if uri == root || uri.strip_suffix('/') == Some(root) {
+        return true;
+    }
+    let Some(rest) = uri.strip_prefix(root).and_then(|r| r.strip_prefix("/_mem_wal/")) else {
+        return false;
+    };
+    let Some((shard, dir)) = rest.split_once('/') else {
+        return false;
+    };
+    // The shard as `tiers` writes it (a hyphenated UUID), and a directory name that is one
+    // plain path segment (MemWAL's are `<hex>_gen_<n>`).
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    uuid::Uuid::parse_str(shard).is_ok_and(|id| id.to_string() == shard)
+        && dir.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && dir.chars().all(plain)
 }
 
 /// Every stored snapshot through `f`, written back (tests: `testing::tamper_with_snapshots`).
@@ -228,6 +260,46 @@ pub(crate) async fn tamper(shared: &Shared, f: &mut (dyn FnMut(&mut Vec<u8>) + S
     Ok(before)
 }
 
+/// Every stored snapshot with the datasets its cursor names passed through `f` (`(uri,
+/// version)` in, as Lance sees the URI; what to store instead out), sealed again with a
+/// valid checksum: what anyone who can write under `_ctxlog/snapshots/` can do (tests:
+/// `testing::rewrite_snapshot_sources`). Returns how many snapshots were rewritten.
+#[cfg(feature = "testing")]
+pub(crate) async fn rewrite_sources(
+    shared: &Shared,
+    f: &mut (dyn FnMut(&str, u64) -> (String, u64) + Send),
+) -> Result<usize> {
+    use ctxlog_core::backend::snapshot::{decode, encode};
+    let id = identity(shared, false).await?.unwrap_or_default();
+    let mut rewritten = 0;
+    tamper(shared, &mut |bytes: &mut Vec<u8>| {
+        let Ok(mut loaded) = decode(bytes.clone(), &id) else {
+            return;
+        };
+        let Ok(mut cursor) = serde_json::from_slice::<serde_json::Value>(&loaded.cursor) else {
+            return;
+        };
+        if let Some(sources) = cursor.get_mut("sources").and_then(|s| s.as_array_mut()) {
+            for source in sources.iter_mut() {
+                let old = (source[0].as_str().map(str::to_string), source[1].as_u64());
+                if let (Some(uri), Some(version)) = old {
+                    let (uri, version) = f(&uri, version);
+                    *source = json!([uri, version]);
+                }
+            }
+        }
+        *bytes = encode(
+            &mut loaded.index,
+            &id,
+            cursor.to_string().into_bytes(),
+            loaded.taken_millis,
+        );
+        rewritten += 1;
+    })
+    .await?;
+    Ok(rewritten)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +319,51 @@ mod tests {
         );
         let missing = dir.path().join("gone");
         assert_eq!(read_local_file(missing).await.unwrap(), None);
+    }
+
+    /// A snapshot's datasets must be the store's own: its base table or a generation of one
+    /// of its shards, named as the store names them.
+    #[test]
+    fn only_the_stores_own_datasets_are_inside_it() {
+        let shard = uuid::Uuid::new_v4();
+        for root in [
+            "file-object-store:///tmp/a/store.lance",
+            "s3://bucket/prefix/store.lance",
+            "shared-memory://t/store.lance",
+        ] {
+            let inside = [
+                root.to_string(),
+                format!("{root}/"),
+                format!("{root}/_mem_wal/{shard}/1a2b3c4d_gen_1"),
+            ];
+            for uri in &inside {
+                assert!(inside_store(root, uri), "{uri} is inside {root}");
+                assert!(inside_store(&format!("{root}/"), uri), "{uri} is inside {root}/");
+            }
+            let outside = [
+                "file-object-store:///tmp/b/store.lance".to_string(),
+                "s3://other/prefix/store.lance".to_string(),
+                "/tmp/a/store.lance".to_string(),
+                format!("{root}-other"),
+                format!("{root}-other/_mem_wal/{shard}/1a2b3c4d_gen_1"),
+                format!("{root}/other"),
+                format!("{root}/_mem_wal/{shard}"),
+                format!("{root}/_mem_wal/{shard}/"),
+                format!("{root}/_mem_wal/{shard}/.."),
+                format!("{root}/_mem_wal/{shard}/../../../b/store.lance/_mem_wal/{shard}/1a2b3c4d_gen_1"),
+                format!("{root}/_mem_wal/{shard}/%2e%2e"),
+                format!("{root}/_mem_wal/{shard}/1a2b3c4d_gen_1/../../x_gen_1"),
+                format!("{root}/_mem_wal/{shard}/1a2b3c4d_gen_1?endpoint=http://elsewhere"),
+                format!("{root}/_mem_wal/{shard}/1a2b3c4d_gen_1#x"),
+                format!("{root}/_mem_wal/../_mem_wal/{shard}/1a2b3c4d_gen_1"),
+                format!("{root}/_mem_wal/{}/1a2b3c4d_gen_1", shard.simple()),
+                format!("{root}/_mem_wal/not-a-shard/1a2b3c4d_gen_1"),
+                format!("{root}/./_mem_wal/{shard}/1a2b3c4d_gen_1"),
+                format!("{root}//_mem_wal/{shard}/1a2b3c4d_gen_1"),
+            ];
+            for uri in &outside {
+                assert!(!inside_store(root, uri), "{uri} is not inside {root}");
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -186,13 +187,34 @@ pub(crate) struct Cursor {
 
 pub(crate) struct SqliteIndex {
     conn: Arc<ReadConn>,
+    forced: Forced,
 }
 
 impl SqliteIndex {
     pub(crate) fn new(path: PathBuf, options: StoreOptions) -> Self {
         SqliteIndex {
             conn: Arc::new(ReadConn::new(path, options)),
+            forced: Forced::default(),
         }
+    }
+}
+
+/// What only tests set: how a catch-up is made to run where a test needs it, whatever the
+/// machine. Inert otherwise.
+#[derive(Default)]
+struct Forced {
+    /// Parts of the index a first scan builds, instead of one per core: a large catch-up
+    /// then applies on several threads on a machine of any size.
+    parts: Option<usize>,
+    /// Rows after which the next catch-up's reading thread waits out its call's deadline, so
+    /// that the deadline interrupts the read part-way, as on a slow disk; taken by that
+    /// catch-up (0: none).
+    stall_after: AtomicU64,
+}
+
+impl Forced {
+    fn take_stall(&self) -> Option<u64> {
+        Some(self.stall_after.swap(0, Ordering::AcqRel)).filter(|n| *n > 0)
     }
 }
 
@@ -202,13 +224,21 @@ impl IndexSource for SqliteIndex {
 
     async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<CatchUp> {
         let conn = self.conn.get().await?;
+        // Tests only (see `Forced`).
+        if let Some(parts) = self.forced.parts
+            && index.entries() == 0
+            && index.parts() != parts
+        {
+            *index = ProjectionIndex::with_parts(parts);
+        }
+        let stall_after = self.forced.take_stall();
         // Move both into the blocking task and back; if the task is cancelled by the
         // deadline, both stay at their defaults, which agree (the next refresh is a first scan).
         let mut cur = std::mem::take(cursor);
         let mut idx = std::mem::take(index);
         let (cur, idx, n) = conn
             .run("refresh", None, Written::Nothing, move |c| {
-                let n = catch_up(c, &mut cur, &mut idx);
+                let n = catch_up(c, &mut cur, &mut idx, stall_after);
                 Ok((cur, idx, n))
             })
             .await?;
@@ -266,7 +296,19 @@ impl IndexSource for SqliteIndex {
 
 /// Apply every entry past the index's checkpoint, in one read transaction so that every
 /// shard is read at the same snapshot.
-fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex) -> rusqlite::Result<CatchUp> {
+///
+/// A catch-up that fails leaves the index and its per-shard positions (the cursor of the
+/// next one, which reads only past them) agreeing: every row read before a read error (the
+/// deadline, an undecodable row) is applied, so each shard's rows applied are the ones up to
+/// its position; an apply error resets both (the index emptied), since the other threads
+/// went on applying later rows than the failed thread's. With `stall_after` (tests only: see
+/// [`Forced`]), the reading thread waits out its call's deadline after that many rows.
+fn catch_up(
+    c: &mut Connection,
+    cursor: &mut Cursor,
+    index: &mut ProjectionIndex,
+    stall_after: Option<u64>,
+) -> rusqlite::Result<CatchUp> {
     let tx = c.transaction()?;
     // Entries the store holds, by its shards' last seqs: only a hint (a damaged store may say
     // anything), for how much room to reserve and how many threads to apply on.
@@ -318,17 +360,28 @@ fn catch_up(c: &mut Connection, cursor: &mut Cursor, index: &mut ProjectionIndex
     let threads = if behind >= PARALLEL_FROM { index.parts() - 1 } else { 1 };
     let router = index.router(threads);
     let sessions = &cursor.sessions;
-    let done = std::thread::scope(|scope| {
+    // Lent to the applying thread for the scope only: an apply error empties it below.
+    let applying = &mut *index;
+    let (read, done, applied) = std::thread::scope(|scope| {
         let (sends, queues) = (0..router.threads())
             .map(|_| std::sync::mpsc::sync_channel::<Vec<Raw>>(4))
             .unzip();
-        let applier = scope.spawn(move || index.apply_routed(queues, |c, a| apply_chunk(c, sessions, a)));
-        let read = read_rows(&tx, &shards, &router, sends);
+        let applier = scope.spawn(move || applying.apply_routed(queues, |c, a| apply_chunk(c, sessions, a)));
+        let read = read_rows(&tx, &shards, &router, sends, stall_after);
         // A panic there is a bug: let it surface as the blocking task's panic.
         let (done, applied) = applier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-        // A read error explains an apply that stopped early; report it first.
-        read.and(applied).map(|()| done)
-    })?;
+        (read, done, applied)
+    });
+    if applied.is_err() {
+        // A thread that stopped at a row it could not apply dropped the rows queued for it,
+        // while the others went on: the index holds rows past those, and its positions
+        // with them. Keeping it would hide the dropped rows from every later catch-up;
+        // emptied, the next one reads everything again (and meets the same row).
+        *index = ProjectionIndex::with_parts(index.parts());
+        *cursor = Cursor::default();
+    }
+    // A read error explains an apply that stopped early; report it first.
+    read.and(applied)?;
     tx.commit()?;
     Ok(done)
 }
@@ -354,18 +407,62 @@ const MAX_RESERVE: usize = 2_000_000;
 const MAX_SESSION_SLACK: usize = 1 << 20;
 
 /// Read every entry past each shard's position, in chunks, into the queue of the thread
-/// that applies its id.
+/// that applies its id. Every row read is handed over, also when the read stops early.
 fn read_rows(
     tx: &rusqlite::Transaction<'_>,
     shards: &[(i64, ShardId, u64)],
     router: &Router,
     sends: Vec<std::sync::mpsc::SyncSender<Vec<Raw>>>,
+    stall_after: Option<u64>,
+) -> rusqlite::Result<()> {
+    let mut chunks: Vec<Vec<Raw>> = sends.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
+    let read = read_into(tx, shards, router, &sends, &mut chunks, stall_after);
+    // The chunks not full yet are sent whether or not the read went to the end: a thread may
+    // have applied a full chunk of later rows of the same shard, and raised the shard's
+    // position past rows kept here. Dropped, they would be holes below that position, which
+    // the next catch-up (reading past it) never reads again.
+    for (chunk, send) in chunks.into_iter().zip(&sends) {
+        if !chunk.is_empty() {
+            let _ = send.send(chunk); // a thread that stopped has an error to say why
+        }
+    }
+    read
+}
+
+/// Read rows into `chunks`, sending each full one to its thread.
+///
+/// The rows of one seq (a fenced writer's entry and its successor's share it) are handed on
+/// together, once a row of a later seq or the shard's end shows the group whole: a read cut
+/// between two of them hands on none, so the shard's position never passes a seq whose rows
+/// were not all applied.
+fn read_into(
+    tx: &rusqlite::Transaction<'_>,
+    shards: &[(i64, ShardId, u64)],
+    router: &Router,
+    sends: &[std::sync::mpsc::SyncSender<Vec<Raw>>],
+    chunks: &mut [Vec<Raw>],
+    stall_after: Option<u64>,
 ) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(
         "SELECT seq, epoch, hlc, kind, session_no, content_hash, id FROM entries INDEXED BY entries_projection
          WHERE shard_no = ?1 AND seq > ?2 ORDER BY seq, epoch",
     )?;
-    let mut chunks: Vec<Vec<Raw>> = sends.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
+    // Hand the rows of `group` on to their threads; false when a thread stopped.
+    let mut hand_on = |group: &mut Vec<(usize, Raw)>| {
+        for (t, raw) in group.drain(..) {
+            chunks[t].push(raw);
+            if chunks[t].len() == CHUNK
+                && sends[t]
+                    .send(std::mem::replace(&mut chunks[t], Vec::with_capacity(CHUNK)))
+                    .is_err()
+            {
+                return false;
+            }
+        }
+        true
+    };
+    let mut rows_read: u64 = 0;
+    let mut group: Vec<(usize, Raw)> = Vec::new();
     for &(shard_no, shard, after) in shards {
         let mut rows = stmt.query(params![shard_no, after as i64])?;
         while let Some(r) = rows.next()? {
@@ -375,8 +472,7 @@ fn read_rows(
                 rusqlite::Error::InvalidColumnType(5, "content_hash".into(), rusqlite::types::Type::Blob)
             })?;
             let id = r.get_ref(6)?.as_str()?;
-            let t = router.thread_of(id);
-            chunks[t].push(Raw {
+            let raw = Raw {
                 key: OrderKey {
                     hlc: Hlc(r.get::<_, i64>(2)? as u64),
                     shard,
@@ -387,22 +483,30 @@ fn read_rows(
                 kind,
                 hash,
                 session_no: r.get(4)?,
-            });
-            if chunks[t].len() == CHUNK
-                && sends[t]
-                    .send(std::mem::replace(&mut chunks[t], Vec::with_capacity(CHUNK)))
-                    .is_err()
-            {
+            };
+            if group.first().is_some_and(|(_, g)| g.key.seq != raw.key.seq) && !hand_on(&mut group) {
                 return Ok(()); // an applying thread stopped: its error says why
             }
+            group.push((router.thread_of(id), raw));
+            rows_read += 1;
+            if Some(rows_read) == stall_after {
+                wait_out_deadline();
+            }
         }
-    }
-    for (chunk, send) in chunks.into_iter().zip(&sends) {
-        if !chunk.is_empty() {
-            let _ = send.send(chunk);
+        if !hand_on(&mut group) {
+            return Ok(());
         }
     }
     Ok(())
+}
+
+/// Wait until the deadline of the call this thread runs has passed, so that the running
+/// statement's next steps are interrupted by it (tests only: see [`Forced`]). Outside a call
+/// there is no deadline to wait for.
+fn wait_out_deadline() {
+    if let Some(deadline) = crate::conn::call_deadline() {
+        std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+    }
 }
 
 /// Apply one chunk of rows on the thread its ids were routed to.
@@ -549,12 +653,13 @@ impl HistorySource for SqliteHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ctxlog_core::{Record, Store};
+    use ctxlog_core::backend::projector::IndexedProjector;
+    use ctxlog_core::{Projector, Record, Store};
 
     /// A catch-up of many rows applies them on several threads, each row routed by the
     /// reading thread to the thread of its id: the same index, and the same counts, as one
     /// applying thread. (On a two-core machine a store's own index has two parts and one
-    /// applying thread, so the routed path with more threads only runs here.)
+    /// applying thread, so the routed path with more threads only runs in these tests.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_catch_up_on_several_threads_equals_one_on_one() {
         let dir = tempfile::tempdir().unwrap();
@@ -586,7 +691,7 @@ mod tests {
         let mut c = Connection::open(&path).unwrap();
         let mut index_of = |parts: usize| {
             let mut index = ProjectionIndex::with_parts(parts);
-            let done = catch_up(&mut c, &mut Cursor::default(), &mut index).unwrap();
+            let done = catch_up(&mut c, &mut Cursor::default(), &mut index, None).unwrap();
             (index, done)
         };
         let (mut one, on_one) = index_of(1);
@@ -600,5 +705,147 @@ mod tests {
             assert_eq!(four.session_keys("bot", &session), one.session_keys("bot", &session));
         }
         assert!(one.stats().divergent_puts > 0 && one.stats().tombstoned > 0);
+    }
+
+    /// A store of `writers` shards of `each` entries, every id written once.
+    async fn store_of(path: &std::path::Path, writers: u64, each: u64) -> crate::SqliteStore {
+        let options = StoreOptions {
+            timeout: Duration::from_secs(10),
+            ..StoreOptions::default()
+        };
+        let store = crate::SqliteStore::open(path, options).await.unwrap();
+        for w in 0..writers {
+            let mut shard = store
+                .open_shard(&WriterId::new(format!("w{w}")).unwrap())
+                .await
+                .unwrap();
+            for first in (0..each).step_by(1000) {
+                let records = (first..each.min(first + 1000))
+                    .map(|i| Record::text(format!("w{w}-{i}"), "bot", format!("s{}", i % 7), "user", "text"))
+                    .collect();
+                shard.append(records).await.unwrap();
+            }
+            shard.close().await.unwrap();
+        }
+        store
+    }
+
+    /// A reader whose index has four parts, so that a large catch-up applies on three
+    /// threads whatever the machine's cores; its first catch-up's reading thread waits out
+    /// the deadline after `stall_after` rows (0: never).
+    fn four_part_reader(path: &std::path::Path, timeout: Duration, stall_after: u64) -> IndexedProjector<SqliteIndex> {
+        let options = StoreOptions {
+            create_if_missing: false,
+            timeout,
+            read_snapshots: false,
+            ..StoreOptions::default()
+        };
+        IndexedProjector::new(Arc::new(SqliteIndex {
+            conn: Arc::new(ReadConn::new(path.to_path_buf(), options)),
+            forced: Forced {
+                parts: Some(4),
+                stall_after: AtomicU64::new(stall_after),
+            },
+        }))
+    }
+
+    /// Every step of a test ends, whatever the code under test does.
+    async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(60), f)
+            .await
+            .unwrap_or_else(|_| panic!("{what} hung"))
+    }
+
+    /// The index holds exactly the entries up to each shard's position: seqs are dense from
+    /// 1 and every id is written once, so it holds as many as the positions add up to.
+    fn assert_index_and_positions_agree(p: &dyn Projector, when: &str) {
+        let held = p.stats().entries;
+        let positions: u64 = p.checkpoint().0.values().sum();
+        assert_eq!(
+            held, positions,
+            "{when}: the index holds {held} entries, its positions say {positions}"
+        );
+    }
+
+    async fn assert_same_view(p: &mut dyn Projector, full: &mut dyn Projector, who: &str) {
+        assert_eq!(p.stats(), full.stats(), "{who}");
+        assert_eq!(p.checkpoint(), full.checkpoint(), "{who}");
+        assert_eq!(
+            p.projection().canonical_json(),
+            full.projection().canonical_json(),
+            "{who}"
+        );
+        assert_eq!(
+            p.sessions("bot").await.unwrap(),
+            full.sessions("bot").await.unwrap(),
+            "{who}"
+        );
+    }
+
+    /// A large catch-up on several applying threads that the deadline cuts short keeps what
+    /// it applied and its positions agreeing, so the next refresh reads every row it missed;
+    /// a snapshot saved afterwards hands a new reader every entry. (The reading thread hands
+    /// rows over in chunks: a chunk still filling when the read stops holds rows below those
+    /// other threads have applied.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_catch_up_cut_short_on_several_threads_leaves_no_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = store_of(&path, 2, 10_000).await;
+        const { assert!(20_000 >= PARALLEL_FROM, "enough rows to apply on several threads") };
+
+        // Cut after three quarters of the rows: past the first shard read, in the middle of
+        // the second.
+        let mut cut = four_part_reader(&path, Duration::from_secs(3), 15_000);
+        match bounded("the cut refresh", cut.refresh()).await {
+            Err(Error::Timeout { .. }) => {}
+            other => panic!("the deadline cuts the catch-up: expected Timeout, got {other:?}"),
+        }
+        assert_index_and_positions_agree(&cut, "after the cut catch-up");
+        // Every row read before the cut is kept: the reading thread waited out the deadline
+        // after the first three quarters.
+        let held = cut.stats().entries;
+        assert!(
+            (15_000..20_000).contains(&held),
+            "the catch-up was cut part-way, what it read kept ({held} entries)"
+        );
+
+        let report = bounded("the next refresh", cut.refresh()).await.unwrap();
+        assert_eq!(report.new_entries, 20_000 - held);
+        let mut full = four_part_reader(&path, Duration::from_secs(30), 0);
+        bounded("a full scan", full.refresh()).await.unwrap();
+        assert_eq!(full.stats().entries, 20_000);
+        assert_same_view(&mut cut, &mut full, "the reader cut short, caught up").await;
+
+        bounded("saving a snapshot", cut.save_snapshot()).await.unwrap();
+        let mut next = store.projector();
+        let report = bounded("a reader from the snapshot", next.refresh()).await.unwrap();
+        assert!(report.from_snapshot.is_some(), "{report:?}");
+        assert_eq!(report.new_entries, 0);
+        assert_same_view(&mut *next, &mut full, "a reader from its snapshot").await;
+    }
+
+    /// A row that one applying thread cannot apply stops that thread while the others go on
+    /// past it: the index and its positions are emptied together, so the next refresh meets
+    /// the row again instead of reading past it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_apply_error_on_several_threads_is_met_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        store_of(&path, 1, 12_000).await;
+        // A session number the sessions table does not hold (a damaged store).
+        let c = Connection::open(&path).unwrap();
+        c.execute("UPDATE entries SET session_no = 999 WHERE seq = 3000", [])
+            .unwrap();
+        drop(c);
+
+        let mut p = four_part_reader(&path, Duration::from_secs(30), 0);
+        for attempt in 0..2 {
+            match bounded("a refresh", p.refresh()).await {
+                Err(Error::Corrupt { .. }) => {}
+                other => panic!("attempt {attempt}: expected Corrupt, got {other:?}"),
+            }
+            assert_index_and_positions_agree(&p, "after an apply error");
+        }
     }
 }

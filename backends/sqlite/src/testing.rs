@@ -9,7 +9,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::schema::{EntryRow, INSERT_ENTRY, insert_entry};
 /// Store an entry exactly as given, bypassing every check (what a broken writer or a damaged
-/// file leaves behind).
+/// file leaves behind). An entry with `purged` set is stored without a body (both body
+/// columns NULL), as purge leaves one — or as damage may, on an id without a tombstone; its
+/// metadata as given.
 pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
     let err = |e: rusqlite::Error| Error::backend("sqlite", "inject", None, Written::Unknown, e);
     let mut c = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(err)?;
@@ -55,6 +57,13 @@ pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
             record: &e.record,
         };
         insert_entry(&mut insert, row).map_err(err)?;
+    }
+    if e.purged {
+        tx.execute(
+            "UPDATE entries SET body_text = NULL, body_bytes = NULL WHERE shard_no = ?1 AND seq = ?2 AND epoch = ?3",
+            params![shard_no, e.seq as i64, e.epoch as i64],
+        )
+        .map_err(err)?;
     }
     tx.commit().map_err(err)
 }

@@ -49,6 +49,8 @@ const SQLITE: Backend = Backend {
     // A file on a local disk: no object store to fault.
     faults: None,
     files_in_root: true,
+    // Its file holds values as written (no compression): the byte scan reads them.
+    decoded_values_containing: None,
 };
 
 fn main() -> std::process::ExitCode {

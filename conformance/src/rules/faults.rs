@@ -294,40 +294,65 @@ pub async fn compaction_under_failing_writes_converges(ctx: Ctx) -> anyhow::Resu
 
 /// While conditional writes are flaky, concurrent creators and then concurrent claimants
 /// (retrying, as clients do) get a store and shards or typed errors, never a hang; afterwards
-/// the store is one store, epochs only grow, and every superseded handle refuses to append.
+/// the store is one store, epochs only grow, every superseded handle refuses to append, and
+/// what each append's answer said holds: an acknowledged record is visible exactly once, a
+/// definite failure left nothing visible, an indeterminate one all of its batch or none.
 pub async fn creation_and_claims_under_flaky_conditional_writes(ctx: Ctx) -> anyhow::Result<()> {
     let guard = inject(&ctx, Fault::ConditionalWritesFlaky).await?;
+    /// What one attempt's append was answered.
+    enum Appended {
+        Acked(Vec<String>),
+        Failed { ids: Vec<String>, err: Error },
+    }
     let contend = |i: usize| {
         let (uri, options, open) = (ctx.uri.clone(), short(&ctx), ctx.backend.open);
         tokio::spawn(async move {
-            let mut last = None;
-            for _ in 0..5 {
-                let attempt = async {
-                    let store = open(uri.clone(), options.clone()).await?;
-                    let mut shard = store.open_shard(&w("contended")).await?;
-                    let appended = shard.append(recs(&format!("c{i}"), "s", 2)).await.is_ok();
-                    ctxlog_core::Result::<(u64, bool, Box<dyn ctxlog_core::Shard>)>::Ok((
-                        shard.epoch(),
-                        appended,
-                        shard,
-                    ))
+            // Every attempt's error (to be checked, not swallowed) and append's answer.
+            let (mut errors, mut appends): (Vec<Error>, Vec<Appended>) = (Vec::new(), Vec::new());
+            for attempt in 0..5 {
+                let store = match open(uri.clone(), options.clone()).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        errors.push(e);
+                        continue;
+                    }
                 };
-                match attempt.await {
-                    Ok(h) => return Ok(h),
-                    Err(e) => last = Some(e),
+                let mut shard = match store.open_shard(&w("contended")).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        errors.push(e);
+                        continue;
+                    }
+                };
+                // Ids of their own per attempt: what each answer says can be checked apart.
+                let batch = recs(&format!("c{i}-a{attempt}"), "s", 2);
+                let ids = ids_of(&batch);
+                match shard.append(batch).await {
+                    Ok(_) => appends.push(Appended::Acked(ids)),
+                    Err(err) => appends.push(Appended::Failed { ids, err }),
                 }
+                return (Some((shard.epoch(), shard)), errors, appends);
             }
-            Err(last.expect("five attempts failed"))
+            (None, errors, appends)
         })
     };
     let tasks: Vec<_> = (0..4).map(contend).collect();
-    let mut handles = Vec::new();
+    let (mut handles, mut errors, mut appends) = (Vec::new(), Vec::new(), Vec::new());
     for t in tasks {
         // Under faults any typed error may come back; what matters is that none hangs and
         // what holds afterwards.
-        if let Ok(h) = bounded("a contender under flaky writes", Duration::from_secs(120), t).await?? {
-            handles.push(h);
-        }
+        let (handle, errs, apps) = bounded("a contender under flaky writes", Duration::from_secs(120), t).await??;
+        handles.extend(handle);
+        errors.extend(errs);
+        appends.extend(apps);
+    }
+    // Opening and claiming write nothing a reader sees: whatever they say, no error of
+    // theirs is a storage error without a kind the contract names.
+    for e in &errors {
+        ensure!(
+            !matches!(e, Error::Poisoned { .. }),
+            "a fresh open or claim cannot be poisoned: {e:?}"
+        );
     }
     drop(guard);
     ensure!(
@@ -337,14 +362,14 @@ pub async fn creation_and_claims_under_flaky_conditional_writes(ctx: Ctx) -> any
     // Without faults: one store, and a new claim is past every earlier one.
     let store = ctx.store_with(short(&ctx)).await?;
     let mut newest = store.open_shard(&w("contended")).await?;
-    for (epoch, _, _) in &handles {
+    for (epoch, _) in &handles {
         ensure!(
             newest.epoch() > *epoch,
             "expected a new claim past every earlier epoch ({epoch}), got {}",
             newest.epoch()
         );
     }
-    for (_, _, mut old) in handles {
+    for (_, mut old) in handles {
         match old.append(recs("late", "s", 1)).await {
             Err(Error::Fenced { .. } | Error::Poisoned { .. }) => {}
             other => bail!("a superseded handle must refuse to append, got {other:?}"),
@@ -352,6 +377,43 @@ pub async fn creation_and_claims_under_flaky_conditional_writes(ctx: Ctx) -> any
     }
     newest.append(recs("final", "s", 1)).await?;
     newest.close().await?;
+    // Every answer holds: acknowledged exactly once, definite nothing, indeterminate all or
+    // nothing of its batch (rules 1, 2, 4).
+    let view = ids(&store.projector().session("bot", "s").await?);
+    let count = |id: &String| view.iter().filter(|v| *v == id).count();
+    ensure!(
+        count(&"final-0".to_string()) == 1,
+        "the final record is not visible once: {view:?}"
+    );
+    for a in &appends {
+        match a {
+            Appended::Acked(ids) => {
+                for id in ids {
+                    ensure!(
+                        count(id) == 1,
+                        "acknowledged {id} is visible {} times: {view:?}",
+                        count(id)
+                    );
+                }
+            }
+            Appended::Failed { ids, err } if err.is_definite() => {
+                for id in ids {
+                    ensure!(count(id) == 0, "{id} is visible after a definite error ({err:?})");
+                }
+            }
+            Appended::Failed { ids, err } => {
+                let seen: Vec<usize> = ids.iter().map(count).collect();
+                ensure!(
+                    seen.iter().all(|n| *n == seen[0]) && seen[0] <= 1,
+                    "after an indeterminate error ({err:?}) a batch must be visible whole once or not at all: {seen:?}"
+                );
+            }
+        }
+    }
+    ensure!(
+        view.len() == 1 + view.iter().filter(|v| v.starts_with('c')).count(),
+        "records no contender wrote are visible: {view:?}"
+    );
     let conflicts = store.conflict_discovery().conflicts(None).await?;
     ensure!(
         conflicts

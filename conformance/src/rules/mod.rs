@@ -26,6 +26,8 @@ pub fn all() -> Vec<crate::Case> {
         creation::cases(),
         maintenance::cases(),
         reclaim::cases(),
+        reclaim::retain_race_cases(),
+        reclaim::purge_conflict_cases(),
         snapshots::cases(),
         faults::cases(),
     ]

@@ -17,7 +17,7 @@ pub fn cases() -> Vec<Case> {
         case!(a_writer_reopened_after_gc_keeps_its_seqs_and_clock),
         case!(purge_erases_tombstoned_bodies_and_changes_no_view),
         case!(purge_is_bounded_and_converges),
-        case!(a_purged_secret_is_in_no_byte_of_any_file, needs Files),
+        case!(a_purged_secret_is_in_no_byte_of_any_file, needs Erasure),
         case!(retain_ends_idle_sessions_with_ordinary_tombstones),
     ]
 }
@@ -293,17 +293,7 @@ pub async fn retain_ends_idle_sessions_with_ordinary_tombstones(ctx: Ctx) -> any
     }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
     ensure!(conflicts.is_empty(), "expected no conflicts, got {conflicts:?}");
-    let maintenance = store
-        .shards()
-        .await?
-        .into_iter()
-        .find(|s| s.writer.as_str() == ctxlog_core::MAINTENANCE_WRITER)
-        .ok_or_else(|| anyhow!("expected a shard of the maintenance writer"))?;
-    ensure!(
-        maintenance.entries == 3,
-        "expected 3 tombstones in the maintenance shard, got {}",
-        maintenance.entries
-    );
+    expect_maintenance_entries(store.as_ref(), 3).await?;
 
     // Exactly `older_than` old is not older: bot/mixed and bot/new (newest at t0 + 2h) stay.
     let at_cutoff = RetainOptions {
@@ -329,36 +319,61 @@ pub async fn retain_ends_idle_sessions_with_ordinary_tombstones(ctx: Ctx) -> any
     Ok(())
 }
 
-/// Every file under `dir` (recursively) that contains `needle`.
-fn files_containing(dir: &std::path::Path, needle: &[u8]) -> anyhow::Result<Vec<std::path::PathBuf>> {
-    let mut found = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for item in std::fs::read_dir(&d).with_context(|| format!("list {}", d.display()))? {
-            let path = item?.path();
-            let meta = std::fs::symlink_metadata(&path)?;
-            if meta.is_dir() {
-                todo.push(path);
-            } else if meta.is_file() {
-                let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-                if bytes.windows(needle.len()).any(|w| w == needle) {
-                    found.push(path);
-                }
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
+/// Every file under `dir` (recursively) that contains `needle`, found by another process:
+/// this one holds connections to the store, and a descriptor of a SQLite store's file opened
+/// and closed here would drop this process's locks on it.
+fn files_containing(dir: &std::path::Path, needle: &str) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    ctxlog_core::testing::outside::files_containing(dir, needle).with_context(|| format!("scan {}", dir.display()))
 }
 
-/// The auditor's test of rule 16 on a local disk: a record whose text and metadata carry a
-/// unique secret (once short, once in a body larger than a page) is tombstoned; after
-/// compaction, purge and gc (no grace period), no byte sequence of any file under the
-/// store's directory is the secret. Before the purge the secret is found (the scan can fail).
+/// The auditor's test of rule 16: a record whose text and metadata carry a unique secret
+/// (once short, once in a body larger than a page, once as the last append of a writer that
+/// then closes) is tombstoned; after compaction, purge and gc (no grace period) the secret is
+/// nowhere the store keeps it:
+///
+/// - on a local disk ([`Backend::files_in_root`]), no byte sequence of any file under the
+///   store's directory is the secret;
+/// - where the backend can decode what it stores ([`Backend::decoded_values_containing`]:
+///   compressed files a byte scan cannot see into, object stores), no decoded value of any
+///   stored version, generation or log entry holds it.
+///
+/// Each check runs where it applies, both where both do (local Lance), and each must find the
+/// secret before the purge (so that it can fail).
+///
+/// [`Backend::files_in_root`]: crate::Backend::files_in_root
+/// [`Backend::decoded_values_containing`]: crate::Backend::decoded_values_containing
 pub async fn a_purged_secret_is_in_no_byte_of_any_file(ctx: Ctx) -> anyhow::Result<()> {
     use std::hash::{BuildHasher, Hasher};
     let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
     let secret = format!("s3cr3t-{nonce:016x}");
+    let scan_files = ctx.backend.files_in_root;
+    let decoded_search = ctx.backend.decoded_values_containing;
+    ensure!(
+        scan_files || decoded_search.is_some(),
+        "the backend has neither local files nor a decoded search: the case cannot audit it"
+    );
+    // Where the decoded search finds the secret, as a readable list.
+    let decoded = |when: &'static str| {
+        let (uri, secret) = (ctx.uri.clone(), secret.clone());
+        async move {
+            match decoded_search {
+                Some(search) => search(uri, secret)
+                    .await
+                    .with_context(|| format!("the decoded search {when}")),
+                None => Ok(Vec::new()),
+            }
+        }
+    };
+    fn listed(places: &[String]) -> String {
+        let shown: Vec<&str> = places.iter().take(12).map(String::as_str).collect();
+        let more = places.len().saturating_sub(shown.len());
+        let more = if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        };
+        format!("{} places: {}{more}", places.len(), shown.join("; "))
+    }
     let store = ctx.store().await?;
     let mut shard = store.open_shard(&w("w")).await?;
     shard.append(recs("before", "s", 20)).await?;
@@ -367,17 +382,33 @@ pub async fn a_purged_secret_is_in_no_byte_of_any_file(ctx: Ctx) -> anyhow::Resu
     let long = rec("secret-2", "s", format!("{secret} ").repeat(2000));
     shard.append(vec![short, long]).await?;
     shard.append(recs("after", "s", 20)).await?;
+    // A writer whose last append before it closes is a secret: on a backend with a
+    // write-ahead log, the entry its closing flush covers last.
+    let mut last = store.open_shard(&w("last-words")).await?;
+    last.append(recs("last", "s", 3)).await?;
+    last.append(vec![rec("secret-3", "s", format!("last words: {secret}"))])
+        .await?;
+    last.close().await?;
     for _ in 0..3 {
         store.compact(&CompactOptions::default()).await?;
     }
-    ensure!(
-        !files_containing(&ctx.root, secret.as_bytes())?.is_empty(),
-        "expected the secret in some file before the purge: the scan would prove nothing"
-    );
+    if scan_files {
+        ensure!(
+            !files_containing(&ctx.root, &secret)?.is_empty(),
+            "expected the secret in some file before the purge: the scan would prove nothing"
+        );
+    }
+    if decoded_search.is_some() {
+        ensure!(
+            !decoded("before the purge").await?.is_empty(),
+            "expected the decoded search to find the secret before the purge: it would prove nothing"
+        );
+    }
     shard
         .append(vec![
             Record::tombstone("secret-1", "bot", "s"),
             Record::tombstone("secret-2", "bot", "s"),
+            Record::tombstone("secret-3", "bot", "s"),
         ])
         .await?;
     shard.close().await?;
@@ -387,17 +418,266 @@ pub async fn a_purged_secret_is_in_no_byte_of_any_file(ctx: Ctx) -> anyhow::Resu
         store.compact(&CompactOptions::default()).await?;
     }
     let report = store.purge(&PurgeOptions::default()).await?;
-    ensure!(report.ids_purged == 2, "expected 2 ids purged, got {report:?}");
+    ensure!(report.ids_purged == 3, "expected 3 ids purged, got {report:?}");
     for _ in 0..3 {
         store.compact(&CompactOptions::default()).await?;
     }
     store.gc(&now()).await?;
-    let left = files_containing(&ctx.root, secret.as_bytes())?;
+    if scan_files {
+        let left = files_containing(&ctx.root, &secret)?;
+        ensure!(
+            left.is_empty(),
+            "expected the secret in no file after purge and gc, found it in {left:?}"
+        );
+    }
+    let left = decoded("after purge and gc").await?;
     ensure!(
         left.is_empty(),
-        "expected the secret in no file after purge and gc, found it in {left:?}"
+        "expected the secret in no stored value after purge and gc, the decoded search found it in {}",
+        listed(&left)
     );
     let after = views(ctx.store().await?.as_ref()).await?;
     ensure!(after == before, "purge and gc changed what readers see");
+    Ok(())
+}
+
+/// The retention cases appended after [`cases`]; `rules::all` lists them next to it.
+pub fn retain_race_cases() -> Vec<Case> {
+    vec![case!(retain_leaves_alone_a_session_written_to_after_it_was_found_idle)]
+}
+
+/// Retention decides which sessions are idle from one read; a record written to one of them
+/// after that decision and before its tombstones (here by a hook between the two) keeps the
+/// whole session live: the pass re-checks each session just before ending it, skips the one
+/// that became active, and says so, and still ends the others.
+pub async fn retain_leaves_alone_a_session_written_to_after_it_was_found_idle(ctx: Ctx) -> anyhow::Result<()> {
+    const HOUR: u64 = 3_600_000;
+    let t0 = 1_800_000_000_000;
+    let clock = ManualClock::new(t0);
+    let store = ctx
+        .store_with(StoreOptions {
+            clock: clock.clone(),
+            ..ctx.options()
+        })
+        .await?;
+    let mut shard = store.open_shard(&w("app")).await?;
+    shard.append(recs("a", "idle-a", 2)).await?;
+    shard.append(recs("busy", "busy", 3)).await?;
+    shard.append(recs("b", "idle-b", 1)).await?;
+    clock.set(t0 + 2 * HOUR);
+    shard.append(recs("fresh", "fresh", 1)).await?;
+    shard.close().await?;
+    clock.set(t0 + 3 * HOUR);
+
+    // Idle: bot/idle-a, bot/busy, bot/idle-b (newest at t0, the cutoff is t0 + 2h); the hook
+    // runs for each after that decision, and writes one record to bot/busy.
+    let calls = std::sync::Mutex::new(Vec::<String>::new());
+    let wrote = std::sync::Mutex::new(None::<Result<(), Error>>);
+    let (store_ref, calls_ref, wrote_ref) = (store.as_ref(), &calls, &wrote);
+    let hook = move |bot: String, session: String| async move {
+        calls_ref
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(format!("{bot}/{session}"));
+        if session != "busy" {
+            return;
+        }
+        let result = async {
+            let mut late = store_ref.open_shard(&w("late")).await?;
+            let record = rec("busy-late", "busy", "written after retention found bot/busy idle");
+            late.append(vec![record]).await?;
+            late.close().await?;
+            Ok::<(), Error>(())
+        }
+        .await;
+        *wrote_ref.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(result);
+    };
+    let options = RetainOptions::older_than(Duration::from_millis(HOUR));
+    let report = options.retain_with_hook(store.as_ref(), hook).await?;
+
+    let calls = calls.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    ensure!(
+        calls == ["bot/idle-a", "bot/busy", "bot/idle-b"],
+        "expected the hook to run for bot/idle-a, bot/busy, bot/idle-b (oldest first), got {calls:?}"
+    );
+    match wrote.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        Some(Ok(())) => {}
+        Some(Err(e)) => return Err(anyhow::Error::new(e).context("the hook's append to bot/busy")),
+        None => bail!("the hook never wrote to bot/busy"),
+    }
+    let idle = |s: &str| ("bot".to_string(), s.to_string());
+    ensure!(
+        report.sessions_ended == vec![idle("idle-a"), idle("idle-b")]
+            && report.tombstones == 3
+            && report.sessions_skipped_active == 1
+            && report.sessions_remaining == 0,
+        "expected bot/idle-a and bot/idle-b ended with 3 tombstones and bot/busy skipped as active, got {report:?}"
+    );
+
+    let mut p = store.projector();
+    let busy = ids(&p.session("bot", "busy").await?);
+    ensure!(
+        busy == ["busy-0", "busy-1", "busy-2", "busy-late"],
+        "expected every record of bot/busy live (it was written to before it was ended), got {busy:?}"
+    );
+    for (session, n) in [("idle-a", 0), ("idle-b", 0), ("fresh", 1)] {
+        let live = p.session("bot", session).await?.len();
+        ensure!(live == n, "expected {n} live records in bot/{session}, got {live}");
+    }
+    let conflicts = store.conflict_discovery().conflicts(None).await?;
+    ensure!(conflicts.is_empty(), "expected no conflicts, got {conflicts:?}");
+    expect_maintenance_entries(store.as_ref(), 3).await?;
+
+    // bot/busy is active now (its newest record is at t0 + 3h): a plain pass leaves it too.
+    let again = ctxlog_core::retain(store.as_ref(), &options).await?;
+    ensure!(
+        again.sessions_ended.is_empty() && again.tombstones == 0 && again.sessions_skipped_active == 0,
+        "expected a second pass to end and skip nothing, got {again:?}"
+    );
+    Ok(())
+}
+
+/// The purge cases appended after [`cases`]; `rules::all` lists them next to it.
+pub fn purge_conflict_cases() -> Vec<Case> {
+    vec![case!(purge_keeps_a_non_empty_conflict_list_byte_identical)]
+}
+
+/// Rules 16 and 10: purge leaves a conflict list that is not empty byte-identical — a
+/// divergent put and a write after delete of tombstoned ids (tombstones in another shard
+/// than those puts), a divergent put of a live id, and damage to live ids, which purge does
+/// not touch: a seq gap, content that does not match its hash, an entry without a body
+/// (corrupt: its id has no tombstone). The canonical list is the same before and after, in
+/// a full check and after checkpoints (one with the tombstones below it), and the model's.
+pub async fn purge_keeps_a_non_empty_conflict_list_byte_identical(ctx: Ctx) -> anyhow::Result<()> {
+    let store = history_with_a_forgotten_id(&ctx).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    // Past every entry so far, the tombstones (shard `a`) among them.
+    let tombstoned = p.checkpoint();
+    let mut b = store.open_shard(&w("b")).await?;
+    b.observe(p.max_hlc())?;
+    let late = b
+        .append(vec![
+            // A late retry of a forgotten put: a write after delete, purged too.
+            rec("forget-me", "s", "a secret body"),
+            // A live id's divergent put.
+            rec("keep-1", "s", "not what was kept"),
+        ])
+        .await?;
+    b.close().await?;
+    let shard = w("b").shard_id();
+    let damaged = |seq: u64, record: Record| {
+        let content_hash = record.content_hash();
+        Entry {
+            shard,
+            seq,
+            epoch: late.epoch,
+            hlc: Hlc(late.last_hlc.0 + seq),
+            record,
+            content_hash,
+            purged: false,
+        }
+    };
+    // Past a hole (a seq gap): a live record whose body is gone, and one changed.
+    let mut lost = damaged(late.last_seq + 2, rec("lost", "s", "a body that is lost"));
+    lost.purge();
+    let mut tampered = damaged(late.last_seq + 3, rec("tampered", "s", "original"));
+    tampered.record.body = Body::Text("tampered".into());
+    for e in [lost, tampered] {
+        (ctx.backend.inject_raw_entry)(ctx.uri.clone(), e).await?;
+    }
+
+    let mut everything_old = tombstoned.clone();
+    everything_old.advance(shard, late.last_seq);
+    let checkpoints = [Checkpoint::default(), tombstoned, everything_old];
+    // The canonical conflict lists: in full, after each checkpoint (a fresh discovery each).
+    async fn lists(store: &dyn Store, checkpoints: &[Checkpoint]) -> anyhow::Result<Vec<String>> {
+        let mut out = vec![ctxlog_core::conflicts_json(
+            &store.conflict_discovery().conflicts(None).await?,
+        )];
+        for cp in checkpoints {
+            out.push(ctxlog_core::conflicts_json(
+                &store.conflict_discovery().conflicts(Some(cp)).await?,
+            ));
+        }
+        Ok(out)
+    }
+
+    let store = ctx.store().await?;
+    let conflicts = store.conflict_discovery().conflicts(None).await?;
+    let model = model::conflicts(&all_entries(store.as_ref()).await?);
+    ensure!(
+        conflicts == model,
+        "before purge, the checker differs from the model: got {conflicts:?}, the model says {model:?}"
+    );
+    let mut corrupt: Vec<&str> = conflicts
+        .iter()
+        .filter_map(|c| match c {
+            Conflict::Corrupt { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    corrupt.sort_unstable();
+    ensure!(
+        corrupt == ["lost", "tampered"],
+        "expected the live ids' damaged entries corrupt, got {conflicts:?}"
+    );
+    ensure!(
+        kinds(&conflicts)
+            == vec![
+                ConflictKind::DivergentPut,
+                ConflictKind::DivergentPut,
+                ConflictKind::WriteAfterDelete,
+                ConflictKind::SeqGap,
+                ConflictKind::Corrupt,
+                ConflictKind::Corrupt,
+            ],
+        "expected two divergent puts, a write after delete, a seq gap and two corrupt entries, got {conflicts:?}"
+    );
+    let before = views(store.as_ref()).await?;
+    let before_lists = lists(store.as_ref(), &checkpoints).await?;
+
+    let report = store.purge(&PurgeOptions::default()).await?;
+    ensure!(report.ids_purged == 2, "expected 2 ids purged, got {report:?}");
+    let store = ctx.store().await?;
+    let after = views(store.as_ref()).await?;
+    ensure!(after.0 == before.0, "purge changed the projection");
+    ensure!(
+        after.1 == before.1,
+        "purge changed the conflict list: {} -> {}",
+        before.1,
+        after.1
+    );
+    let after_lists = lists(store.as_ref(), &checkpoints).await?;
+    let after_what = [None].into_iter().chain(checkpoints.iter().map(Some));
+    for ((cp, old), new) in after_what.zip(&before_lists).zip(&after_lists) {
+        ensure!(
+            old == new,
+            "purge changed the conflict list after {cp:?}: {old} -> {new}"
+        );
+    }
+    let model = model::conflicts(&all_entries(store.as_ref()).await?);
+    ensure!(
+        ctxlog_core::conflicts_json(&model) == after.1,
+        "after purge, the checker differs from the model: {} vs {}",
+        after.1,
+        ctxlog_core::conflicts_json(&model)
+    );
+    Ok(())
+}
+
+/// The maintenance writer's shard holds exactly `n` entries (retention's tombstones).
+async fn expect_maintenance_entries(store: &dyn Store, n: u64) -> anyhow::Result<()> {
+    let maintenance = store
+        .shards()
+        .await?
+        .into_iter()
+        .find(|s| s.writer.as_str() == ctxlog_core::MAINTENANCE_WRITER)
+        .ok_or_else(|| anyhow!("expected a shard of the maintenance writer"))?;
+    ensure!(
+        maintenance.entries == n,
+        "expected {n} tombstones in the maintenance shard, got {}",
+        maintenance.entries
+    );
     Ok(())
 }

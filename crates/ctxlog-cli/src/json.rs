@@ -218,6 +218,7 @@ pub(crate) fn retain_json(r: &RetainReport) -> Value {
         "sessions_ended": ended,
         "tombstones": r.tombstones,
         "sessions_remaining": r.sessions_remaining,
+        "sessions_skipped_active": r.sessions_skipped_active,
     })
 }
 

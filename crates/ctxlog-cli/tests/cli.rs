@@ -315,7 +315,12 @@ async fn retain_purge_and_gc_print_their_reports_on_every_local_backend() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         keys(&lines(&out)[0]),
-        ["sessions_ended", "sessions_remaining", "tombstones"]
+        [
+            "sessions_ended",
+            "sessions_remaining",
+            "sessions_skipped_active",
+            "tombstones"
+        ]
     );
     assert_eq!(lines(&out)[0]["tombstones"], 0);
     let out = ctxlog(&store, &["retain", "--older-than", "0s", "--bot", "b"], "").await;

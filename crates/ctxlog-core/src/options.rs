@@ -227,6 +227,9 @@ pub struct RetainReport {
     pub tombstones: u64,
     /// Sessions past the cutoff left for a later pass.
     pub sessions_remaining: u64,
+    /// Sessions found idle but written to before they were ended: the re-read just before
+    /// their tombstones saw a record at or after the cutoff, so they were left alone.
+    pub sessions_skipped_active: u64,
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ fn backend(name: &'static str, store_uri: fn(&std::path::Path) -> String) -> Bac
         tamper_snapshots: |_, _| Box::pin(async { anyhow::bail!("parity damages nothing") }),
         faults: None,
         files_in_root: true,
+        decoded_values_containing: None,
     }
 }
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

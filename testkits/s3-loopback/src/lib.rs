@@ -3,11 +3,14 @@
 //! time it is needed. It honours conditional writes (`If-None-Match: *` and `If-Match`),
 //! which Lance's commits and ctxlog's race-safe creation depend on.
 //!
-//! One change to moto, made by the launcher `serve.py` when the server starts: a GET of one
-//! byte range reads that range, not the whole object. moto 5.2.5 reads and copies the whole
+//! Two changes to moto, made by the launcher `serve.py` when the server starts. A GET of one
+//! byte range reads that range, not the whole object: moto 5.2.5 reads and copies the whole
 //! object for every range GET (about 37 ms for a range of a 50 MB object on the build
 //! machine, 5 ms with the launcher), so a Lance scan of large files measured the emulator;
-//! S3 serves a range at the cost of the range.
+//! S3 serves a range at the cost of the range. And a conditional write is atomic: moto checks
+//! `If-None-Match`/`If-Match` and then writes with nothing held between, so writers racing
+//! one put-if-absent could both win; the launcher runs each write of a key, check and write,
+//! under a lock of that key, and exactly one wins, as on S3.
 //!
 //! [`shared`] gives every test in a process one server: the one `cargo xtask test` started
 //! for the whole run (`CTXLOG_S3_ENDPOINT`), or else one this process starts and that dies
@@ -270,8 +273,8 @@ fn die_with_parent(cmd: &mut Command) {
     let _ = cmd;
 }
 
-/// The launcher that starts moto's server with ranged reads served from the range alone
-/// (see `serve.py`), written into `venv` under a name of its own and renamed into place, so
+/// The launcher that starts moto's server with ranged reads served from the range alone and
+/// conditional writes made atomic (see `serve.py`), written into `venv` under a name of its own and renamed into place, so
 /// that a process starting the server never reads a half-written file.
 fn write_launcher(venv: &Path) -> Result<PathBuf, Error> {
     let path = venv.join("ctxlog-serve.py");

@@ -12,7 +12,7 @@ use super::probe::{LATE_WRITER, probe, snapshot_then_late_writes};
 use super::stats::{Stat, fmt_secs};
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::FirstScanArgs;
-use crate::stores::{copy_store, remove_store, store_uri};
+use crate::stores::{copy_store, generate_or_reuse, remove_store, store_uri};
 
 /// Every figure of one (backend, size).
 #[derive(Clone, Debug, Serialize)]
@@ -25,6 +25,12 @@ pub(super) struct Row {
     pub first_scan_cold: Option<Stat>,
     pub floor_warm: Option<Stat>,
     pub floor_cold: Option<Stat>,
+    /// Entries the first scan read.
+    pub first_scan_entries_read: u64,
+    /// Rows the raw-scan floor read (its own plain reads of every tier): about the first
+    /// scan's entries; a floor that read more would be slower than it should be, and flatter
+    /// the ratio.
+    pub floor_rows: u64,
     pub refresh_warm: Option<Stat>,
     pub refresh_new_entries: u64,
     pub conflicts_warm: Option<Stat>,
@@ -62,6 +68,7 @@ fn measure(
     let mut series: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut last = Value::Null;
     let mut rss = 0u64;
+    let mut floor_rows = 0u64;
     // Warm the page cache once (untimed), then measure.
     probe(bin, store, false, &["first-scan"])?;
     pb.inc(1);
@@ -76,6 +83,7 @@ fn measure(
             last = v;
             pb.inc(1);
             let f = probe(bin, store, cold, &["floor"])?;
+            floor_rows = f["rows"].as_u64().unwrap_or(0);
             series
                 .entry(if cold { "floor_cold" } else { "floor_warm" })
                 .or_default()
@@ -160,6 +168,8 @@ fn measure(
         first_scan_cold: stat("first_scan_cold"),
         floor_warm: stat("floor_warm"),
         floor_cold: stat("floor_cold"),
+        first_scan_entries_read: last["entries_read"].as_u64().unwrap_or(0),
+        floor_rows,
         refresh_warm: stat("refresh_warm"),
         refresh_new_entries: new_entries,
         conflicts_warm: stat("conflicts_warm"),
@@ -302,7 +312,8 @@ pub(crate) fn run(a: &FirstScanArgs) -> Result<()> {
     Ok(())
 }
 
-/// Generate (or reuse) the store for one backend and size.
+/// Generate the store for one backend and size, or reuse it when it was generated with the
+/// same store format, generator and parameters (see [`crate::stores::generated_key`]).
 fn generated_store(bin: &Path, backend: &str, size: usize, a: &FirstScanArgs, out: &Path) -> Result<String> {
     let dir = out.join("stores");
     std::fs::create_dir_all(&dir)?;
@@ -314,31 +325,25 @@ fn generated_store(bin: &Path, backend: &str, size: usize, a: &FirstScanArgs, ou
     });
     let uri = store_uri(backend, &path);
     let done = dir.join(format!("{name}.done"));
-    if done.exists() {
-        return Ok(uri);
-    }
-    remove_store(&uri);
-    let pb = progress(
-        a.common.json || a.common.quiet,
-        1,
-        &format!("generating {backend} {}", size_label(size)),
-    );
+    let (entries, writers, seed) = (size.to_string(), a.writers.to_string(), a.seed.to_string());
     let mut args = vec![
-        "generate".to_string(),
-        "--entries".into(),
-        size.to_string(),
-        "--writers".into(),
-        a.writers.to_string(),
-        "--seed".into(),
-        a.seed.to_string(),
+        "--entries",
+        entries.as_str(),
+        "--writers",
+        writers.as_str(),
+        "--seed",
+        seed.as_str(),
     ];
     if backend == "lance" {
-        args.push("--compact".into());
+        args.push("--compact");
     }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let v = probe(bin, &uri, false, &argv)?;
-    pb.finish_and_clear();
-    std::fs::write(&done, v.to_string())?;
+    generate_or_reuse(bin, &uri, &done, &args, || {
+        progress(
+            a.common.json || a.common.quiet,
+            1,
+            &format!("generating {backend} {}", size_label(size)),
+        )
+    })?;
     Ok(uri)
 }
 

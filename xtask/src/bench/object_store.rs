@@ -21,7 +21,7 @@ use super::probe::{probe, snapshot_then_late_writes};
 use super::stats::{Stat, fmt_secs};
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::ObjectStoreArgs;
-use crate::stores::{remove_store, store_uri};
+use crate::stores::{generate_or_reuse, remove_store, store_uri};
 
 /// The session a view is measured on (every generated log has it).
 const VIEW: (&str, &str) = ("bot-0", "s-0000");
@@ -277,34 +277,27 @@ fn runs(
     Ok((Stat::of(times), last))
 }
 
-/// A log generated with `writers` writers and left as they wrote it (nothing folded).
+/// A log generated with `writers` writers and left as they wrote it (nothing folded),
+/// reused when it was generated with the same store format, generator and parameters (see
+/// [`crate::stores::generated_key`]).
 fn generated(bin: &Path, size: usize, writers: usize, seed: u64, out: &Path, hidden: bool) -> Result<String> {
     let dir = out.join("stores");
     std::fs::create_dir_all(&dir)?;
     let name = format!("lance-{}-w{writers}-s{seed}-raw", size_label(size));
     let uri = store_uri("lance", &dir.join(format!("{name}.lance")));
     let done = dir.join(format!("{name}.done"));
-    if done.exists() {
-        return Ok(uri);
-    }
-    remove_store(&uri);
-    let pb = progress(hidden, 1, &format!("generating lance {} w{writers}", size_label(size)));
-    let v = probe(
-        bin,
-        &uri,
-        false,
-        &[
-            "generate",
-            "--entries",
-            &size.to_string(),
-            "--writers",
-            &writers.to_string(),
-            "--seed",
-            &seed.to_string(),
-        ],
-    )?;
-    pb.finish_and_clear();
-    std::fs::write(&done, v.to_string())?;
+    let (entries, writers_arg, seed) = (size.to_string(), writers.to_string(), seed.to_string());
+    let args = [
+        "--entries",
+        entries.as_str(),
+        "--writers",
+        writers_arg.as_str(),
+        "--seed",
+        seed.as_str(),
+    ];
+    generate_or_reuse(bin, &uri, &done, &args, || {
+        progress(hidden, 1, &format!("generating lance {} w{writers}", size_label(size)))
+    })?;
     Ok(uri)
 }
 

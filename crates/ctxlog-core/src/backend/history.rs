@@ -33,7 +33,9 @@ pub enum StoredBody<'a> {
     Text(&'a str),
     /// Opaque bytes.
     Bytes(&'a [u8]),
-    /// Erased by a purge (rule 16): nothing to check against the hash.
+    /// No body (both body columns empty): what a purge leaves of an entry of an id that has
+    /// a tombstone (rule 16), with nothing to check against the hash. Anywhere else — its id
+    /// has no tombstone in the log — damage, which the checker reports as `Corrupt`.
     Purged,
 }
 
@@ -92,7 +94,45 @@ struct Held {
 enum HeldBody {
     Text,
     Bytes,
+    /// No body, and its id has a tombstone: erased by a purge, nothing to check.
     Purged,
+    /// No body, and no tombstone of its id seen yet: corrupt unless one turns up (a purge
+    /// erases only ids with a tombstone, rule 16). Hashed as a reader serves it: empty text.
+    Missing,
+}
+
+/// What content checks found.
+#[derive(Default)]
+struct Found {
+    /// Conflicts, as found.
+    conflicts: Vec<Conflict>,
+    /// A `Corrupt` conflict per row without a body whose id had no tombstone when it was
+    /// seen: each stands unless the id turns out to have one ([`Found::settle`]).
+    bodiless: Vec<Conflict>,
+}
+
+impl Found {
+    fn extend(&mut self, other: Found) {
+        self.conflicts.extend(other.conflicts);
+        self.bodiless.extend(other.bodiless);
+    }
+
+    /// Every conflict, once `index` holds every entry checked: a row without a body is
+    /// corrupt unless its id has a tombstone somewhere in the log — in another shard, or
+    /// below a checkpoint, which only the index knows of (rule 16).
+    fn settle(self, index: &ProjectionIndex) -> impl Iterator<Item = Conflict> + '_ {
+        let bodiless = self.bodiless.into_iter().filter(move |c| match c {
+            Conflict::Corrupt { id, .. } => !has_tombstone(index, id),
+            _ => true,
+        });
+        self.conflicts.into_iter().chain(bodiless)
+    }
+}
+
+/// Whether `id`, which `index` holds (a row of it was applied), has a tombstone: an id is
+/// held for a put or a tombstone of it, and a held id without a live winner has a tombstone.
+fn has_tombstone(index: &ProjectionIndex, id: &str) -> bool {
+    index.live(id).is_none()
 }
 
 /// Rows on their way to a hashing thread: their fields copied into one buffer. A hashing
@@ -105,12 +145,15 @@ struct RowBatch {
 }
 
 impl RowBatch {
-    fn push(&mut self, r: &StoredRow<'_>) {
+    /// Add `r`; `tombstoned`: its id is known to have a tombstone (so a missing body was
+    /// erased by a purge).
+    fn push(&mut self, r: &StoredRow<'_>, tombstoned: bool) {
         let start = self.bytes.len();
         let (body_kind, body): (HeldBody, &[u8]) = match r.body {
             StoredBody::Text(t) => (HeldBody::Text, t.as_bytes()),
             StoredBody::Bytes(b) => (HeldBody::Bytes, b),
-            StoredBody::Purged => (HeldBody::Purged, &[]),
+            StoredBody::Purged if tombstoned => (HeldBody::Purged, &[]),
+            StoredBody::Purged => (HeldBody::Missing, &[]),
         };
         let mut ends = [0; 7];
         let fields: [&[u8]; 7] = [
@@ -145,7 +188,7 @@ impl RowBatch {
     }
 
     /// Check every row's content, and empty the batch for reuse.
-    fn check(&mut self, out: &mut Vec<Conflict>) {
+    fn check(&mut self, out: &mut Found) {
         for h in &self.rows {
             let field = |i: usize| &self.bytes[if i == 0 { h.start } else { h.ends[i - 1] }..h.ends[i]];
             let covered = Covered {
@@ -155,7 +198,8 @@ impl RowBatch {
                 role: field(3),
                 content_type: field(4),
                 kind: h.kind,
-                text: h.body == HeldBody::Text,
+                // A missing body is read as empty text.
+                text: h.body != HeldBody::Bytes,
                 body: field(5),
             };
             content_conflicts(h, &covered, h.has_metadata.then(|| field(6)), out);
@@ -175,7 +219,7 @@ impl RowBatch {
 pub struct HistoryChecker {
     index: ProjectionIndex,
     positions: HashMap<ShardId, Vec<(Seq, Epoch)>>,
-    corrupt: Vec<Conflict>,
+    found: Found,
     batch: RowBatch,
     hashers: Option<Hashers>,
 }
@@ -184,7 +228,7 @@ pub struct HistoryChecker {
 /// each ends after the batch in hand.
 struct Hashers {
     queues: Vec<std::sync::mpsc::SyncSender<RowBatch>>,
-    threads: Vec<std::thread::JoinHandle<Vec<Conflict>>>,
+    threads: Vec<std::thread::JoinHandle<Found>>,
     /// Batches the threads checked and emptied, for the reader to fill again.
     emptied: std::sync::mpsc::Receiver<RowBatch>,
     next: usize,
@@ -201,7 +245,7 @@ impl Hashers {
             let (tx, rx) = std::sync::mpsc::sync_channel::<RowBatch>(2);
             let give_back = give_back.clone();
             let spawned = std::thread::Builder::new().name("ctxlog-hash".into()).spawn(move || {
-                let mut out = Vec::new();
+                let mut out = Found::default();
                 for mut batch in rx {
                     batch.check(&mut out);
                     let _ = give_back.try_send(batch);
@@ -233,9 +277,9 @@ impl Hashers {
     }
 
     /// Close the queues and collect every thread's findings.
-    fn finish(self) -> Vec<Conflict> {
+    fn finish(self) -> Found {
         drop(self.queues);
-        let mut out = Vec::new();
+        let mut out = Found::default();
         for t in self.threads {
             match t.join() {
                 Ok(found) => out.extend(found),
@@ -274,13 +318,16 @@ impl HistoryChecker {
             return;
         }
         self.positions.entry(r.shard).or_default().push((r.seq, r.epoch));
-        self.batch.push(&r);
+        // A row without a body whose id has a tombstone already seen is settled now; the
+        // others wait for the end, when every tombstone has been seen.
+        let tombstoned = r.body == StoredBody::Purged && has_tombstone(&self.index, r.id);
+        self.batch.push(&r, tombstoned);
         if self.batch.is_full() {
             let hashers = self.hashers.get_or_insert_with(Hashers::start);
             let spare = hashers.emptied.try_recv().unwrap_or_default();
             let full = std::mem::replace(&mut self.batch, spare);
             if let Err(mut back) = hashers.send(full) {
-                back.check(&mut self.corrupt);
+                back.check(&mut self.found);
                 self.batch = back;
             }
         }
@@ -289,11 +336,12 @@ impl HistoryChecker {
     /// Every conflict, canonical order; with `after`, only those past that checkpoint.
     pub fn finish(mut self, after: Option<&Checkpoint>) -> Vec<Conflict> {
         let mut out = self.index.id_conflicts();
-        self.batch.check(&mut out);
+        let mut found = std::mem::take(&mut self.found);
+        self.batch.check(&mut found);
         if let Some(h) = self.hashers.take() {
-            out.extend(h.finish());
+            found.extend(h.finish());
         }
-        out.extend(self.corrupt);
+        out.extend(found.settle(&self.index));
         for (shard, positions) in self.positions {
             position_conflicts(shard, positions, &mut out);
         }
@@ -371,10 +419,12 @@ impl<'a> StoredRow<'a> {
 /// What one entry's content says (rule 10): a clock past the plausible horizon, or a
 /// stored hash that is not its content's. `metadata` is the JSON text as stored: hashed as
 /// it is first (backends store canonical JSON), and only if that does not match, parsed and
-/// written canonically as a reader would see it. Text that is not JSON is corrupt.
-fn content_conflicts(at: &Held, covered: &Covered<'_>, metadata: Option<&[u8]>, out: &mut Vec<Conflict>) {
+/// written canonically as a reader would see it. Text that is not JSON is corrupt. A row
+/// without a body is corrupt unless its id has a tombstone (rule 16): until that is known,
+/// its conflict goes to `out.bodiless`, with the hash of what a reader serves (empty text).
+fn content_conflicts(at: &Held, covered: &Covered<'_>, metadata: Option<&[u8]>, out: &mut Found) {
     if at.hlc.millis() > Hlc::PLAUSIBLE_MILLIS {
-        out.push(Conflict::ImplausibleHlc {
+        out.conflicts.push(Conflict::ImplausibleHlc {
             shard: at.shard,
             seq: at.seq,
             epoch: at.epoch,
@@ -393,15 +443,23 @@ fn content_conflicts(at: &Held, covered: &Covered<'_>, metadata: Option<&[u8]>, 
         write_canonical(&mut canonical, &v);
         actual = covered.hash(Some(&canonical));
     }
-    if actual != at.hash {
-        out.push(Conflict::Corrupt {
+    // A missing body is corrupt even when what a reader serves matches the hash (an empty
+    // text): the stored body was not empty text, it is gone.
+    let missing = at.body == HeldBody::Missing;
+    if actual != at.hash || missing {
+        let conflict = Conflict::Corrupt {
             shard: at.shard,
             seq: at.seq,
             epoch: at.epoch,
             id: String::from_utf8_lossy(covered.id).into_owned(),
             stored_hash: at.hash,
             actual_hash: actual,
-        });
+        };
+        if missing {
+            out.bodiless.push(conflict);
+        } else {
+            out.conflicts.push(conflict);
+        }
     }
 }
 
@@ -514,7 +572,6 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
         // Entries appended since the refresh join the index: it then holds every entry the
         // content checks below saw, and the answer is a function of one set of entries.
         let index = self.projector.index_mut();
-        let mut out = Vec::new();
         let mut seen = HashSet::new();
         let mut ids = BTreeSet::new();
         let mut shards = HashSet::new();
@@ -525,11 +582,17 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
             }
             index.apply(IndexRow::of(e));
             let metadata = e.record.metadata.as_ref().map(canonical_json);
-            content.push(&StoredRow::of(e, metadata.as_deref()));
+            // Whether a missing body's id has a tombstone is settled below, once the index
+            // holds every new entry too.
+            content.push(&StoredRow::of(e, metadata.as_deref()), false);
             ids.insert(e.record.id.as_str());
             shards.insert(e.shard);
         }
-        content.check(&mut out);
+        let mut found = Found::default();
+        content.check(&mut found);
+        // A missing body's id may have its tombstone below the checkpoint or in another
+        // shard: the index, which holds every entry, answers for it.
+        let mut out: Vec<Conflict> = found.settle(index).collect();
         out.extend(index.id_conflicts_of(ids));
         for (shard, positions) in index.positions_of(&shards) {
             position_conflicts(shard, positions, &mut out);
@@ -647,6 +710,48 @@ mod tests {
             }
             prop_assert_eq!(checker.finish(None), model::conflicts(&entries));
         }
+
+        /// The same with rows without a body among them — of ids with a tombstone (what a
+        /// purge leaves) and without (damage) — in a full check, and in a check after a
+        /// checkpoint (the full check's conflicts that involve an entry past it).
+        #[test]
+        fn checker_matches_reference_model_with_missing_bodies(
+            entries in arb_entries(),
+            erase in proptest::collection::vec(any::<bool>(), 40),
+            below in 0u64..8,
+        ) {
+            let mut entries = crate::backend::index::tests::unique_positions(entries);
+            for (e, erase) in entries.iter_mut().zip(erase) {
+                if erase {
+                    e.purge();
+                }
+            }
+            let expected = model::conflicts(&entries);
+            let mut checker = HistoryChecker::new();
+            for e in entries.iter().rev().chain(entries.iter()) {
+                checker.visit(e.clone());
+            }
+            prop_assert_eq!(checker.finish(None), expected.clone());
+
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let got = runtime.block_on(async {
+                let options = crate::options::StoreOptions {
+                    create_if_missing: true,
+                    ..Default::default()
+                };
+                let store = crate::testing::MemoryStore::open(&format!("bodiless-{}", uuid::Uuid::new_v4()), options)?;
+                let mut cp = Checkpoint::default();
+                for e in &entries {
+                    store.inject_raw_entry(e.clone());
+                    cp.advance(e.shard, below);
+                }
+                let mut discovery = crate::traits::Store::conflict_discovery(&store);
+                Ok::<_, crate::Error>((discovery.conflicts(Some(&cp)).await?, cp))
+            });
+            let (got, cp) = got.unwrap();
+            let want: Vec<Conflict> = expected.into_iter().filter(|c| c.involves_entries_after(&cp)).collect();
+            prop_assert_eq!(got, want);
+        }
     }
 
     /// Enough entries that content is checked on the hashing threads, corrupt ones spread
@@ -724,12 +829,163 @@ mod tests {
                 );
             }
         }
-        // A purged row has no content to check; its text is not looked at.
+        // A purged row (its id has a tombstone, seen after it) has no content to check: not
+        // corrupt, whatever its metadata text.
         let mut checker = HistoryChecker::new();
         let mut row = StoredRow::of(&entry, Some("not json"));
         row.body = StoredBody::Purged;
         checker.visit_row(row);
+        let tombstone = Record::tombstone("id", "b", "s");
+        let mut tombstone = Entry {
+            shard: s,
+            seq: 2,
+            epoch: 1,
+            hlc: Hlc(2),
+            content_hash: tombstone.content_hash(),
+            record: tombstone,
+            purged: false,
+        };
+        tombstone.purge();
+        checker.visit(tombstone);
         assert_eq!(checker.finish(None), Vec::new());
+    }
+
+    /// Entries of `id`: puts in shard `a` (seqs from 1), one tombstone in shard `b`, each
+    /// `(id, tombstoned)` pair's put without a body (as a purge leaves it, or as damage does).
+    fn bodiless_history(ids: &[(&str, bool)]) -> Vec<Entry> {
+        let (a, b) = (
+            WriterId::new("a").unwrap().shard_id(),
+            WriterId::new("b").unwrap().shard_id(),
+        );
+        let mut out = Vec::new();
+        let mut tombstones = 0;
+        for (n, &(id, tombstoned)) in ids.iter().enumerate() {
+            let record = Record::text(id, "bot", "s", "user", format!("the body of {id}"));
+            let mut put = Entry {
+                shard: a,
+                seq: n as u64 + 1,
+                epoch: 1,
+                hlc: Hlc(n as u64 + 1),
+                content_hash: record.content_hash(),
+                record,
+                purged: false,
+            };
+            put.purge();
+            out.push(put);
+            if tombstoned {
+                tombstones += 1;
+                let record = Record::tombstone(id, "bot", "s");
+                let mut t = Entry {
+                    shard: b,
+                    seq: tombstones,
+                    epoch: 1,
+                    hlc: Hlc(1_000 + tombstones),
+                    content_hash: record.content_hash(),
+                    record,
+                    purged: false,
+                };
+                t.purge();
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    /// A row without a body is what a purge leaves only where its id has a tombstone (here
+    /// in another shard, seen before or after it, in one batch or on the hashing threads);
+    /// anywhere else it is `Corrupt`, with the hash of what a reader serves (empty text).
+    #[test]
+    fn a_missing_body_is_corrupt_unless_its_id_has_a_tombstone() {
+        for many in [1, BATCH * 3] {
+            let ids: Vec<(String, bool)> = (0..many).map(|n| (format!("gone{n}"), true)).collect();
+            let mut ids: Vec<(&str, bool)> = ids.iter().map(|(i, t)| (i.as_str(), *t)).collect();
+            ids.push(("live", false));
+            let entries = bodiless_history(&ids);
+            let live = entries.iter().find(|e| e.record.id == "live").unwrap();
+            let expected = vec![Conflict::Corrupt {
+                shard: live.shard,
+                seq: live.seq,
+                epoch: live.epoch,
+                id: "live".into(),
+                stored_hash: live.content_hash,
+                actual_hash: live.record.content_hash(),
+            }];
+            assert_ne!(live.content_hash, live.record.content_hash());
+            assert_eq!(model::conflicts(&entries), expected, "the model, {many} rows");
+            for order in [entries.clone(), entries.iter().rev().cloned().collect()] {
+                let mut checker = HistoryChecker::new();
+                for e in order {
+                    checker.visit(e);
+                }
+                assert_eq!(checker.finish(None), expected, "{many} rows");
+            }
+        }
+    }
+
+    /// A missing body is corrupt even where what a reader serves, empty text, is what the
+    /// stored hash covers: the body stored was not missing.
+    #[test]
+    fn a_missing_empty_body_is_corrupt_too() {
+        let record = Record::text("empty", "bot", "s", "user", "");
+        let mut e = Entry {
+            shard: WriterId::new("a").unwrap().shard_id(),
+            seq: 1,
+            epoch: 1,
+            hlc: Hlc(1),
+            content_hash: record.content_hash(),
+            record,
+            purged: false,
+        };
+        e.purge();
+        let mut checker = HistoryChecker::new();
+        checker.visit(e.clone());
+        let found = checker.finish(None);
+        assert!(matches!(&found[..], [Conflict::Corrupt { .. }]), "{found:?}");
+        assert_eq!(found, model::conflicts(&[e]));
+    }
+
+    /// A check after a checkpoint answers "has this id a tombstone" for a row without a body
+    /// past it from its index: the tombstone may lie below the checkpoint, in another shard.
+    /// A row of a live id without a body past the checkpoint is `Corrupt`; the answer is the
+    /// full check's, restricted.
+    #[tokio::test]
+    async fn a_check_after_a_checkpoint_finds_tombstones_below_it() {
+        use crate::traits::Store;
+        let options = crate::options::StoreOptions {
+            create_if_missing: true,
+            ..Default::default()
+        };
+        let store = crate::testing::MemoryStore::open(&format!("bodiless-{}", uuid::Uuid::new_v4()), options).unwrap();
+        // Tombstones first (shard b), then the puts (shard a), both without bodies.
+        let entries = bodiless_history(&[("gone", true), ("live", false), ("also-gone", true)]);
+        let (tombstones, puts): (Vec<Entry>, Vec<Entry>) =
+            entries.into_iter().partition(|e| e.record.kind == Kind::Tombstone);
+        for e in &tombstones {
+            store.inject_raw_entry(e.clone());
+        }
+        let mut reader = store.projector();
+        reader.refresh().await.unwrap();
+        let cp = reader.checkpoint();
+        for e in &puts {
+            store.inject_raw_entry(e.clone());
+        }
+        let all: Vec<Entry> = tombstones.iter().chain(&puts).cloned().collect();
+        let full = model::conflicts(&all);
+        assert_eq!(
+            full.iter().map(Conflict::kind).collect::<Vec<_>>(),
+            [crate::ConflictKind::Corrupt]
+        );
+        assert_eq!(store.conflict_discovery().conflicts(None).await.unwrap(), full);
+        let want: Vec<Conflict> = full.iter().filter(|c| c.involves_entries_after(&cp)).cloned().collect();
+        assert_eq!(want, full);
+        let mut discovery = store.conflict_discovery();
+        assert_eq!(discovery.conflicts(Some(&cp)).await.unwrap(), want, "after {cp:?}");
+        // Past every entry: nothing.
+        reader.refresh().await.unwrap();
+        assert_eq!(
+            discovery.conflicts(Some(&reader.checkpoint())).await.unwrap(),
+            Vec::new()
+        );
     }
 
     /// The plausible horizon is the last plausible millisecond: at it, no conflict; one past

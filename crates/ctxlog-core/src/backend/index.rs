@@ -579,7 +579,9 @@ impl ProjectionIndex {
     ///
     /// The first error stops its thread (dropping its queue: the source's next send to it
     /// fails) and is returned; the rows applied until then stay applied and the index
-    /// stays whole.
+    /// stays whole. The other threads go on with what was queued for them, so the rows
+    /// applied are then no prefix of the rows sent: a source that resumes past the index's
+    /// positions must not keep such an index as it is.
     pub fn apply_routed<B, E>(
         &mut self,
         queues: Vec<std::sync::mpsc::Receiver<B>>,

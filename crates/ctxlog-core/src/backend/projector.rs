@@ -21,8 +21,9 @@ pub trait IndexSource: Send + Sync + 'static {
     type Cursor: Default + Send + Sync + 'static;
 
     /// Apply every entry past `cursor` to `index` and advance `cursor`. If this fails or is
-    /// cancelled, `cursor` and `index` must still agree (both advanced, or both reset to
-    /// their defaults).
+    /// cancelled, `cursor` and `index` must still agree (both advanced, the index holding
+    /// every entry up to where the cursor resumes; or both reset to their defaults): an
+    /// entry below the cursor that the index lacks is never read again.
     async fn catch_up(&self, cursor: &mut Self::Cursor, index: &mut ProjectionIndex) -> Result<CatchUp>;
 
     /// Full entries for `keys`, in the same order, each with the location the backend gave

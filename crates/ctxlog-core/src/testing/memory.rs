@@ -87,8 +87,13 @@ impl MemoryStore {
     }
 
     /// Store an entry exactly as given, bypassing every check (what a broken writer or a
-    /// damaged store leaves behind).
-    pub fn inject_raw_entry(&self, entry: Entry) {
+    /// damaged store leaves behind). An entry with `purged` set is stored without a body, as
+    /// purge leaves one (and as damage may, on an id without a tombstone): it reads back as
+    /// empty text, as on every backend; its metadata as given.
+    pub fn inject_raw_entry(&self, mut entry: Entry) {
+        if entry.purged {
+            entry.record.body = crate::record::Body::Text(String::new());
+        }
         let mut data = self.shared.data.lock().expect("not poisoned");
         let shard = data.shards.entry(entry.shard).or_insert_with(|| ShardData {
             writer: WriterId::new_unchecked("injected".into()),

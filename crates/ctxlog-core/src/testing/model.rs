@@ -11,7 +11,7 @@ use crate::hash::ContentHash;
 use crate::hlc::Hlc;
 use crate::ids::ShardId;
 use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats, canonical_conflicts};
-use crate::record::Kind;
+use crate::record::{Body, Kind};
 
 /// The set of entries: one per (shard, seq, epoch), sorted in contract order.
 fn entry_set(entries: &[Entry]) -> Vec<&Entry> {
@@ -163,6 +163,17 @@ pub fn sessions(entries: &[Entry], bot_id: &str) -> Vec<crate::entry::SessionSum
         .collect()
 }
 
+/// The record of `e` as a reader serves it: a purged (bodiless) entry's body is empty text.
+fn as_read(e: &Entry) -> std::borrow::Cow<'_, crate::record::Record> {
+    if e.purged {
+        let mut r = e.record.clone();
+        r.body = Body::Text(String::new());
+        std::borrow::Cow::Owned(r)
+    } else {
+        std::borrow::Cow::Borrowed(&e.record)
+    }
+}
+
 /// Every conflict in a set of entries, in canonical order.
 pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     let set = entry_set(entries);
@@ -190,6 +201,13 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
             }
         }
     }
+
+    // Ids with a tombstone anywhere in the log: the only ones a purge erases (rule 16).
+    let tombstoned: BTreeSet<&str> = set
+        .iter()
+        .filter(|e| e.record.kind == Kind::Tombstone)
+        .map(|e| e.record.id.as_str())
+        .collect();
 
     // Rule 10, per shard.
     let mut shards: BTreeMap<ShardId, Vec<&Entry>> = BTreeMap::new();
@@ -238,10 +256,16 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
                 });
             }
         }
-        // Corrupt: the stored hash is not the hash of the stored content.
+        // Corrupt: the stored hash is not the hash of the stored content; or the body is
+        // missing (purged) where its id has no tombstone — purge erases only tombstoned ids
+        // (rule 16), so that is damage, whatever the hash says. A purged entry of a
+        // tombstoned id has no content left to check.
         for e in &entries {
-            let actual = ContentHash::of(&e.record);
-            if !e.purged && actual != e.content_hash {
+            if e.purged && tombstoned.contains(e.record.id.as_str()) {
+                continue;
+            }
+            let actual = ContentHash::of(&as_read(e));
+            if e.purged || actual != e.content_hash {
                 out.push(Conflict::Corrupt {
                     shard,
                     seq: e.seq,
@@ -420,6 +444,38 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Rule 16 with rule 10: a purged entry (no body) is what a purge leaves only of an id
+    /// with a tombstone — here in another shard, and the tombstone purged too; a live id's
+    /// entry without a body is `Corrupt`, hashed as a reader serves it (empty text).
+    #[test]
+    fn rule16_a_missing_body_is_corrupt_unless_its_id_has_a_tombstone() {
+        let mut gone = entry(1, 1, 1, 10, put("gone", "a secret"));
+        let mut tombstone = entry(2, 1, 1, 20, Record::tombstone("gone", "bot", "s"));
+        let mut live = entry(1, 2, 1, 30, put("live", "kept"));
+        let intact = [gone.clone(), tombstone.clone(), live.clone()];
+        assert!(conflicts(&intact).is_empty());
+        gone.purge();
+        tombstone.purge();
+        assert!(conflicts(&[gone.clone(), tombstone.clone(), live.clone()]).is_empty());
+        live.purge();
+        let c = conflicts(&[gone, tombstone, live.clone()]);
+        assert_eq!(
+            c,
+            vec![Conflict::Corrupt {
+                shard: live.shard,
+                seq: 2,
+                epoch: 1,
+                id: "live".into(),
+                stored_hash: live.content_hash,
+                actual_hash: put("live", "").content_hash(),
+            }]
+        );
+        // Even where the stored hash is of empty text: the body stored was not missing.
+        let mut empty = entry(1, 1, 1, 10, put("empty", ""));
+        empty.purge();
+        assert_eq!(kinds(&conflicts(&[empty])), vec![ConflictKind::Corrupt]);
     }
 
     #[test]
