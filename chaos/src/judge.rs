@@ -12,6 +12,9 @@ use serde_json::{Value, json};
 /// end them (a maintenance tombstone for each of their records). Every other session is
 /// written all the time and must never lose a record.
 pub(crate) const COLD: &str = "cold-";
+/// The bot of every cold session (and of no other): what `cargo xtask chaos` runs `ctxlog
+/// retain --bot` for.
+pub(crate) const COLD_BOT: &str = "chaos-cold";
 
 /// One acknowledged batch, as its writer logged it before going on.
 #[derive(Clone, Debug)]

@@ -281,7 +281,14 @@ impl Faults {
 
 /// The record with id `id`: its content is a function of the id, so a retry is a duplicate.
 fn record(id: &str, session: &str) -> Record {
-    let mut r = Record::text(id, "chaos", session, "user", format!("message {id}"));
+    // Cold sessions have a bot of their own: retention is run for that bot only, so that it
+    // never ends a hot session that happens to go quiet (on a slow object store it may).
+    let bot = if session.starts_with(judge::COLD) {
+        judge::COLD_BOT
+    } else {
+        "chaos"
+    };
+    let mut r = Record::text(id, bot, session, "user", format!("message {id}"));
     r.metadata = Some(json!({"id": id}));
     r
 }

@@ -295,7 +295,8 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             4 | 5 if maintenance_running.is_none() => {
                 let op = MAINTENANCE[below(&mut rng, MAINTENANCE.len() as u64) as usize];
                 let mut cmd = match op {
-                    "retain" => ctxlog_cli(&["retain", "--older-than", "3s"]),
+                    // Only the bot of the writers' cold sessions (written once, then idle).
+                    "retain" => ctxlog_cli(&["retain", "--bot", "chaos-cold", "--older-than", "3s"]),
                     "gc" => ctxlog_cli(&["gc", "--grace", &grace]),
                     other => ctxlog_cli(&[other]),
                 };
