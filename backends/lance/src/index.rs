@@ -1,6 +1,6 @@
 //! The projector's source: the index columns of every tier into the shared projection
 //! index, each row with where to fetch it again; then, per refresh, each shard's WAL past
-//! where the last one stopped (every entry passes through the WAL). Below a shard's floor gc
+//! where the last one stopped (every entry passes through the WAL). Up to a shard's floor gc
 //! may have emptied the WAL (`reclaim.rs`): a reader that is behind it reads that shard
 //! whole instead, and a row whose pinned place is gone is found again by its key.
 //!
