@@ -109,6 +109,43 @@ enum Command {
     Snapshot,
     /// The quickstart: concurrent writers, a session view and a conflict report.
     Demo,
+    /// Serve the store over HTTP as one replica: it writes as `--writer` (its own shard) and
+    /// keeps one view fresh for its readers and watchers. Stops on SIGTERM or Ctrl-C.
+    Serve {
+        /// This replica's writer identity: one per process; a second process with the same
+        /// one fences this one, which then takes no more writes.
+        #[arg(long)]
+        writer: String,
+        /// Address to listen on (port 0: any free port, printed on start).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: std::net::SocketAddr,
+        /// Tokens file (hashes of bearer tokens, their bots and rights; see `ctxlog token`).
+        /// Without one, the server listens on loopback only and every request may do all.
+        #[arg(long)]
+        tokens: Option<std::path::PathBuf>,
+        /// Write each append request as a commit of its own instead of grouping concurrent
+        /// ones into one commit.
+        #[arg(long)]
+        no_group_commit: bool,
+        /// Largest request body, in bytes.
+        #[arg(long, default_value_t = 80 << 20)]
+        max_body_bytes: usize,
+        /// Seconds a client may take to send a request's headers.
+        #[arg(long, default_value = "10", value_parser = parse_timeout)]
+        header_timeout: Duration,
+    },
+    /// Make a new bearer token: prints the token once, and the line to add to a tokens file.
+    Token {
+        /// A name for the token (logs and limits).
+        #[arg(long)]
+        name: String,
+        /// Bots it may touch: names or prefixes ending in `*` (`*` for every bot).
+        #[arg(long, value_delimiter = ',', required = true)]
+        bots: Vec<String>,
+        /// What it may do: any of read, write, admin.
+        #[arg(long, value_delimiter = ',', default_value = "read,write")]
+        rights: Vec<String>,
+    },
 }
 
 /// The largest `--batch`: the default limit of records per append.
@@ -168,6 +205,27 @@ async fn run(cli: Cli) -> ExitCode {
         // Appends stream for as long as stdin does; each storage call has the deadline.
         Command::Append { writer, batch } => append(store, options(true), writer, *batch).await,
         Command::Demo => demo::run(cli.store.as_deref(), options(true)).await,
+        Command::Serve {
+            writer,
+            listen,
+            tokens,
+            no_group_commit,
+            max_body_bytes,
+            header_timeout,
+        } => {
+            let mut serve = match WriterId::new(writer.as_str()) {
+                Ok(w) => ctxlog_server::ServeOptions::new(store, w),
+                Err(e) => return Failure::Store(e).report(),
+            };
+            serve.listen = *listen;
+            serve.tokens = tokens.clone();
+            serve.store_options = options(true);
+            serve.group_commit = !*no_group_commit;
+            serve.max_body_bytes = *max_body_bytes;
+            serve.header_read_timeout = *header_timeout;
+            serve_replica(serve).await
+        }
+        Command::Token { name, bots, rights } => token(name, bots, rights),
         cmd => match tokio::time::timeout(timeout, read_command(store, options(false), cmd)).await {
             Ok(r) => r,
             Err(_) => Err(Failure::Store(Error::Timeout {
@@ -194,6 +252,51 @@ async fn run(cli: Cli) -> ExitCode {
         Ok(code) => code,
         Err(f) => f.report(),
     }
+}
+
+/// Serve until SIGTERM or Ctrl-C, then shut down gracefully.
+async fn serve_replica(serve: ctxlog_server::ServeOptions) -> Result<ExitCode, Failure> {
+    let writer = serve.writer.as_str().to_string();
+    let running = match ctxlog_server::start(serve).await {
+        Ok(r) => r,
+        Err(ctxlog_server::StartError::Store(e)) => return Err(Failure::Store(e)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    // The address first, on its own line: a script (or a test) reads it to connect.
+    println!(
+        "{}",
+        serde_json::json!({"listening": running.addr().to_string(), "writer": writer})
+    );
+    let _ = std::io::stdout().flush();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::backend("server", "signal", None, ctxlog::Written::Nothing, e))?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    running.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A new token, and its tokens-file entry.
+fn token(name: &str, bots: &[String], rights: &[String]) -> Result<ExitCode, Failure> {
+    let rights: Vec<ctxlog_server::auth::Right> = rights
+        .iter()
+        .map(|r| serde_json::from_value(serde_json::json!(r)))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| Error::invalid("rights", None, "each right is one of read, write, admin"))?;
+    let token = ctxlog_server::auth::new_token();
+    let entry = ctxlog_server::auth::TokenEntry {
+        name: name.to_string(),
+        hash: ctxlog_server::auth::hash_token(&token),
+        bots: bots.to_vec(),
+        rights,
+    };
+    println!("{}", serde_json::json!({"token": token, "entry": entry}));
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A failed command.
@@ -473,7 +576,9 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             let report = projector.save_snapshot().await?;
             print(json::snapshot_json(&report, &refreshed));
         }
-        Command::Append { .. } | Command::Demo => unreachable!("handled in run"),
+        Command::Append { .. } | Command::Demo | Command::Serve { .. } | Command::Token { .. } => {
+            unreachable!("handled in run")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

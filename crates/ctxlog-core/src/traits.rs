@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use crate::entry::{AppendAck, Checkpoint, Entry, SessionSummary, ShardInfo};
+use crate::entry::{AppendAck, Checkpoint, Entry, OrderKey, SessionSummary, ShardInfo};
 use crate::error::Result;
 use crate::hlc::Hlc;
 use crate::ids::{Epoch, ShardId, WriterId};
@@ -172,6 +172,21 @@ pub trait Projector: Send + Sync {
 
     /// The live winner of `id`, if any.
     async fn get(&mut self, id: &str) -> Result<Option<Entry>>;
+
+    /// One page of a session's live records in contract order (rule 8): those whose order key
+    /// is past `after` (where a previous page ended), at most `limit`, with bodies; and
+    /// whether more follow. Reads the bodies of the page only.
+    async fn session_page(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        after: Option<&OrderKey>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool)>;
+
+    /// The order key of `id`'s live winner as the projection holds it now (no refresh, no
+    /// read of bodies); `None` when the id has no live record.
+    fn live_key(&self, id: &str) -> Option<OrderKey>;
 
     /// Sessions of a bot with live records.
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>>;

@@ -231,6 +231,27 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         }
     }
 
+    async fn session_page(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        after: Option<&OrderKey>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool)> {
+        self.ensure_scanned().await?;
+        let mut keys = self.index.session_keys(bot_id, session_id);
+        if let Some(after) = after {
+            keys.retain(|(k, _)| k > after);
+        }
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        Ok((self.fetch(&keys).await?, more))
+    }
+
+    fn live_key(&self, id: &str) -> Option<OrderKey> {
+        self.index.live(id).map(|(key, _)| key)
+    }
+
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>> {
         self.ensure_scanned().await?;
         Ok(self.index.sessions(bot_id))

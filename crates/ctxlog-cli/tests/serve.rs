@@ -1,0 +1,385 @@
+//! `ctxlog serve` replicas over real HTTP on 127.0.0.1, on every backend compiled in
+//! (`<backend>::<case>`): two replicas with one killed mid-load, a watch across replicas
+//! resumed after a disconnect, fencing of a second process with the same writer id,
+//! clients that disconnect mid-append, and a graceful shutdown.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, ensure};
+use common::{Http, Server, rec};
+use ctxlog_conformance::{Backend, Case, Ctx, FaultGuard};
+use hyper::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+const RULE: &str = "ctxlog serve: replicas over HTTP";
+
+fn cases() -> Vec<Case> {
+    vec![
+        ctxlog_conformance::case!(serve_two_replicas_keep_every_ack_through_a_sigkill),
+        ctxlog_conformance::case!(serve_watch_on_another_replica_resumes_without_gap_or_duplicate),
+        ctxlog_conformance::case!(serve_same_writer_fences_the_older_for_good),
+        ctxlog_conformance::case!(serve_clients_that_disconnect_mid_append_never_tear_a_batch),
+        ctxlog_conformance::case!(serve_sigterm_ends_streams_keeps_acks_and_exits_zero),
+    ]
+}
+
+fn unused<T>() -> ctxlog_conformance::BoxFuture<anyhow::Result<T>> {
+    Box::pin(async { anyhow::bail!("the serve cases inject no faults") })
+}
+
+fn backends() -> Vec<Backend> {
+    let mut out = vec![Backend {
+        name: "sqlite",
+        store_uri: |root| format!("sqlite:{}", root.join("store.db").display()),
+        open: |uri, options| Box::pin(async move { ctxlog::open(&uri, options).await }),
+        op_timeout: Duration::from_secs(10),
+        case_timeout: Duration::from_secs(120),
+        proptest_cases: 0,
+        inject_raw_entry: |_, _| unused(),
+        stall_writes: |_| unused::<FaultGuard>(),
+        tamper_snapshots: |_, _| unused(),
+        faults: None,
+        files_in_root: true,
+        decoded_values_containing: None,
+    }];
+    if ctxlog::compiled_backends().contains(&"lance") {
+        out.push(Backend {
+            name: "lance",
+            store_uri: |root| root.join("store.lance").display().to_string(),
+            op_timeout: Duration::from_secs(30),
+            case_timeout: Duration::from_secs(170),
+            ..out[0]
+        });
+    }
+    #[cfg(feature = "s3")]
+    out.push(Backend {
+        name: "lance_s3",
+        store_uri: s3_loopback::store_uri_for,
+        op_timeout: Duration::from_secs(30),
+        // Below nextest's kill (.config/nextest.toml: 180 s): the case's own deadline fires
+        // first and names the hang.
+        case_timeout: Duration::from_secs(170),
+        files_in_root: false,
+        ..out[0]
+    });
+    out
+}
+
+fn main() -> std::process::ExitCode {
+    ctxlog_conformance::run_trials(&backends(), &cases())
+}
+
+/// Start a replica of the case's store.
+async fn replica(ctx: &Ctx, writer: &str) -> anyhow::Result<Server> {
+    Server::start(&ctx.uri, writer, ctx.backend.op_timeout, &[]).await
+}
+
+/// What the clients were promised: id → (session, text).
+type Acked = Arc<std::sync::Mutex<BTreeMap<String, (String, String)>>>;
+
+/// Every acknowledged id is served exactly once, with its content, by `client`; nothing is
+/// served that no client sent.
+async fn check_served(client: &Http, sessions: &[&str], acked: &Acked, sent: &BTreeSet<String>) -> anyhow::Result<()> {
+    let acked = acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut seen = BTreeMap::new();
+    for s in sessions {
+        for r in client.session("bot", s).await? {
+            let id = r["id"].as_str().context("id")?.to_string();
+            ensure!(
+                seen.insert(
+                    id.clone(),
+                    (s.to_string(), r["text"].as_str().unwrap_or("").to_string())
+                )
+                .is_none(),
+                "{id} is served twice"
+            );
+            ensure!(sent.contains(&id), "{id} is served but no client sent it");
+        }
+    }
+    for (id, promised) in &acked {
+        match seen.get(id) {
+            Some(got) if got == promised => {}
+            Some(got) => return Err(anyhow!("{id} is served as {got:?}, acknowledged as {promised:?}")),
+            None => return Err(anyhow!("acknowledged {id} is not served ({} acked)", acked.len())),
+        }
+    }
+    Ok(())
+}
+
+/// Two replicas on one store, clients appending to the same sessions through both; one
+/// replica SIGKILLed mid-load (its clients retry the same ids on the other) and started
+/// again. Every acknowledged id is served exactly once by both, with its content; a retry
+/// never grows a session.
+async fn serve_two_replicas_keep_every_ack_through_a_sigkill(ctx: Ctx) -> anyhow::Result<()> {
+    const CLIENTS: usize = 6;
+    const BATCHES: usize = 8;
+    const PER: usize = 5;
+    const SESSIONS: [&str; 3] = ["s0", "s1", "s2"];
+    ctx.store().await?;
+    let a = replica(&ctx, "replica-a").await?;
+    let b = replica(&ctx, "replica-b").await?;
+    let (ca, cb) = (a.client(), b.client());
+    let acked: Acked = Arc::default();
+    let count = Arc::new(AtomicUsize::new(0));
+    let half = Arc::new(tokio::sync::Notify::new());
+    let mut sent = BTreeSet::new();
+    let mut tasks = Vec::new();
+    for k in 0..CLIENTS {
+        let (ca, cb, acked, count, half) = (ca.clone(), cb.clone(), acked.clone(), count.clone(), half.clone());
+        let ids: Vec<Vec<String>> = (0..BATCHES)
+            .map(|j| (0..PER).map(|i| format!("c{k}-b{j}-{i}")).collect())
+            .collect();
+        sent.extend(ids.iter().flatten().cloned());
+        tasks.push(tokio::spawn(async move {
+            for (j, batch) in ids.into_iter().enumerate() {
+                let session = SESSIONS[(k + j) % SESSIONS.len()];
+                let records: Vec<Value> = batch.iter().map(|id| rec(id, &format!("text of {id}"))).collect();
+                // Half the batches go to each replica; a failed one is retried, same ids,
+                // on the other (up to three times in all).
+                let order = if (k + j) % 2 == 0 {
+                    [&ca, &cb, &ca]
+                } else {
+                    [&cb, &ca, &cb]
+                };
+                let mut ok = false;
+                for client in order {
+                    match client.append("bot", session, &records).await {
+                        Ok(answer) if answer.status == StatusCode::OK => {
+                            ok = true;
+                            break;
+                        }
+                        _ => continue,
+                    }
+                }
+                anyhow::ensure!(ok, "client {k} batch {j} failed on both replicas");
+                let mut map = acked.lock().unwrap_or_else(|p| p.into_inner());
+                for id in &batch {
+                    map.insert(id.clone(), (session.to_string(), format!("text of {id}")));
+                }
+                drop(map);
+                if count.fetch_add(1, Ordering::AcqRel) + 1 == CLIENTS * BATCHES / 2 {
+                    half.notify_one();
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    // Mid-load: replica A dies without a word.
+    tokio::time::timeout(ctx.backend.op_timeout * 6, half.notified())
+        .await
+        .map_err(|_| anyhow!("the clients did not get half their batches acknowledged"))?;
+    a.kill().await?;
+    for t in tasks {
+        tokio::time::timeout(ctx.backend.op_timeout * 12, t)
+            .await
+            .map_err(|_| anyhow!("a client did not finish"))???;
+    }
+    // A again (its shard continues), and a few more batches through both.
+    let a = replica(&ctx, "replica-a").await?;
+    let ca = a.client();
+    for (j, client) in [&ca, &cb, &ca].into_iter().enumerate() {
+        let ids: Vec<String> = (0..PER).map(|i| format!("after-{j}-{i}")).collect();
+        sent.extend(ids.iter().cloned());
+        let records: Vec<Value> = ids.iter().map(|id| rec(id, &format!("text of {id}"))).collect();
+        let answer = client.append("bot", "s0", &records).await?;
+        ensure!(answer.status == StatusCode::OK, "after the restart: {}", answer.text);
+        let mut map = acked.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            map.insert(id.clone(), ("s0".into(), format!("text of {id}")));
+        }
+    }
+    check_served(&cb, &SESSIONS, &acked, &sent).await?;
+    check_served(&ca, &SESSIONS, &acked, &sent).await?;
+    // A retry of an acknowledged batch, through either replica, does not grow its session.
+    let before = cb.session("bot", "s0").await?.len();
+    let again: Vec<Value> = (0..PER).map(|i| rec(&format!("after-0-{i}"), "text of x")).collect();
+    for client in [&ca, &cb] {
+        let answer = client.append("bot", "s0", &again).await?;
+        ensure!(answer.status == StatusCode::OK, "{}", answer.text);
+    }
+    ensure!(
+        cb.session("bot", "s0").await?.len() == before,
+        "a retry grew the session"
+    );
+    Ok(())
+}
+
+/// A watcher on replica B sees every record appended through replica A, in session order;
+/// cut off and reconnected with its last event id, it misses nothing and sees nothing twice.
+async fn serve_watch_on_another_replica_resumes_without_gap_or_duplicate(ctx: Ctx) -> anyhow::Result<()> {
+    ctx.store().await?;
+    let a = replica(&ctx, "replica-a").await?;
+    let b = replica(&ctx, "replica-b").await?;
+    let (ca, cb) = (a.client(), b.client());
+    let within = ctx.backend.op_timeout * 2;
+    let path = "/v1/bots/bot/sessions/w/watch";
+    let mut events = cb.watch(path, None).await?;
+    let mut ids: Vec<String> = Vec::new();
+    let batch = |from: usize| -> Vec<Value> { (from..from + 5).map(|i| rec(&format!("w-{i:02}"), "x")).collect() };
+    for j in 0..5 {
+        let answer = ca.append("bot", "w", &batch(j * 5)).await?;
+        ensure!(answer.status == StatusCode::OK, "{}", answer.text);
+    }
+    // Another session's records are not this stream's.
+    ensure!(ca.append("bot", "other", &[rec("o-1", "x")]).await?.status == StatusCode::OK);
+    let mut last = String::new();
+    for _ in 0..20 {
+        let e = events.next(within).await?;
+        ensure!(e.event == "record", "{e:?}");
+        ids.push(e.data["id"].as_str().context("id")?.to_string());
+        last = e.id;
+    }
+    drop(events); // the connection is cut
+    for j in 5..10 {
+        let answer = ca.append("bot", "w", &batch(j * 5)).await?;
+        ensure!(answer.status == StatusCode::OK, "{}", answer.text);
+    }
+    let mut events = cb.watch(path, Some(&last)).await?;
+    for _ in 0..30 {
+        let e = events.next(within).await?;
+        ids.push(e.data["id"].as_str().context("id")?.to_string());
+    }
+    let want: Vec<String> = (0..50).map(|i| format!("w-{i:02}")).collect();
+    ensure!(ids == want, "the watcher saw {ids:?}");
+    // And nothing more of what it saw: the next event is the next record.
+    ensure!(ca.append("bot", "w", &[rec("w-end", "x")]).await?.status == StatusCode::OK);
+    let e = events.next(within).await?;
+    ensure!(e.data["id"] == "w-end", "after the 50, the stream sent {e:?}");
+    // A tombstone is an event too.
+    ensure!(ca.delete("/v1/bots/bot/records/w-end").await?.status == StatusCode::OK);
+    let e = events.next(within).await?;
+    ensure!(e.event == "tombstone" && e.data["id"] == "w-end", "{e:?}");
+    Ok(())
+}
+
+/// A second process with the same writer id takes the shard: the first answers every
+/// append with a typed `fenced` problem, says so in `/readyz`, and never takes the shard
+/// back; every record either acknowledged is served once.
+async fn serve_same_writer_fences_the_older_for_good(ctx: Ctx) -> anyhow::Result<()> {
+    ctx.store().await?;
+    let old = replica(&ctx, "same").await?;
+    let co = old.client();
+    ensure!(co.append("bot", "s", &[rec("old-1", "x")]).await?.status == StatusCode::OK);
+    let new = replica(&ctx, "same").await?;
+    let cn = new.client();
+    ensure!(cn.append("bot", "s", &[rec("new-1", "x")]).await?.status == StatusCode::OK);
+    for attempt in 0..3 {
+        let answer = co.append("bot", "s", &[rec(&format!("late-{attempt}"), "x")]).await?;
+        ensure!(
+            answer.status == StatusCode::CONFLICT && answer.json["type"] == "urn:ctxlog:problem:fenced",
+            "attempt {attempt} through the fenced replica: {} {}",
+            answer.status,
+            answer.text
+        );
+        ensure!(answer.content_type.starts_with("application/problem+json"));
+        ensure!(answer.json["written"] == "nothing", "{}", answer.text);
+    }
+    let ready = co.get("/readyz").await?;
+    ensure!(
+        ready.status == StatusCode::SERVICE_UNAVAILABLE
+            && ready.json["reason"].as_str().unwrap_or("").contains("fenced"),
+        "{} {}",
+        ready.status,
+        ready.text
+    );
+    // The newer one keeps the shard: the fenced one never claimed it back.
+    ensure!(cn.append("bot", "s", &[rec("new-2", "x")]).await?.status == StatusCode::OK);
+    ensure!(cn.get("/readyz").await?.status == StatusCode::OK);
+    let ids: Vec<String> = cn
+        .session("bot", "s")
+        .await?
+        .iter()
+        .map(|r| r["id"].as_str().unwrap_or("").to_string())
+        .collect();
+    ensure!(ids == ["old-1", "new-1", "new-2"], "served {ids:?}");
+    Ok(())
+}
+
+/// Clients that send an append and hang up at once, many at a time: each batch is wholly
+/// there or wholly absent, and the replica keeps serving.
+async fn serve_clients_that_disconnect_mid_append_never_tear_a_batch(ctx: Ctx) -> anyhow::Result<()> {
+    const CLIENTS: usize = 16;
+    const PER: usize = 40;
+    ctx.store().await?;
+    let a = replica(&ctx, "replica-a").await?;
+    let ca = a.client();
+    let mut tasks = Vec::new();
+    for k in 0..CLIENTS {
+        let addr = a.addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let records: Vec<Value> = (0..PER).map(|i| rec(&format!("d{k}-{i}"), "gone")).collect();
+            let body = json!({ "records": records }).to_string();
+            let request = format!(
+                "POST /v1/bots/bot/sessions/d/records HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let mut stream = tokio::net::TcpStream::connect(&addr).await?;
+            stream.write_all(request.as_bytes()).await?;
+            stream.flush().await?;
+            // Hang up without reading the answer.
+            drop(stream);
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .map_err(|_| anyhow!("a client did not finish sending"))???;
+    }
+    // The replica keeps serving, and its writer is whole.
+    let answer = ca.append("bot", "d", &[rec("after", "x")]).await?;
+    ensure!(
+        answer.status == StatusCode::OK,
+        "after the disconnects: {}",
+        answer.text
+    );
+    for round in 0..2 {
+        let served = ca.session("bot", "d").await?;
+        let mut per_client: BTreeMap<String, usize> = BTreeMap::new();
+        for r in &served {
+            let id = r["id"].as_str().unwrap_or("");
+            if let Some((client, _)) = id.split_once('-') {
+                *per_client.entry(client.to_string()).or_default() += 1;
+            }
+        }
+        for (client, n) in &per_client {
+            ensure!(
+                *n == PER || client == "after",
+                "round {round}: {n} of {PER} records of {client}'s batch are served"
+            );
+        }
+        ensure!(served.iter().any(|r| r["id"] == "after"));
+    }
+    ensure!(ca.get("/healthz").await?.status == StatusCode::OK);
+    Ok(())
+}
+
+/// SIGTERM while a watcher is connected: the watch stream ends, the process exits 0 within
+/// its bound, and every acknowledged append is there for the next replica.
+async fn serve_sigterm_ends_streams_keeps_acks_and_exits_zero(ctx: Ctx) -> anyhow::Result<()> {
+    ctx.store().await?;
+    let a = replica(&ctx, "replica-a").await?;
+    let ca = a.client();
+    let mut events = ca.watch("/v1/bots/bot/sessions/t/watch", None).await?;
+    let records: Vec<Value> = (0..20).map(|i| rec(&format!("t-{i}"), "x")).collect();
+    ensure!(ca.append("bot", "t", &records).await?.status == StatusCode::OK);
+    ensure!(events.next(ctx.backend.op_timeout).await?.data["id"] == "t-0");
+    let status = a.terminate(ctx.backend.op_timeout + Duration::from_secs(10)).await?;
+    ensure!(status.success(), "the server exited {status} on SIGTERM");
+    // The stream ended with the process (its remaining events, then the end).
+    let mut rest = 0;
+    while events.next(Duration::from_secs(10)).await.is_ok() {
+        rest += 1;
+        ensure!(rest <= 19, "more events than records");
+    }
+    let b = replica(&ctx, "replica-b").await?;
+    let served = b.client().session("bot", "t").await?;
+    ensure!(served.len() == 20, "{} of 20 acknowledged records served", served.len());
+    Ok(())
+}

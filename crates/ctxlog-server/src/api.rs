@@ -1,0 +1,318 @@
+//! The JSON shapes of the HTTP API. Field names match the CLI's (`text` or `bytes_b64`,
+//! `metadata`, `created_at`, `kind`); a record's bot and session come from the route.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use chrono::{DateTime, SecondsFormat, Utc};
+use ctxlog::{AppendAck, Body, Entry, Kind, Record, SessionSummary};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::problem::Problem;
+
+/// Put (the default) or tombstone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KindJson {
+    /// A record.
+    #[default]
+    Put,
+    /// The end of an id: final (rule 7).
+    Tombstone,
+}
+
+/// One record to append to the route's (bot, session).
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordIn {
+    /// Caller-chosen; the idempotency key: a retry with the same id counts once.
+    pub id: String,
+    /// Who speaks: `user`, `assistant`, `tool`, ….
+    pub role: String,
+    /// The body's media type (default `text/plain`).
+    #[serde(default)]
+    pub content_type: Option<String>,
+    /// A text body.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// A binary body, base64.
+    #[serde(default)]
+    pub bytes_b64: Option<String>,
+    /// A JSON object.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    /// The caller's timestamp, RFC 3339 (not part of the content hash).
+    #[serde(default)]
+    pub created_at: Option<String>,
+    /// Put (default) or tombstone.
+    #[serde(default)]
+    pub kind: KindJson,
+}
+
+/// An append: one atomic batch.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendIn {
+    /// The records, in order (1 to 10,000).
+    pub records: Vec<RecordIn>,
+}
+
+impl RecordIn {
+    /// The record, in `bot`'s `session`; record `index` of its request for errors.
+    pub(crate) fn into_record(self, bot: &str, session: &str, index: usize) -> Result<Record, Problem> {
+        let body = match (self.text, self.bytes_b64) {
+            (Some(_), Some(_)) => {
+                return Err(Problem::invalid(
+                    "bytes_b64",
+                    Some(index),
+                    "give either `text` or `bytes_b64`, not both",
+                ));
+            }
+            (Some(t), None) => Body::Text(t),
+            (None, Some(b)) => Body::Bytes(
+                B64.decode(b.as_bytes())
+                    .map_err(|e| Problem::invalid("bytes_b64", Some(index), format!("not base64: {e}")))?,
+            ),
+            (None, None) => Body::Text(String::new()),
+        };
+        let created_at = match self.created_at {
+            None => None,
+            Some(s) => Some(
+                DateTime::parse_from_rfc3339(&s)
+                    .map_err(|e| Problem::invalid("created_at", Some(index), format!("not RFC 3339: {e}")))?
+                    .with_timezone(&Utc),
+            ),
+        };
+        Ok(Record {
+            id: self.id,
+            bot_id: bot.to_string(),
+            session_id: session.to_string(),
+            role: self.role,
+            content_type: self.content_type.unwrap_or_else(|| "text/plain".into()),
+            body,
+            metadata: self.metadata.filter(|m| !m.is_null()),
+            created_at,
+            kind: match self.kind {
+                KindJson::Put => Kind::Put,
+                KindJson::Tombstone => Kind::Tombstone,
+            },
+        })
+    }
+}
+
+/// What an append wrote: durable when this is returned.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct AckOut {
+    /// The replica's shard.
+    pub shard: String,
+    /// The epoch it was written under.
+    pub epoch: u64,
+    /// The first entry's seq in the shard.
+    pub first_seq: u64,
+    /// The last entry's seq.
+    pub last_seq: u64,
+    /// The ids, in order.
+    pub ids: Vec<String>,
+}
+
+impl From<&AppendAck> for AckOut {
+    fn from(a: &AppendAck) -> Self {
+        AckOut {
+            shard: a.shard.to_string(),
+            epoch: a.epoch,
+            first_seq: a.first_seq,
+            last_seq: a.last_seq,
+            ids: a.ids.clone(),
+        }
+    }
+}
+
+/// A record as stored: the input fields, its bot and session, and where it is in the log.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct EntryOut {
+    /// The record id.
+    pub id: String,
+    /// Its bot.
+    pub bot_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Who spoke.
+    pub role: String,
+    /// The body's media type.
+    pub content_type: String,
+    /// A text body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// A binary body, base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_b64: Option<String>,
+    /// A JSON object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
+    /// The caller's timestamp.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// Put or tombstone.
+    pub kind: KindJson,
+    /// Whether purge erased its body and metadata.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub purged: bool,
+    /// The shard that wrote it.
+    pub shard: String,
+    /// Its seq in that shard.
+    pub seq: u64,
+    /// The epoch it was written under.
+    pub epoch: u64,
+    /// Its hybrid logical clock value.
+    pub hlc: u64,
+}
+
+impl From<&Entry> for EntryOut {
+    fn from(e: &Entry) -> Self {
+        let r = &e.record;
+        let (text, bytes_b64) = match &r.body {
+            Body::Text(t) => (Some(t.clone()), None),
+            Body::Bytes(b) => (None, Some(B64.encode(b))),
+        };
+        EntryOut {
+            id: r.id.clone(),
+            bot_id: r.bot_id.clone(),
+            session_id: r.session_id.clone(),
+            role: r.role.clone(),
+            content_type: r.content_type.clone(),
+            text,
+            bytes_b64,
+            metadata: r.metadata.clone(),
+            created_at: r.created_at.map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+            kind: match r.kind {
+                Kind::Put => KindJson::Put,
+                Kind::Tombstone => KindJson::Tombstone,
+            },
+            purged: e.purged,
+            shard: e.shard.to_string(),
+            seq: e.seq,
+            epoch: e.epoch,
+            hlc: e.hlc.0,
+        }
+    }
+}
+
+/// A page of a session's live records, in the contract's order.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct RecordsPage {
+    /// The records.
+    pub records: Vec<EntryOut>,
+    /// Give as `after` for the next page (absent on the last page).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// Whether more records follow.
+    pub has_more: bool,
+    /// The view's position when this page was read: watch from it to miss nothing after it.
+    pub position: String,
+}
+
+/// A session of a bot with live records.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SessionOut {
+    /// The session id.
+    pub session_id: String,
+    /// Live records.
+    pub records: u64,
+    /// The HLC of its first live record.
+    pub first_hlc: Option<u64>,
+    /// The HLC of its last live record.
+    pub last_hlc: Option<u64>,
+}
+
+impl From<&SessionSummary> for SessionOut {
+    fn from(s: &SessionSummary) -> Self {
+        SessionOut {
+            session_id: s.session_id.clone(),
+            records: s.records,
+            first_hlc: s.first_hlc.map(|h| h.0),
+            last_hlc: s.last_hlc.map(|h| h.0),
+        }
+    }
+}
+
+/// A page of a bot's sessions, by session id.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SessionsPage {
+    /// The sessions.
+    pub sessions: Vec<SessionOut>,
+    /// Give as `after` for the next page (absent on the last page).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// Whether more sessions follow.
+    pub has_more: bool,
+}
+
+/// The conflicts of the log (every one, or those involving entries past `after`).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ConflictsOut {
+    /// Each conflict as `ctxlog conflicts` prints it (`kind` and its fields).
+    #[schema(value_type = Vec<Object>)]
+    pub conflicts: Vec<Value>,
+    /// Give as `after` to ask only about what comes later.
+    pub position: String,
+}
+
+/// A maintenance operation's report, as the CLI prints it.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ReportOut {
+    /// The operation.
+    pub op: String,
+    /// Its report.
+    #[schema(value_type = Object)]
+    pub report: Value,
+}
+
+/// Options of an admin operation (each takes the fields it knows; all optional).
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminIn {
+    /// `gc`: never delete anything younger than this many seconds (default 600).
+    #[serde(default)]
+    pub grace_seconds: Option<u64>,
+    /// `gc`: most objects deleted in one pass.
+    #[serde(default)]
+    pub max_objects: Option<u64>,
+    /// `purge`: most tombstoned ids purged in one pass.
+    #[serde(default)]
+    pub max_ids: Option<u64>,
+    /// `retain`: end sessions idle for longer than this many seconds (required).
+    #[serde(default)]
+    pub older_than_seconds: Option<u64>,
+    /// `retain`: only this bot's sessions.
+    #[serde(default)]
+    pub bot: Option<String>,
+    /// `retain`: most sessions ended in one pass.
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+}
+
+/// Whether the replica takes writes and serves reads.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ReadyOut {
+    /// Ready for both.
+    pub ready: bool,
+    /// The writer identity.
+    pub writer: String,
+    /// Why not, when not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Parse a JSON body, every failure a problem that says where.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    serde_json::from_slice(body).map_err(|e| {
+        let at = format!("line {} column {}", e.line(), e.column());
+        match e.classify() {
+            serde_json::error::Category::Data => Problem::malformed(format!("{e} ({at})")),
+            _ => Problem::malformed(format!("not valid JSON: {e}")),
+        }
+    })
+}

@@ -1,0 +1,156 @@
+//! ctxlog over HTTP (`ctxlog serve`): one process per replica, the context log as JSON and
+//! server-sent events.
+//!
+//! The roles, one module each:
+//!
+//! - [`writer`] — the replica's one shard, behind a task that takes append requests from a
+//!   queue and writes whatever has queued as one durable commit (*group commit*); each
+//!   request keeps its own atomic batch and its own ack. The task, not the request, owns the
+//!   write: a client that goes away loses its answer, never the shard's consistency. A
+//!   fenced shard stays fenced: the replica stops taking writes and never claims again.
+//! - [`view`] — the replica's one projector, refreshed by one task when readers ask and on a
+//!   schedule; after each refresh it hands the new entries to every watcher at once.
+//! - [`watch`] — a session's (or the store's) new records as server-sent events whose event
+//!   id is a resumable cursor: a client that reconnects with `Last-Event-ID` misses nothing
+//!   and sees nothing twice.
+//! - [`auth`] — bearer tokens from a tokens file that holds their hashes, each scoped to the
+//!   bots it may touch and its rights (read, write, admin).
+//! - [`problem`] — every error as RFC 9457 problem details, with a stable `type` per error
+//!   kind and the contract's `written` answer.
+//! - [`routes`] — the HTTP routes and the OpenAPI document built from their types.
+//! - [`listen`] — the accept loop: header read timeout, concurrency limits, graceful
+//!   shutdown.
+//! - [`metrics`] — what `/metrics` says, in Prometheus text.
+
+#![warn(missing_docs)]
+// A `Problem` is what a failed request answers: built once on the error path, never in a loop.
+#![allow(clippy::result_large_err)]
+
+pub mod api;
+pub mod auth;
+mod cursor;
+mod listen;
+mod metrics;
+pub mod problem;
+pub mod routes;
+mod view;
+mod watch;
+mod writer;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctxlog::{Store, StoreOptions, WriterId};
+
+pub use listen::Running;
+
+/// Errors that keep the server from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be opened, or the writer's shard not claimed.
+    #[error("{0}")]
+    Store(#[from] ctxlog::Error),
+    /// The tokens file is missing or malformed.
+    #[error("tokens file {path}: {reason}")]
+    Tokens {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The listen address cannot be used as asked.
+    #[error("listen on {addr}: {reason}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why not.
+        reason: String,
+    },
+}
+
+/// How one replica serves.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The store URI (storage options in its query).
+    pub store: String,
+    /// The writer identity this replica writes under: its own shard.
+    pub writer: WriterId,
+    /// Where to listen; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// The tokens file; without one the server listens on loopback only.
+    pub tokens: Option<PathBuf>,
+    /// The store's options (the deadline of every operation among them).
+    pub store_options: StoreOptions,
+    /// Write every request as a commit of its own (off: what group commit is measured
+    /// against).
+    pub group_commit: bool,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Requests handled at once (watch streams not counted; they have their own limit).
+    pub max_concurrent_requests: usize,
+    /// Watch streams open at once, per token (or in all, without tokens).
+    pub max_watchers_per_token: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// How often the replica refreshes its view when nobody asks: the shortest interval,
+    /// doubled while nothing changes up to `idle_poll_max`.
+    pub poll_min: Duration,
+    /// The longest interval between two refreshes when nothing changes.
+    pub idle_poll_max: Duration,
+}
+
+impl ServeOptions {
+    /// Defaults for `store` and `writer`, listening on 127.0.0.1:7070.
+    pub fn new(store: impl Into<String>, writer: WriterId) -> Self {
+        ServeOptions {
+            store: store.into(),
+            writer,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            tokens: None,
+            store_options: StoreOptions {
+                create_if_missing: true,
+                ..StoreOptions::default()
+            },
+            group_commit: true,
+            max_body_bytes: 80 << 20,
+            max_concurrent_requests: 512,
+            max_watchers_per_token: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            poll_min: Duration::from_millis(50),
+            idle_poll_max: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Everything a request handler reaches: the replica's writer, view, tokens and counters.
+pub(crate) struct Replica {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) writer: writer::Writer,
+    pub(crate) view: Arc<view::View>,
+    pub(crate) tokens: auth::Tokens,
+    pub(crate) metrics: Arc<metrics::Metrics>,
+    pub(crate) options: ServeOptions,
+    pub(crate) watchers: watch::Watchers,
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Open the store, claim the writer's shard, and serve until [`Running::shutdown`] (or the
+/// future returned by [`Running::wait`] is dropped with the process).
+pub async fn start(options: ServeOptions) -> Result<Running, StartError> {
+    listen::start(options).await
+}
+
+/// Resolves once `stop` turns true (or its sender is gone). Holds no borrow of the value
+/// across a wait, so the futures that select on it stay `Send`.
+pub(crate) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow_and_update() {
+            return;
+        }
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
