@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, ensure};
 use common::{Http, Server, rec};
-use ctxlog_conformance::{Backend, Case, Ctx, FaultGuard};
+use ctxlog_conformance::{Backend, Case, Ctx};
 use hyper::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -29,46 +29,8 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn unused<T>() -> ctxlog_conformance::BoxFuture<anyhow::Result<T>> {
-    Box::pin(async { anyhow::bail!("the serve cases inject no faults") })
-}
-
 fn backends() -> Vec<Backend> {
-    let mut out = vec![Backend {
-        name: "sqlite",
-        store_uri: |root| format!("sqlite:{}", root.join("store.db").display()),
-        open: |uri, options| Box::pin(async move { ctxlog::open(&uri, options).await }),
-        op_timeout: Duration::from_secs(10),
-        case_timeout: Duration::from_secs(120),
-        proptest_cases: 0,
-        inject_raw_entry: |_, _| unused(),
-        stall_writes: |_| unused::<FaultGuard>(),
-        tamper_snapshots: |_, _| unused(),
-        faults: None,
-        files_in_root: true,
-        decoded_values_containing: None,
-    }];
-    if ctxlog::compiled_backends().contains(&"lance") {
-        out.push(Backend {
-            name: "lance",
-            store_uri: |root| root.join("store.lance").display().to_string(),
-            op_timeout: Duration::from_secs(30),
-            case_timeout: Duration::from_secs(170),
-            ..out[0]
-        });
-    }
-    #[cfg(feature = "s3")]
-    out.push(Backend {
-        name: "lance_s3",
-        store_uri: s3_loopback::store_uri_for,
-        op_timeout: Duration::from_secs(30),
-        // Below nextest's kill (.config/nextest.toml: 180 s): the case's own deadline fires
-        // first and names the hang.
-        case_timeout: Duration::from_secs(170),
-        files_in_root: false,
-        ..out[0]
-    });
-    out
+    common::process_backends()
 }
 
 fn main() -> std::process::ExitCode {

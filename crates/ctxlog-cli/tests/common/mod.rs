@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
+use ctxlog_conformance::{Backend, FaultGuard};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
@@ -290,4 +291,50 @@ pub fn tokens_file(dir: &Path, entries: &[Value]) -> anyhow::Result<PathBuf> {
     let path = dir.join("tokens.json");
     std::fs::write(&path, serde_json::json!({ "tokens": entries }).to_string())?;
     Ok(path)
+}
+
+/// Not needed by the process cases (they write through the binary only).
+fn unused<T>() -> ctxlog_conformance::BoxFuture<anyhow::Result<T>> {
+    Box::pin(async { anyhow::bail!("the process cases inject no faults") })
+}
+
+/// Every backend compiled into this build, reached through the facade's URIs, for cases
+/// that drive `ctxlog` processes (they inject no faults).
+pub fn process_backends() -> Vec<Backend> {
+    let mut out = vec![Backend {
+        name: "sqlite",
+        store_uri: |root| format!("sqlite:{}", root.join("store.db").display()),
+        open: |uri, options| Box::pin(async move { ctxlog::open(&uri, options).await }),
+        op_timeout: Duration::from_secs(10),
+        case_timeout: Duration::from_secs(120),
+        proptest_cases: 0,
+        inject_raw_entry: |_, _| unused(),
+        stall_writes: |_| unused::<FaultGuard>(),
+        tamper_snapshots: |_, _| unused(),
+        faults: None,
+        files_in_root: true,
+        decoded_values_containing: None,
+    }];
+    if ctxlog::compiled_backends().contains(&"lance") {
+        out.push(Backend {
+            name: "lance",
+            store_uri: |root| root.join("store.lance").display().to_string(),
+            op_timeout: Duration::from_secs(30),
+            case_timeout: Duration::from_secs(170),
+            ..out[0]
+        });
+    }
+    // Lance on the loopback S3 server: the binary gets `--store 's3://…?endpoint=…'`.
+    #[cfg(feature = "s3")]
+    out.push(Backend {
+        name: "lance_s3",
+        store_uri: s3_loopback::store_uri_for,
+        op_timeout: Duration::from_secs(30),
+        // Below nextest's kill (.config/nextest.toml: 180 s): the case's own deadline fires
+        // first and names the hang.
+        case_timeout: Duration::from_secs(170),
+        files_in_root: false,
+        ..out[0]
+    });
+    out
 }
