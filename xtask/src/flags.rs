@@ -78,6 +78,38 @@ pub(crate) enum BenchKind {
     /// compact + gc, the time of gc, the first scan before and after it, and retention and
     /// purge of 1 % of the sessions.
     Reclaim(ReclaimArgs),
+    /// `ctxlog serve` replicas on loopback: append throughput and latency through HTTP (with
+    /// and without group commit) against the library, a session read, watch latency across
+    /// replicas, memory of idle watchers.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    pub clients: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,100")]
+    pub batches: Vec<usize>,
+    /// Records appended through HTTP per figure (at least 5 requests per client).
+    #[arg(long, default_value_t = 20_000)]
+    pub http_records: usize,
+    /// Records the library writer appends per batch size.
+    #[arg(long, default_value_t = 20_000)]
+    pub library_records: usize,
+    /// Entries of the store the session read is measured in.
+    #[arg(long, default_value = "1m")]
+    pub read_store_size: String,
+    /// Reads of the session.
+    #[arg(long, default_value_t = 500)]
+    pub reads: usize,
+    /// Records whose watch latency is measured.
+    #[arg(long, default_value_t = 300)]
+    pub watch_records: usize,
+    /// Idle watch streams for the memory figure.
+    #[arg(long, default_value_t = 1000)]
+    pub watchers: usize,
 }
 
 #[derive(Args, Clone)]

@@ -1,13 +1,13 @@
 //! The benchmark harness end to end on a tiny log (1k entries, 1 run, debug build), so that
 //! it cannot rot: generated logs, `--restore` of every kind of source (a SQLite file, a
 //! Lance directory, a .tar.gz, a `file://` URI with a query string), a restore that must
-//! fail naming its source, the append benchmark and the reclaim benchmark. Part of `cargo
-//! xtask test`.
+//! fail naming its source, the append, serve and reclaim benchmarks. Part of `cargo xtask
+//! test`.
 
 use anyhow::{Context, Result, ensure};
 
 use crate::bench;
-use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs, ReclaimArgs};
+use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs, ReclaimArgs, ServeArgs};
 
 /// Run the harness end to end; fails naming what did not come out as expected.
 pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
@@ -178,6 +178,24 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
     })?;
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("append-latest.json"))?)?;
     ensure!(doc["rows"].as_array().is_some_and(|r| r.len() == 4), "{doc}");
+
+    bench::run(BenchArgs {
+        what: BenchKind::Serve(ServeArgs {
+            common: common(false),
+            clients: vec![1, 4],
+            batches: vec![1],
+            http_records: 40,
+            library_records: 40,
+            read_store_size: "1k".into(),
+            reads: 5,
+            watch_records: 5,
+            watchers: 10,
+        }),
+    })?;
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("serve-latest.json"))?)?;
+    // Per backend: the library, and two client counts with and without group commit.
+    ensure!(doc["appends"].as_array().is_some_and(|r| r.len() == 2 * 5), "{doc}");
+    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 3), "{doc}");
 
     bench::run(BenchArgs {
         what: BenchKind::Reclaim(ReclaimArgs {

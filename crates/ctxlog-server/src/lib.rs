@@ -94,8 +94,9 @@ pub struct ServeOptions {
     pub max_watchers_per_token: usize,
     /// How long a client may take to send a request's headers.
     pub header_read_timeout: Duration,
-    /// How often the replica refreshes its view when nobody asks: the shortest interval,
-    /// doubled while nothing changes up to `idle_poll_max`.
+    /// How often the replica refreshes its view when nobody asks: the shortest interval
+    /// (always, on SQLite), doubled while nothing changes up to `idle_poll_max` (on object
+    /// storage, where every refresh costs requests).
     pub poll_min: Duration,
     /// The longest interval between two refreshes when nothing changes.
     pub idle_poll_max: Duration,
@@ -118,7 +119,7 @@ impl ServeOptions {
             max_concurrent_requests: 512,
             max_watchers_per_token: 1024,
             header_read_timeout: Duration::from_secs(10),
-            poll_min: Duration::from_millis(50),
+            poll_min: Duration::from_millis(10),
             idle_poll_max: Duration::from_secs(2),
         }
     }

@@ -81,10 +81,15 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         reason: e.to_string(),
     })?;
     let (stop, stopped) = watch::channel(false);
-    tokio::spawn(
-        view.clone()
-            .run(options.poll_min, options.idle_poll_max, stopped.clone()),
-    );
+    // On SQLite a refresh that finds nothing new is one read of the shards table: poll at
+    // the shortest interval always (watchers then hear of other replicas' appends within
+    // it). On object storage every refresh costs requests: back off while nothing changes.
+    let poll_max = if store.backend() == "sqlite" {
+        options.poll_min
+    } else {
+        options.idle_poll_max
+    };
+    tokio::spawn(view.clone().run(options.poll_min, poll_max, stopped.clone()));
     let grace = options.store_options.timeout + Duration::from_secs(5);
     let header_timeout = options.header_read_timeout;
     let replica = Arc::new(Replica {

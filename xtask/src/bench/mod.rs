@@ -12,6 +12,7 @@ mod plot;
 pub(crate) mod probe;
 mod reclaim;
 pub(crate) mod restore;
+mod serve;
 mod stats;
 
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Append(a) => append::run(&a),
         BenchKind::ObjectStore(a) => object_store::run(&a),
         BenchKind::Reclaim(a) => reclaim::run(&a),
+        BenchKind::Serve(a) => serve::run(&a),
     }
 }
 
@@ -61,18 +63,6 @@ pub(crate) fn size_label(n: usize) -> String {
 
 /// The `ctxlog-bench` binary for these backends: built now (release unless `--debug`).
 pub(crate) fn bench_binary(common: &Common) -> Result<PathBuf> {
-    let features = common
-        .backends
-        .iter()
-        .map(|b| match b.as_str() {
-            "sqlite" => Ok(b.clone()),
-            // Lance with S3 always: one feature set, one release build (Lance takes most of
-            // an hour to build), and stores on S3 can be restored and measured.
-            "lance" => Ok("lance,s3".to_string()),
-            other => bail!("unknown backend `{other}` (have: sqlite, lance)"),
-        })
-        .collect::<Result<Vec<_>>>()?
-        .join(",");
     let target = cargo::target_dir()?;
     if common.debug {
         // The test build: same features, same artifacts as `cargo xtask test`. Once per
@@ -87,21 +77,50 @@ pub(crate) fn bench_binary(common: &Common) -> Result<PathBuf> {
         }
         return Ok(target.join("debug").join("ctxlog-bench"));
     }
+    Ok(release_binaries(common)?.0)
+}
+
+/// `ctxlog-bench`, `ctxlog` and `ctxlog-http-load` for these backends, in one release build:
+/// one feature set for the crates they share (Lance among them), so every bench reuses it.
+pub(crate) fn release_binaries(common: &Common) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let target = cargo::target_dir()?;
+    if common.debug {
+        bench_binary(common)?;
+        let d = target.join("debug");
+        return Ok((d.join("ctxlog-bench"), d.join("ctxlog"), d.join("ctxlog-http-load")));
+    }
+    let mut features = Vec::new();
+    for b in &common.backends {
+        match b.as_str() {
+            "sqlite" => features.extend(["ctxlog-benches/sqlite", "ctxlog-cli/sqlite"]),
+            // Lance with S3 always: one feature set, one release build (Lance takes most of
+            // an hour to build), and stores on S3 can be restored and measured.
+            "lance" => features.extend([
+                "ctxlog-benches/lance",
+                "ctxlog-benches/s3",
+                "ctxlog-cli/lance",
+                "ctxlog-cli/s3",
+            ]),
+            other => bail!("unknown backend `{other}` (have: sqlite, lance)"),
+        }
+    }
+    let features = features.join(",");
     cargo::run(
-        "build ctxlog-bench (release)",
+        "build the bench binaries (release)",
         &[
             "build",
             "--release",
             "-p",
             "ctxlog-benches",
-            "--bin",
-            "ctxlog-bench",
+            "-p",
+            "ctxlog-cli",
             "--no-default-features",
             "--features",
             &features,
         ],
     )?;
-    Ok(target.join("release").join("ctxlog-bench"))
+    let r = target.join("release");
+    Ok((r.join("ctxlog-bench"), r.join("ctxlog"), r.join("ctxlog-http-load")))
 }
 
 pub(crate) fn out_dir(common: &Common) -> Result<PathBuf> {

@@ -1,0 +1,368 @@
+//! `cargo xtask bench serve`: `ctxlog serve` replicas on loopback, against the library in
+//! the same run.
+//!
+//! - Append throughput and latency through HTTP, with 1, 16 and 64 concurrent clients,
+//!   batches of 1 and 100, group commit on and off; against one library writer appending
+//!   the same batches (`ctxlog-bench append`).
+//! - A session read (a 100-record session in a store of `--read-store-size` entries): the
+//!   latency of its page.
+//! - Watch latency: a record appended through replica A, until its event arrives on a
+//!   watcher of replica B.
+//! - The replica's resident memory with `--watchers` idle watch streams, against none.
+//!
+//! Every figure comes from fresh processes of a release build (the server, the load client,
+//! the library probe); ratios are against the library measured in the same run.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::probe::{PROBE_DEADLINE, output_within, probe};
+use super::{chrono_stamp, machine, out_dir, progress};
+use crate::flags::ServeArgs;
+use crate::stores::{generate_or_reuse, remove_store, store_uri};
+
+/// A `ctxlog serve` process.
+struct Replica {
+    child: Child,
+    addr: String,
+}
+
+impl Replica {
+    fn start(ctxlog: &Path, uri: &str, writer: &str, extra: &[&str]) -> Result<Replica> {
+        let mut child = Command::new(ctxlog)
+            .args(["--store", uri, "--timeout", "60", "serve", "--writer", writer])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start ctxlog serve")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(600)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                bail!("ctxlog serve did not start within 600 s");
+            }
+        };
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("ctxlog serve said `{line}`"))?;
+        let addr = v["listening"].as_str().context("listening")?.to_string();
+        Ok(Replica { child, addr })
+    }
+
+    /// Resident memory, in KiB.
+    fn rss_kib(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .context("VmRSS")
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn load(bin: &Path, args: &[&str]) -> Result<Value> {
+    let out = output_within(Command::new(bin).args(args), PROBE_DEADLINE)?;
+    ensure!(
+        out.status.success(),
+        "ctxlog-http-load {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn latencies(v: &Value) -> Vec<u64> {
+    let mut l: Vec<u64> = v["latencies_us"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+        .collect();
+    l.sort_unstable();
+    l
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
+}
+
+#[derive(Debug, Serialize)]
+struct AppendRow {
+    backend: String,
+    via: String,
+    clients: usize,
+    batch: usize,
+    records: u64,
+    records_per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// records/s against the library writer with the same batch, same run.
+    vs_library: f64,
+}
+
+pub(crate) fn run(a: &ServeArgs) -> Result<()> {
+    let (bench, ctxlog, http) = super::release_binaries(&a.common)?;
+    let out = out_dir(&a.common)?;
+    let scratch = out.join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let mut rows = Vec::new();
+    let mut other = Vec::new();
+    let pb = progress(a.common.json || a.common.quiet, 0, "serve");
+    for backend in &a.common.backends {
+        let fresh = |name: &str| -> Result<String> {
+            let path = scratch.join(if backend == "sqlite" {
+                format!("serve-{name}.db")
+            } else {
+                format!("serve-{name}.lance")
+            });
+            let uri = store_uri(backend, &path);
+            remove_store(&uri);
+            probe(&bench, &uri, false, &["generate", "--entries", "1", "--writers", "1"])?;
+            Ok(uri)
+        };
+        // The library: one writer, the same batches.
+        let mut library = std::collections::BTreeMap::new();
+        for &batch in &a.batches {
+            let uri = fresh(&format!("lib-{batch}"))?;
+            let records = (a.library_records / batch).max(1) * batch;
+            let v = probe(
+                &bench,
+                &uri,
+                false,
+                &[
+                    "append",
+                    "--writer",
+                    "lib",
+                    "--batch",
+                    &batch.to_string(),
+                    "--records",
+                    &records.to_string(),
+                ],
+            )?;
+            let rate = records as f64 / v["seconds"].as_f64().unwrap_or(f64::INFINITY);
+            let l = latencies(&v);
+            rows.push(AppendRow {
+                backend: backend.clone(),
+                via: "library".into(),
+                clients: 1,
+                batch,
+                records: records as u64,
+                records_per_second: rate,
+                p50_ms: pct(&l, 0.5),
+                p99_ms: pct(&l, 0.99),
+                vs_library: 1.0,
+            });
+            library.insert(batch, rate);
+            remove_store(&uri);
+        }
+        // Through HTTP.
+        for group in [true, false] {
+            for &batch in &a.batches {
+                for &clients in &a.clients {
+                    let uri = fresh(&format!("http-{group}-{batch}-{clients}"))?;
+                    let extra: &[&str] = if group { &[] } else { &["--no-group-commit"] };
+                    let server = Replica::start(&ctxlog, &uri, "bench", extra)?;
+                    let requests = (a.http_records / (batch * clients)).max(5);
+                    let v = load(
+                        &http,
+                        &[
+                            "append",
+                            "--addr",
+                            &server.addr,
+                            "--clients",
+                            &clients.to_string(),
+                            "--batch",
+                            &batch.to_string(),
+                            "--requests",
+                            &requests.to_string(),
+                        ],
+                    )?;
+                    drop(server);
+                    remove_store(&uri);
+                    let records = v["records"].as_u64().unwrap_or(0);
+                    let rate = records as f64 / v["seconds"].as_f64().unwrap_or(f64::INFINITY);
+                    let l = latencies(&v);
+                    rows.push(AppendRow {
+                        backend: backend.clone(),
+                        via: if group { "http" } else { "http, no group commit" }.into(),
+                        clients,
+                        batch,
+                        records,
+                        records_per_second: rate,
+                        p50_ms: pct(&l, 0.5),
+                        p99_ms: pct(&l, 0.99),
+                        vs_library: rate / library.get(&batch).copied().unwrap_or(f64::NAN),
+                    });
+                    pb.inc(1);
+                }
+            }
+        }
+        // A session read in a large store.
+        let big = scratch.join(if backend == "sqlite" {
+            format!("serve-read-{}.db", a.read_store_size)
+        } else {
+            format!("serve-read-{}.lance", a.read_store_size)
+        });
+        let big_uri = store_uri(backend, &big);
+        let entries = super::parse_size(&a.read_store_size)?.to_string();
+        let mut args = vec!["--entries", entries.as_str()];
+        if backend != "sqlite" {
+            args.push("--compact");
+        }
+        generate_or_reuse(&bench, &big_uri, &big.with_extension("done"), &args, || {
+            progress(a.common.json || a.common.quiet, 0, "generating the read store")
+        })?;
+        {
+            let server = Replica::start(&ctxlog, &big_uri, "bench-reader", &[])?;
+            // A session of its own, 100 records.
+            load(
+                &http,
+                &[
+                    "append",
+                    "--addr",
+                    &server.addr,
+                    "--clients",
+                    "1",
+                    "--batch",
+                    "100",
+                    "--requests",
+                    "1",
+                    "--run",
+                    &format!("read-{}", chrono_stamp()),
+                ],
+            )?;
+            let v = load(
+                &http,
+                &[
+                    "read",
+                    "--addr",
+                    &server.addr,
+                    "--bot",
+                    "load",
+                    "--session",
+                    "s0",
+                    "--times",
+                    &a.reads.to_string(),
+                ],
+            )?;
+            let l = latencies(&v);
+            other.push(
+                json!({"backend": backend, "what": "session read", "store_entries": a.read_store_size,
+                              "records_per_page": v["records"], "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99)}),
+            );
+        }
+        // Watch latency, across replicas.
+        {
+            let uri = fresh("watch")?;
+            let a_side = Replica::start(&ctxlog, &uri, "bench-a", &[])?;
+            let b_side = Replica::start(&ctxlog, &uri, "bench-b", &[])?;
+            let v = load(
+                &http,
+                &[
+                    "watch",
+                    "--from",
+                    &a_side.addr,
+                    "--to",
+                    &b_side.addr,
+                    "--records",
+                    &a.watch_records.to_string(),
+                ],
+            )?;
+            let l = latencies(&v);
+            other.push(
+                json!({"backend": backend, "what": "watch latency A→B", "records": a.watch_records,
+                              "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99)}),
+            );
+            drop((a_side, b_side));
+            remove_store(&uri);
+        }
+        // Memory of idle watchers.
+        {
+            let uri = fresh("rss")?;
+            let server = Replica::start(&ctxlog, &uri, "bench", &[])?;
+            let before = server.rss_kib()?;
+            let mut holder = Command::new(&http)
+                .args(["hold", "--addr", &server.addr, "--streams", &a.watchers.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()?;
+            let stdout = holder.stdout.take().context("stdout")?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+                let _ = tx.send(line);
+            });
+            let opened = rx.recv_timeout(Duration::from_secs(300));
+            let after = server.rss_kib()?;
+            drop(holder.stdin.take());
+            let _ = holder.kill();
+            let _ = holder.wait();
+            ensure!(opened.is_ok_and(|l| l.contains("open")), "the watchers did not open");
+            other.push(
+                json!({"backend": backend, "what": "resident memory", "watchers": a.watchers,
+                              "rss_mib_without": before as f64 / 1024.0, "rss_mib_with": after as f64 / 1024.0,
+                              "delta_mib": (after as f64 - before as f64) / 1024.0}),
+            );
+            drop(server);
+            remove_store(&uri);
+        }
+    }
+    pb.finish_and_clear();
+    let stamp = chrono_stamp();
+    let doc = json!({"kind": "serve", "date": stamp, "machine": machine(), "appends": rows, "other": other});
+    let text = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(out.join(format!("serve-{stamp}.json")), &text)?;
+    std::fs::write(out.join("serve-latest.json"), &text)?;
+    if a.common.quiet {
+        return Ok(());
+    }
+    if a.common.json {
+        println!("{text}");
+        return Ok(());
+    }
+    println!("| backend | via | clients | batch | records/s | p50 ms | p99 ms | vs library |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in doc["appends"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2}× |",
+            r["backend"].as_str().unwrap_or(""),
+            r["via"].as_str().unwrap_or(""),
+            r["clients"],
+            r["batch"],
+            r["records_per_second"].as_f64().unwrap_or(0.0),
+            r["p50_ms"].as_f64().unwrap_or(0.0),
+            r["p99_ms"].as_f64().unwrap_or(0.0),
+            r["vs_library"].as_f64().unwrap_or(0.0),
+        );
+    }
+    for o in doc["other"].as_array().into_iter().flatten() {
+        println!("{o}");
+    }
+    Ok(())
+}
