@@ -110,6 +110,9 @@ pub(crate) struct ServeArgs {
     /// Idle watch streams for the memory figure.
     #[arg(long, default_value_t = 1000)]
     pub watchers: usize,
+    /// Calls of each framework adapter's hot call (and of the bare client).
+    #[arg(long, default_value_t = 300)]
+    pub adapter_calls: usize,
 }
 
 #[derive(Args, Clone)]

@@ -17,6 +17,7 @@ mod chaos;
 mod conformance;
 mod flags;
 mod mutants;
+mod python;
 mod smoke;
 mod stores;
 mod test;

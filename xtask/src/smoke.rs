@@ -190,12 +190,14 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
             reads: 5,
             watch_records: 5,
             watchers: 10,
+            adapter_calls: 3,
         }),
     })?;
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("serve-latest.json"))?)?;
-    // Per backend: the library, and two client counts with and without group commit.
-    ensure!(doc["appends"].as_array().is_some_and(|r| r.len() == 2 * 5), "{doc}");
-    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 3), "{doc}");
+    // Per backend: the library, two client counts with and without group commit, the Python
+    // client; a read through each client, watch, memory, and three adapters.
+    ensure!(doc["appends"].as_array().is_some_and(|r| r.len() == 2 * 6), "{doc}");
+    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 7), "{doc}");
 
     bench::run(BenchArgs {
         what: BenchKind::Reclaim(ReclaimArgs {

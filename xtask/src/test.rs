@@ -35,6 +35,8 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
     with_s3(&mut cmd);
     cargo::step("tests (nextest)", &mut cmd)?;
     cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])?;
+    // The Python client against the `ctxlog` binary the tests above built.
+    crate::python::run(&s3)?;
     crate::smoke::run(&s3)?;
     crate::chaos::short(&s3)
 }

@@ -14,6 +14,13 @@
 //! wrote are unreferenced); after it, data and marker changed together. Rows already in
 //! the base are left alone (`DoNothing` on match), so no pass can duplicate. Shard
 //! manifests, epochs and WALs are never touched, so no live writer is fenced.
+//!
+//! Replicas compact the same store. A pass *overtaken* by another (which folded some of
+//! the generations it chose and committed first) has its commit refused by MemWAL: a
+//! shard's folded generation only grows. That is not a failure of compaction — what it
+//! set out to fold is folded — so the pass is planned again from the new base table, up
+//! to `OVERTAKEN_PASSES` times within the deadline. Whether a pass was overtaken is read
+//! from the base table's markers after the refusal, never from the error's text.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,7 +33,7 @@ use lance_index::mem_wal::CompactedSsTable;
 use crate::error::lance_err;
 use crate::schema::{PRIMARY_KEY, schema};
 use crate::store::Shared;
-use crate::tiers::{Generation, tiers};
+use crate::tiers::{Generation, folded, tiers};
 
 /// Where a test may stop a pass, to prove an interrupted pass loses and duplicates nothing.
 #[doc(hidden)]
@@ -38,6 +45,20 @@ pub enum StopPoint {
     BeforeCommit,
 }
 
+/// Passes planned again after being overtaken, before compaction gives up (each overtaking
+/// pass folded something, so more than a few in a row means replicas compact in a loop).
+const OVERTAKEN_PASSES: usize = 4;
+
+/// Runs once before a pass's first commit, in tests (to let another compaction commit).
+pub(crate) type BeforeCommit = futures::future::BoxFuture<'static, Result<()>>;
+
+/// How one pass ended.
+enum Pass {
+    Done(CompactReport),
+    /// Another compaction folded some of the chosen generations first; nothing written.
+    Overtaken,
+}
+
 fn compact_err(e: lance::Error) -> Error {
     lance_err("compact", None, Written::Nothing, e)
 }
@@ -46,6 +67,7 @@ pub(crate) async fn compact(
     inner: &Arc<Shared>,
     opts: &CompactOptions,
     stop: Option<StopPoint>,
+    mut before_commit: Option<BeforeCommit>,
 ) -> Result<CompactReport> {
     let timeout = inner.timeout();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -55,7 +77,22 @@ pub(crate) async fn compact(
     for w in inner.live_writers() {
         let _ = tokio::time::timeout_at(flush_by, async { w.force_freeze_active().await?.wait().await }).await;
     }
-    match tokio::time::timeout_at(deadline, pass(inner, opts, stop)).await {
+    let passes = async {
+        for _ in 0..OVERTAKEN_PASSES {
+            if let Pass::Done(report) = pass(inner, opts, stop, before_commit.take()).await? {
+                return Ok(report);
+            }
+            tracing::debug!("compaction overtaken by another; planning again");
+        }
+        Err(Error::backend(
+            "lance",
+            "compact",
+            None,
+            Written::Nothing,
+            format!("overtaken by other compactions {OVERTAKEN_PASSES} times in a row"),
+        ))
+    };
+    match tokio::time::timeout_at(deadline, passes).await {
         Ok(r) => r,
         Err(_) => Err(Error::Timeout {
             op: "compact",
@@ -66,7 +103,12 @@ pub(crate) async fn compact(
     }
 }
 
-async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint>) -> Result<CompactReport> {
+async fn pass(
+    inner: &Arc<Shared>,
+    opts: &CompactOptions,
+    stop: Option<StopPoint>,
+    before_commit: Option<BeforeCommit>,
+) -> Result<Pass> {
     let t = tiers(inner, None).await?;
     // 2. Plan: round-robin over shards, each shard's oldest generations first (the marker
     //    says "folded up to g", so a shard's chosen generations are a prefix), within both
@@ -101,11 +143,11 @@ async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint
         }
     }
     if chosen.is_empty() {
-        return Ok(CompactReport {
+        return Ok(Pass::Done(CompactReport {
             generations_remaining: pending as u64,
             note: "nothing to fold".into(),
             ..Default::default()
-        });
+        }));
     }
     // Read the chosen generations, as rows of the base table's schema.
     let mut batches: Vec<RecordBatch> = Vec::new();
@@ -135,6 +177,7 @@ async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint
     }
     let batches = by_session(batches)?;
     // 3. One commit: the rows and the markers.
+    let planned = markers.clone();
     let mut markers: Vec<CompactedSsTable> = markers
         .into_iter()
         .map(|(shard, generation)| CompactedSsTable::new(shard.0, generation))
@@ -155,13 +198,26 @@ async fn pass(inner: &Arc<Shared>, opts: &CompactOptions, stop: Option<StopPoint
         let _uncommitted = job.execute_uncommitted_batches(batches).await.map_err(compact_err)?;
         return Err(interrupted(StopPoint::BeforeCommit));
     }
-    job.execute_batches(batches).await.map_err(compact_err)?;
-    Ok(CompactReport {
+    if let Some(hook) = before_commit {
+        hook.await?;
+    }
+    if let Err(e) = job.execute_batches(batches).await {
+        let now = folded(&inner.latest().await?).await?;
+        let overtaken = planned
+            .iter()
+            .any(|(shard, g)| now.get(&shard.0).is_some_and(|folded| folded >= g));
+        return if overtaken {
+            Ok(Pass::Overtaken)
+        } else {
+            Err(compact_err(e))
+        };
+    }
+    Ok(Pass::Done(CompactReport {
         generations_merged: chosen.len() as u64,
         entries_merged: entries,
         generations_remaining: (pending - chosen.len()) as u64,
         note: format!("folded {} generation(s), {bytes} bytes", chosen.len()),
-    })
+    }))
 }
 
 /// The rows of one pass in one batch, sorted by bot, session and order key: a session's rows

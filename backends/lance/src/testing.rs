@@ -139,7 +139,7 @@ pub async fn compact_interrupted(
     stop: StopPoint,
 ) -> Result<()> {
     let store = LanceStore::open_store(uri, options).await?;
-    match crate::compact::compact(&store.shared, opts, Some(stop)).await {
+    match crate::compact::compact(&store.shared, opts, Some(stop), None).await {
         Err(_) => Ok(()),
         Ok(r) => Err(Error::backend(
             "lance",
@@ -154,7 +154,38 @@ pub async fn compact_interrupted(
 /// One compaction pass through a store handle of its own.
 pub async fn compact(uri: &str, options: StoreOptions, opts: &CompactOptions) -> Result<CompactReport> {
     let store = LanceStore::open_store(uri, options).await?;
-    crate::compact::compact(&store.shared, opts, None).await
+    crate::compact::compact(&store.shared, opts, None, None).await
+}
+
+/// One compaction pass that another compaction (through a handle of its own) overtakes:
+/// the other plans, folds and commits after this one has read its generations and before
+/// it commits. Returns this pass's report and the other's.
+pub async fn compact_overtaken(
+    uri: &str,
+    options: StoreOptions,
+    opts: &CompactOptions,
+) -> Result<(CompactReport, CompactReport)> {
+    let store = LanceStore::open_store(uri, options.clone()).await?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let other = {
+        let (uri, opts) = (uri.to_string(), opts.clone());
+        Box::pin(async move {
+            let r = compact(&uri, options, &opts).await?;
+            let _ = tx.send(r);
+            Ok(())
+        })
+    };
+    let mine = crate::compact::compact(&store.shared, opts, None, Some(other)).await?;
+    let theirs = rx.await.map_err(|_| {
+        Error::backend(
+            "lance",
+            "compact_overtaken",
+            None,
+            Written::Unknown,
+            "the other pass did not run",
+        )
+    })?;
+    Ok((mine, theirs))
 }
 
 /// The dataset directory of a local store URI.

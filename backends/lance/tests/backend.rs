@@ -12,7 +12,7 @@ use anyhow::{Context, ensure};
 use ctxlog_conformance::w;
 use ctxlog_conformance::{Ctx, recs};
 use ctxlog_core::{CompactOptions, Error, Store, StoreOptions};
-use ctxlog_lance::testing::{StopPoint, base_keys, compact_interrupted};
+use ctxlog_lance::testing::{StopPoint, base_keys, compact_interrupted, compact_overtaken};
 use ctxlog_lance::{LanceStore, WriterTuning};
 
 /// Small memtables: a generation every few appends.
@@ -135,18 +135,53 @@ fn compaction_while_four_writers_append() {
     });
 }
 
+/// A store whose writers `a` and `b` each flushed several generations: 240 records.
+async fn two_writers_of_generations(ctx: &Ctx) -> anyhow::Result<Arc<dyn Store>> {
+    let s = store(ctx, small()).await?;
+    for name in ["a", "b"] {
+        let mut shard = s.open_shard(&w(name)).await?;
+        for b in 0..12 {
+            shard.append(recs(&format!("{name}{b}"), "s", 10)).await?;
+        }
+        shard.close().await?;
+    }
+    Ok(s)
+}
+
+/// Replicas compact one store: a pass another pass overtook (it folded the same generations
+/// and committed first) is not a failure — it plans again and folds what is left, and no
+/// row is folded twice.
+#[test]
+fn overtaken_compaction_plans_again() {
+    run("overtaken_compaction_plans_again", |ctx| {
+        Box::pin(async move {
+            let s = two_writers_of_generations(&ctx).await?;
+            let before = canonical(&ctx).await?;
+            // Each pass folds two generations: the overtaken one has more left to fold.
+            let opts = CompactOptions {
+                max_generations: 2,
+                ..CompactOptions::default()
+            };
+            let (mine, theirs) = compact_overtaken(&ctx.uri, ctx.options(), &opts).await?;
+            ensure!(theirs.generations_merged == 2, "the overtaking pass: {theirs:?}");
+            ensure!(
+                mine.generations_merged == 2,
+                "the overtaken pass, planned again: {mine:?}"
+            );
+            compact_all(s.as_ref()).await?;
+            ensure!(canonical(&ctx).await? == before, "compaction changed the view");
+            let keys = base_keys(&ctx.uri).await?;
+            ensure!(keys.len() == 240 && keys.iter().collect::<BTreeSet<_>>().len() == 240);
+            Ok(())
+        })
+    });
+}
+
 #[test]
 fn interrupted_compaction_converges() {
     run("interrupted_compaction_converges", |ctx| {
         Box::pin(async move {
-            let s = store(&ctx, small()).await?;
-            for name in ["a", "b"] {
-                let mut shard = s.open_shard(&w(name)).await?;
-                for b in 0..12 {
-                    shard.append(recs(&format!("{name}{b}"), "s", 10)).await?;
-                }
-                shard.close().await?;
-            }
+            let s = two_writers_of_generations(&ctx).await?;
             let before = canonical(&ctx).await?;
             let opts = CompactOptions::default();
             for stop in [StopPoint::AfterRead, StopPoint::BeforeCommit] {

@@ -125,7 +125,13 @@ async fn tokens_scope_every_route_by_bot_and_right() -> anyhow::Result<()> {
                 "/v1/bots/b/sessions/s/records".into(),
                 json!({"records": [rec("x-1", "x")]}),
             ),
+            (
+                Method::POST,
+                "/v1/bots/b/records".into(),
+                json!({"records": [{"id": "x-2", "role": "u", "session_id": "s"}]}),
+            ),
             (Method::GET, "/v1/bots/b/sessions/s2/records".into(), Value::Null),
+            (Method::GET, "/v1/bots/b/sessions/s2/records?last=1".into(), Value::Null),
             (Method::GET, "/v1/bots/b/sessions/none/records".into(), Value::Null),
             (Method::GET, "/v1/bots/b/records/b-1".into(), Value::Null),
             (Method::GET, "/v1/bots/b/records/missing".into(), Value::Null),
@@ -250,6 +256,25 @@ async fn bad_input_is_refused_and_the_server_keeps_serving() -> anyhow::Result<(
         problem(&a, StatusCode::BAD_REQUEST, "urn:ctxlog:problem:invalid-input")?;
         let a = c.get("/v1/bots/a/sessions/s/records?limit=0").await?;
         problem(&a, StatusCode::BAD_REQUEST, "urn:ctxlog:problem:invalid-input")?;
+        let a = c.get("/v1/bots/a/sessions/s/records?last=2&limit=5").await?;
+        problem(&a, StatusCode::BAD_REQUEST, "urn:ctxlog:problem:invalid-input")?;
+        ensure!(a.json["field"] == "last", "{}", a.text);
+        let a = c.get("/v1/bots/a/sessions/s/records?last=0").await?;
+        problem(&a, StatusCode::BAD_REQUEST, "urn:ctxlog:problem:invalid-input")?;
+        // A record naming another session than its route's, and a bot-wide append with a
+        // record that names none: refused whole, with the record at fault.
+        let mut other = rec("ok-2", "x");
+        other["session_id"] = json!("elsewhere");
+        let a = c.append("a", "s", &[rec("ok-3", "x"), other]).await?;
+        problem(&a, StatusCode::BAD_REQUEST, "urn:ctxlog:problem:invalid-input")?;
+        ensure!(a.json["field"] == "session_id" && a.json["record"] == 1, "{}", a.text);
+        let mut named = rec("ok-4", "x");
+        named["session_id"] = json!("s");
+        let a = c
+            .post("/v1/bots/a/records", &json!({"records": [named, rec("ok-5", "x")]}))
+            .await?;
+        problem(&a, StatusCode::BAD_REQUEST, "urn:ctxlog:problem:invalid-input")?;
+        ensure!(a.json["field"] == "session_id" && a.json["record"] == 1, "{}", a.text);
         // A client that sends its headers a byte at a time is cut off at the header timeout.
         let mut slow = tokio::net::TcpStream::connect(&f.server.addr).await?;
         let started = std::time::Instant::now();
@@ -374,8 +399,25 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
                 ],
             )
             .await?;
+        let mut in_s = rec("d-3", "x");
+        in_s["session_id"] = json!("s");
+        let mut in_t = rec("d-4", "x");
+        in_t["session_id"] = json!("t");
+        let bot_wide = c.post("/v1/bots/a/records", &json!({"records": [in_s, in_t]})).await?;
+        ensure!(bot_wide.status == StatusCode::OK, "{}", bot_wide.text);
+        // The newest of `s` (the bot-wide append's record), and that older ones precede it.
+        let last = c.get("/v1/bots/a/sessions/s/records?last=1").await?;
+        ensure!(
+            last.json["records"][0]["id"] == "d-3" && last.json["has_more"] == true,
+            "{}",
+            last.text
+        );
+        let t = c.get("/v1/bots/a/sessions/t/records").await?;
+        ensure!(t.json["records"][0]["id"] == "d-4", "{}", t.text);
         let calls: Vec<(&str, &str, common::Answer)> = vec![
             ("/v1/bots/{bot}/sessions/{session}/records", "post", ack),
+            ("/v1/bots/{bot}/records", "post", bot_wide),
+            ("/v1/bots/{bot}/sessions/{session}/records", "get", last),
             (
                 "/v1/bots/{bot}/sessions/{session}/records",
                 "get",

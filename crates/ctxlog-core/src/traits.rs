@@ -184,6 +184,10 @@ pub trait Projector: Send + Sync {
         limit: usize,
     ) -> Result<(Vec<Entry>, bool)>;
 
+    /// The last `n` live records of a session, in contract order (rule 8), with bodies; and
+    /// whether older ones precede them. Reads the bodies of those `n` only.
+    async fn session_tail(&mut self, bot_id: &str, session_id: &str, n: usize) -> Result<(Vec<Entry>, bool)>;
+
     /// The order key of `id`'s live winner as the projection holds it now (no refresh, no
     /// read of bodies); `None` when the id has no live record.
     fn live_key(&self, id: &str) -> Option<OrderKey>;

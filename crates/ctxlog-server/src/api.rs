@@ -49,6 +49,10 @@ pub struct RecordIn {
     /// Put (default) or tombstone.
     #[serde(default)]
     pub kind: KindJson,
+    /// The record's session: required by the bot-wide append (one atomic batch across
+    /// sessions of one bot); on a session's route, the route's session if given.
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 /// An append: one atomic batch.
@@ -62,6 +66,13 @@ pub struct AppendIn {
 impl RecordIn {
     /// The record, in `bot`'s `session`; record `index` of its request for errors.
     pub(crate) fn into_record(self, bot: &str, session: &str, index: usize) -> Result<Record, Problem> {
+        if self.session_id.as_deref().is_some_and(|s| s != session) {
+            return Err(Problem::invalid(
+                "session_id",
+                Some(index),
+                "differs from the route's session",
+            ));
+        }
         let body = match (self.text, self.bytes_b64) {
             (Some(_), Some(_)) => {
                 return Err(Problem::invalid(
@@ -208,7 +219,7 @@ pub struct RecordsPage {
     /// Give as `after` for the next page (absent on the last page).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
-    /// Whether more records follow.
+    /// Whether more records follow (with `last`: whether older ones precede).
     pub has_more: bool,
     /// The view's position when this page was read: watch from it to miss nothing after it.
     pub position: String,

@@ -47,6 +47,7 @@ pub(crate) fn router(replica: Arc<Replica>) -> Router {
             "/v1/bots/{bot}/sessions/{session}/records",
             post(append).get(read_session),
         )
+        .route("/v1/bots/{bot}/records", post(append_bot))
         .route("/v1/bots/{bot}/records/{id}", get(get_record).delete(delete_record))
         .route("/v1/bots/{bot}/sessions", get(list_sessions))
         .route("/v1/conflicts", get(conflicts))
@@ -154,6 +155,8 @@ pub struct PageQuery {
     pub after: Option<String>,
     /// At most this many (1 to 1000, default 100).
     pub limit: Option<usize>,
+    /// Instead: the last this many records (1 to 1000), reading only them.
+    pub last: Option<usize>,
 }
 
 fn page_limit(limit: Option<usize>) -> Result<usize, Problem> {
@@ -188,10 +191,44 @@ async fn append(
         .enumerate()
         .map(|(i, rec)| rec.into_record(&bot, &session, i))
         .collect::<Result<Vec<Record>, Problem>>()?;
+    write(r, records).await
+}
+
+/// One batch through the replica's writer, counted in the metrics.
+async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOut>, Problem> {
     r.metrics.append_records.observe(records.len() as f64);
-    let writer = r.clone();
-    let ack = detached(async move { writer.writer.append(records).await }).await?;
+    let ack = detached(async move { r.writer.append(records).await }).await?;
     Ok(axum::Json(AckOut::from(&ack)))
+}
+
+/// Append one atomic batch whose records may belong to several sessions of one bot (each
+/// names its `session_id`): all are written or none.
+#[utoipa::path(post, path = "/v1/bots/{bot}/records",
+    params(("bot" = String, Path)),
+    request_body = AppendIn,
+    responses((status = 200, body = AckOut), (status = 400, body = Problem), (status = 401, body = Problem),
+              (status = 403, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
+              (status = 503, body = Problem), (status = 504, body = Problem)))]
+async fn append_bot(
+    State(r): Shared,
+    Path(bot): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<AckOut>, Problem> {
+    grant_for(&r, &headers, &bot, Right::Write)?;
+    let input: AppendIn = parse(&body(raw)?)?;
+    let records = input
+        .records
+        .into_iter()
+        .enumerate()
+        .map(|(i, rec)| {
+            let session = rec.session_id.clone().ok_or_else(|| {
+                Problem::invalid("session_id", Some(i), "a bot-wide append names each record's session")
+            })?;
+            rec.into_record(&bot, &session, i)
+        })
+        .collect::<Result<Vec<Record>, Problem>>()?;
+    write(r, records).await
 }
 
 /// A page of a session's live records, in the contract's order.
@@ -208,8 +245,25 @@ async fn read_session(
     grant_for(&r, &headers, &bot, Right::Read)?;
     let limit = page_limit(q.limit)?;
     let after = q.after.as_deref().map(|c| cursor::parse_page("after", c)).transpose()?;
+    let last = q.last.map(|n| page_limit(Some(n))).transpose()?;
+    if last.is_some() && (after.is_some() || q.limit.is_some()) {
+        return Err(Problem::invalid(
+            "last",
+            None,
+            "give `last` alone, or `after` and `limit`",
+        ));
+    }
     let mut p = r.view.fresh().await?;
     let position = cursor::position(&p.checkpoint());
+    if let Some(n) = last {
+        let (entries, older) = p.session_tail(&bot, &session, n).await.map_err(Problem::from)?;
+        return Ok(axum::Json(RecordsPage {
+            records: entries.iter().map(EntryOut::from).collect(),
+            next: None,
+            has_more: older,
+            position,
+        }));
+    }
     let (entries, more) = p
         .session_page(&bot, &session, after.as_ref(), limit)
         .await
@@ -281,6 +335,7 @@ async fn delete_record(
         metadata: None,
         created_at: None,
         kind: KindJson::Tombstone,
+        session_id: None,
     }
     .into_record(&bot, &entry.record.session_id, 0)?;
     let writer = r.clone();
@@ -594,6 +649,7 @@ async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
     info(title = "ctxlog", description = "The context log over HTTP: one writer per replica."),
     paths(
         append,
+        append_bot,
         read_session,
         get_record,
         delete_record,
@@ -632,6 +688,7 @@ pub struct ApiDoc;
 pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/bots/{bot}/sessions/{session}/records"),
     ("get", "/v1/bots/{bot}/sessions/{session}/records"),
+    ("post", "/v1/bots/{bot}/records"),
     ("get", "/v1/bots/{bot}/records/{id}"),
     ("delete", "/v1/bots/{bot}/records/{id}"),
     ("get", "/v1/bots/{bot}/sessions"),

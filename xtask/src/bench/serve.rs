@@ -9,6 +9,9 @@
 //! - Watch latency: a record appended through replica A, until its event arrives on a
 //!   watcher of replica B.
 //! - The replica's resident memory with `--watchers` idle watch streams, against none.
+//! - The Python client (`python/benchmarks/serve_load.py`, in the pinned virtualenv of
+//!   `cargo xtask test`): appends and the session read against `ctxlog-http-load`'s figures
+//!   of the same run, and each framework adapter's hot call against the bare client.
 //!
 //! Every figure comes from fresh processes of a release build (the server, the load client,
 //! the library probe); ratios are against the library measured in the same run.
@@ -92,13 +95,38 @@ fn load(bin: &Path, args: &[&str]) -> Result<Value> {
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
+/// The Python load client.
+struct PythonLoad {
+    python: std::path::PathBuf,
+    script: std::path::PathBuf,
+}
+
+impl PythonLoad {
+    fn new() -> Result<PythonLoad> {
+        let (dir, bin) = crate::python::environment()?;
+        Ok(PythonLoad {
+            python: bin.join("python"),
+            script: dir.join("benchmarks").join("serve_load.py"),
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> Result<Value> {
+        let out = output_within(Command::new(&self.python).arg(&self.script).args(args), PROBE_DEADLINE)?;
+        ensure!(
+            out.status.success(),
+            "serve_load.py {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+}
+
 fn latencies(v: &Value) -> Vec<u64> {
-    let mut l: Vec<u64> = v["latencies_us"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_u64)
-        .collect();
+    sorted(&v["latencies_us"])
+}
+
+fn sorted(v: &Value) -> Vec<u64> {
+    let mut l: Vec<u64> = v.as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
     l.sort_unstable();
     l
 }
@@ -122,6 +150,9 @@ struct AppendRow {
     p99_ms: f64,
     /// records/s against the library writer with the same batch, same run.
     vs_library: f64,
+    /// Python rows: records/s against one raw HTTP client with the same batch, same run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vs_http: Option<f64>,
 }
 
 pub(crate) fn run(a: &ServeArgs) -> Result<()> {
@@ -131,6 +162,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
     std::fs::create_dir_all(&scratch)?;
     let mut rows = Vec::new();
     let mut other = Vec::new();
+    let py = PythonLoad::new()?;
     let pb = progress(a.common.json || a.common.quiet, 0, "serve");
     for backend in &a.common.backends {
         let fresh = |name: &str| -> Result<String> {
@@ -175,6 +207,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
                 p50_ms: pct(&l, 0.5),
                 p99_ms: pct(&l, 0.99),
                 vs_library: 1.0,
+                vs_http: None,
             });
             library.insert(batch, rate);
             remove_store(&uri);
@@ -216,9 +249,72 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
                         p50_ms: pct(&l, 0.5),
                         p99_ms: pct(&l, 0.99),
                         vs_library: rate / library.get(&batch).copied().unwrap_or(f64::NAN),
+                        vs_http: None,
                     });
                     pb.inc(1);
                 }
+            }
+        }
+        // Through the Python client: one client, as the raw row with one client.
+        for &batch in &a.batches {
+            let uri = fresh(&format!("py-{batch}"))?;
+            let server = Replica::start(&ctxlog, &uri, "bench", &[])?;
+            let requests = (a.http_records / batch).max(5);
+            let v = py.run(&[
+                "append",
+                "--url",
+                &format!("http://{}", server.addr),
+                "--batch",
+                &batch.to_string(),
+                "--requests",
+                &requests.to_string(),
+            ])?;
+            drop(server);
+            remove_store(&uri);
+            let records = v["records"].as_u64().unwrap_or(0);
+            let rate = records as f64 / v["seconds"].as_f64().unwrap_or(f64::INFINITY);
+            let raw = rows
+                .iter()
+                .find(|r| r.backend == *backend && r.via == "http" && r.clients == 1 && r.batch == batch)
+                .map_or(f64::NAN, |r| r.records_per_second);
+            let l = latencies(&v);
+            rows.push(AppendRow {
+                backend: backend.clone(),
+                via: "python client".into(),
+                clients: 1,
+                batch,
+                records,
+                records_per_second: rate,
+                p50_ms: pct(&l, 0.5),
+                p99_ms: pct(&l, 0.99),
+                vs_library: rate / library.get(&batch).copied().unwrap_or(f64::NAN),
+                vs_http: Some(rate / raw),
+            });
+        }
+        // Each adapter's hot call against the bare client.
+        {
+            let uri = fresh("adapters")?;
+            let server = Replica::start(&ctxlog, &uri, "bench", &[])?;
+            let v = py.run(&[
+                "adapters",
+                "--url",
+                &format!("http://{}", server.addr),
+                "--calls",
+                &a.adapter_calls.to_string(),
+            ])?;
+            drop(server);
+            remove_store(&uri);
+            let calls = &v["latencies_us"];
+            let p50 = |name: &str| pct(&sorted(&calls[name]), 0.5);
+            for (call, bare) in [
+                ("openai-agents add_items", "client append (async)"),
+                ("adk append_event", "client append (async)"),
+                ("langgraph put", "client append (sync)"),
+            ] {
+                let l = sorted(&calls[call]);
+                other.push(json!({"backend": backend, "what": "adapter hot call", "call": call,
+                    "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99), "against": bare,
+                    "bare_p50_ms": p50(bare), "added_p50_ms": pct(&l, 0.5) - p50(bare)}));
             }
         }
         // A session read in a large store.
@@ -273,6 +369,19 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
             other.push(
                 json!({"backend": backend, "what": "session read", "store_entries": a.read_store_size,
                               "records_per_page": v["records"], "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99)}),
+            );
+            let v = py.run(&[
+                "read",
+                "--url",
+                &format!("http://{}", server.addr),
+                "--times",
+                &a.reads.to_string(),
+            ])?;
+            let lp = latencies(&v);
+            other.push(
+                json!({"backend": backend, "what": "session read (python client)", "store_entries": a.read_store_size,
+                              "records_per_page": v["records"], "p50_ms": pct(&lp, 0.5), "p99_ms": pct(&lp, 0.99),
+                              "p50_vs_http": pct(&lp, 0.5) / pct(&l, 0.5)}),
             );
         }
         // Watch latency, across replicas.
@@ -346,11 +455,11 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
         println!("{text}");
         return Ok(());
     }
-    println!("| backend | via | clients | batch | records/s | p50 ms | p99 ms | vs library |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| backend | via | clients | batch | records/s | p50 ms | p99 ms | vs library | vs http |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in doc["appends"].as_array().into_iter().flatten() {
         println!(
-            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2}× |",
+            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2}× | {} |",
             r["backend"].as_str().unwrap_or(""),
             r["via"].as_str().unwrap_or(""),
             r["clients"],
@@ -359,6 +468,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
             r["p50_ms"].as_f64().unwrap_or(0.0),
             r["p99_ms"].as_f64().unwrap_or(0.0),
             r["vs_library"].as_f64().unwrap_or(0.0),
+            r["vs_http"].as_f64().map_or(String::new(), |v| format!("{v:.2}×")),
         );
     }
     for o in doc["other"].as_array().into_iter().flatten() {

@@ -248,6 +248,14 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         Ok((self.fetch(&keys).await?, more))
     }
 
+    async fn session_tail(&mut self, bot_id: &str, session_id: &str, n: usize) -> Result<(Vec<Entry>, bool)> {
+        self.ensure_scanned().await?;
+        let mut keys = self.index.session_keys(bot_id, session_id);
+        let older = keys.len() > n;
+        let tail = keys.split_off(keys.len().saturating_sub(n));
+        Ok((self.fetch(&tail).await?, older))
+    }
+
     fn live_key(&self, id: &str) -> Option<OrderKey> {
         self.index.live(id).map(|(key, _)| key)
     }

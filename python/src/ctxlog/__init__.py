@@ -1,0 +1,50 @@
+"""Python client for `ctxlog serve`: a durable, append-only context log for AI agents.
+
+`Client` and `AsyncClient` have the same surface; errors are typed (`ctxlog.errors`)."""
+
+from ._async_client import AsyncClient, AsyncSession
+from ._client import Client, Session
+from ._errors import (
+    CtxlogError,
+    Fenced,
+    Forbidden,
+    Indeterminate,
+    InvalidInput,
+    MalformedRequest,
+    NotFound,
+    ReplicaUnavailable,
+    StorageError,
+    TooLarge,
+    TooManyWatchers,
+    Unauthorized,
+    Unavailable,
+)
+from ._ids import new_id
+from ._types import Ack, Event, Page, Record, Retry, SessionInfo
+
+__all__ = [
+    "Ack",
+    "AsyncClient",
+    "AsyncSession",
+    "Client",
+    "CtxlogError",
+    "Event",
+    "Fenced",
+    "Forbidden",
+    "Indeterminate",
+    "InvalidInput",
+    "MalformedRequest",
+    "NotFound",
+    "Page",
+    "Record",
+    "ReplicaUnavailable",
+    "Retry",
+    "Session",
+    "SessionInfo",
+    "StorageError",
+    "TooLarge",
+    "TooManyWatchers",
+    "Unauthorized",
+    "Unavailable",
+    "new_id",
+]

@@ -1,0 +1,206 @@
+"""The asynchronous client: the same surface as `Client`, every call awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from . import _core
+from ._core import RecordInput, seg
+from ._errors import CtxlogError
+from ._types import Ack, Event, Page, Record, Retry, SessionInfo
+
+
+class AsyncClient:
+    """An asynchronous client of one `ctxlog serve` replica.
+
+    `retry` bounds how an append that may have landed is retried with the same ids; a
+    definite failure is never retried.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        retry: Retry | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._http = http or httpx.AsyncClient(
+            base_url=base_url, timeout=timeout, headers=_core.headers(token)
+        )
+        self.retry = retry or Retry()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise _core.transport_error(e) from e
+        return _core.check(resp)
+
+    async def _append(self, path: str, body: dict[str, Any]) -> Ack:
+        """POST one batch; an answer that may have been lost is retried with the same body
+        (the same ids, counted once), a bounded number of times; a definite one never."""
+        wait = self.retry.backoff
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return _core.ack(await self._call("POST", path, json=body))
+            except CtxlogError as e:
+                if attempt == self.retry.attempts or not _core.retryable(e):
+                    raise
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self.retry.max_backoff)
+        raise AssertionError("unreachable")
+
+    def session(self, bot: str, session_id: str) -> AsyncSession:
+        """One session of one bot."""
+        return AsyncSession(self, bot, session_id)
+
+    async def sessions(self, bot: str, *, limit: int = 1000) -> AsyncIterator[SessionInfo]:
+        """Every session of `bot` with live records, by session id."""
+        after: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": limit}
+            if after:
+                params["after"] = after
+            infos, after = _core.sessions(
+                await self._call("GET", f"/v1/bots/{seg(bot)}/sessions", params=params)
+            )
+            for info in infos:
+                yield info
+            if not after:
+                return
+
+    async def append_many(self, bot: str, records: Iterable[RecordInput]) -> Ack:
+        """Append one atomic batch across sessions of `bot` (each record names its
+        `session_id`): all are written or none. Retried as `Session.append` is."""
+        return await self._append(f"/v1/bots/{seg(bot)}/records", _core.records_body(records))
+
+    async def get(self, bot: str, record_id: str) -> Record | None:
+        """The live record `record_id` of `bot`, or None."""
+        try:
+            v = await self._call("GET", f"/v1/bots/{seg(bot)}/records/{seg(record_id)}")
+        except CtxlogError as e:
+            if e.status == 404:
+                return None
+            raise
+        return Record.from_json(v)
+
+    async def conflicts(self, *, after: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """The log's conflicts (admin), and the position to ask `after` next time."""
+        v = await self._call("GET", "/v1/conflicts", params={"after": after} if after else None)
+        return list(v["conflicts"]), str(v["position"])
+
+    async def stats(self) -> dict[str, Any]:
+        """Counts of what the replica's view holds (admin)."""
+        return dict(await self._call("GET", "/v1/stats"))
+
+    async def shards(self) -> list[dict[str, Any]]:
+        """Every shard of the store (admin)."""
+        return list(await self._call("GET", "/v1/shards"))
+
+    async def admin(self, op: str, **options: Any) -> dict[str, Any]:
+        """A maintenance operation (admin): `compact`, `gc`, `purge`, `retain`, `snapshot`."""
+        v = await self._call("POST", f"/v1/admin/{seg(op)}", json=options or None)
+        return dict(v["report"])
+
+    async def ready(self) -> bool:
+        try:
+            await self._call("GET", "/readyz")
+            return True
+        except CtxlogError:
+            return False
+
+
+class AsyncSession:
+    """One session of one bot, through an [`AsyncClient`]."""
+
+    def __init__(self, client: AsyncClient, bot: str, session_id: str) -> None:
+        self.client, self.bot, self.session_id = client, bot, session_id
+        self._path = f"/v1/bots/{seg(bot)}/sessions/{seg(session_id)}"
+
+    async def append(self, records: Iterable[RecordInput]) -> Ack:
+        """Append one atomic batch; durable when it returns. Records without an `id` get
+        one here, once: a retry after an answer that may have landed sends the same ids
+        (counted once by the log), a bounded number of times."""
+        return await self.client._append(f"{self._path}/records", _core.records_body(records))
+
+    async def records(self, *, after: str | None = None, limit: int = 100) -> Page:
+        """One page of live records in the log's order; `page.next` is the next `after`."""
+        params: dict[str, Any] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return _core.page(await self.client._call("GET", f"{self._path}/records", params=params))
+
+    async def tail(self, n: int) -> Page:
+        """The last `n` live records (1 to 1000), in the log's order; `page.has_more` says
+        whether older ones precede them. The server reads only those `n`."""
+        return _core.page(
+            await self.client._call("GET", f"{self._path}/records", params={"last": n})
+        )
+
+    async def iter_records(self, *, page_size: int = 1000) -> AsyncIterator[Record]:
+        """Every live record, page after page."""
+        after: str | None = None
+        while True:
+            p = await self.records(after=after, limit=page_size)
+            for r in p.records:
+                yield r
+            if not p.next:
+                return
+            after = p.next
+
+    async def get(self, record_id: str) -> Record | None:
+        """The live record `record_id` if it is in this session."""
+        r = await self.client.get(self.bot, record_id)
+        return r if r is not None and r.session_id == self.session_id else None
+
+    async def delete(self, record_id: str) -> Ack:
+        """Tombstone `record_id` (final)."""
+        v = await self.client._call("DELETE", f"/v1/bots/{seg(self.bot)}/records/{seg(record_id)}")
+        return _core.ack(v)
+
+    async def watch(
+        self, *, after: str | None = None, reconnects: int = 5, backoff: float = 0.2
+    ) -> AsyncIterator[Event]:
+        """New records as they arrive (after `after`, a position from a page or an event;
+        from now without one). A dropped connection is reopened from the last event's
+        position: nothing is missed or seen twice. Gives up after `reconnects` failed tries
+        in a row."""
+        last = after
+        failures = 0
+        while True:
+            headers = {"last-event-id": last} if last else {}
+            try:
+                async with aconnect_sse(
+                    self.client._http, "GET", f"{self._path}/watch", headers=headers
+                ) as source:
+                    if source.response.status_code >= 400:
+                        await source.response.aread()
+                        _core.check(source.response)
+                    failures = 0
+                    async for sse in source.aiter_sse():
+                        if sse.event not in ("record", "tombstone"):
+                            continue
+                        last = sse.id
+                        yield Event(sse.event, Record.from_json(sse.json()), sse.id)
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                pass
+            failures += 1
+            if failures > reconnects:
+                raise CtxlogError(f"the watch stream could not be reopened {reconnects} times")
+            await asyncio.sleep(backoff * failures)

@@ -1,0 +1,284 @@
+"""A Google ADK session service backed by ctxlog (`pip install "ctxlog[adk]"`).
+
+```python
+from google.adk.runners import Runner
+from ctxlog.adk import CtxlogSessionService
+
+runner = Runner(agent=agent, app_name="helpdesk",
+                session_service=CtxlogSessionService("http://127.0.0.1:7070"))
+```
+
+It behaves as ADK's own services do (`InMemorySessionService` is its reference in the
+tests), on a log that many replicas share. An app is a ctxlog bot (`adk:<app>`); per ADK
+session two ctxlog sessions hold its events and its state (its creation and each event's
+session-scoped state delta), and per user and per app one holds the `user:` and `app:`
+state deltas. An event, its state delta and its `user:`/`app:` deltas are appended as one
+atomic batch (a bot-wide append), so state never runs ahead of or behind its events; `temp:`
+state is never stored. Every record's id is derived from what it is (the event's id), so a
+retried `append_event` counts once. `get_session` with `num_recent_events` reads the state
+records and those events only, never the whole session.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+from urllib.parse import quote, unquote
+
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.sessions import _session_util
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+
+from ._async_client import AsyncClient
+from ._types import Record
+
+EVENT = "application/vnd.google.adk.event+json"
+STATE = "application/vnd.google.adk.state+json"
+MAX_BATCH = 5_000
+
+
+def _q(s: str) -> str:
+    return quote(s, safe="")
+
+
+class CtxlogSessionService(BaseSessionService):
+    """ADK's `BaseSessionService` over ctxlog."""
+
+    def __init__(self, client: AsyncClient | str, *, token: str | None = None) -> None:
+        self.client = AsyncClient(client, token=token) if isinstance(client, str) else client
+
+    # ---- where things are -----------------------------------------------------------------
+
+    @staticmethod
+    def _bot(app: str) -> str:
+        return f"adk:{app}"
+
+    @staticmethod
+    def _events(user: str, sid: str) -> str:
+        return f"{_q(user)}/{_q(sid)}"
+
+    @staticmethod
+    def _state(user: str, sid: str) -> str:
+        return f"{_q(user)}/{_q(sid)}!state"
+
+    @staticmethod
+    def _user(user: str) -> str:
+        return f"{_q(user)}!user"
+
+    APP = "!app"
+
+    @staticmethod
+    def _created_id(app: str, user: str, sid: str) -> str:
+        return f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:created"
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def _records(self, app: str, session: str) -> list[Record]:
+        s = self.client.session(self._bot(app), session)
+        return [r async for r in s.iter_records()]
+
+    async def _fold(self, app: str, session: str) -> tuple[dict[str, Any], float, bool]:
+        """The state the records of `session` build, the newest time, and whether it holds
+        a creation record."""
+        state: dict[str, Any] = {}
+        newest, created = 0.0, False
+        for r in await self._records(app, session):
+            if r.content_type != STATE or r.text is None:
+                continue
+            body = json.loads(r.text)
+            created |= body.get("created", False)
+            state.update(body.get("delta", {}))
+            newest = max(newest, float(body.get("time", 0.0)))
+        return state, newest, created
+
+    async def _merge(self, app: str, user: str, session: Session) -> Session:
+        app_state, _, _ = await self._fold(app, self.APP)
+        user_state, _, _ = await self._fold(app, self._user(user))
+        for k, v in app_state.items():
+            session.state[State.APP_PREFIX + k] = v
+        for k, v in user_state.items():
+            session.state[State.USER_PREFIX + k] = v
+        return session
+
+    # ---- the service -----------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        sid = session_id.strip() if session_id else None
+        sid = sid or str(uuid.uuid4())
+        bot = self._bot(app_name)
+        created_id = self._created_id(app_name, user_id, sid)
+        if await self.client.get(bot, created_id) is not None:
+            raise AlreadyExistsError(f"Session with id {sid} already exists.")
+        deltas = _session_util.extract_state_delta(state or {})
+        now = time.time()
+        records = [
+            {
+                "id": created_id,
+                "session_id": self._state(user_id, sid),
+                "role": "state",
+                "content_type": STATE,
+                "text": json.dumps({"created": True, "delta": deltas["session"], "time": now}),
+            }
+        ]
+        records += self._scoped(app_name, user_id, sid, "created", deltas, now)
+        await self.client.append_many(bot, records)
+        session = Session(
+            app_name=app_name,
+            user_id=user_id,
+            id=sid,
+            state=dict(deltas["session"]),
+            last_update_time=now,
+        )
+        return await self._merge(app_name, user_id, session)
+
+    def _scoped(
+        self, app: str, user: str, sid: str, key: str, deltas: dict[str, Any], now: float
+    ) -> list[dict[str, Any]]:
+        """Records of the `user:` and `app:` deltas."""
+        out = []
+        for scope, session in (("user", self._user(user)), ("app", self.APP)):
+            if deltas[scope]:
+                out.append(
+                    {
+                        "id": f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:{scope}:{key}",
+                        "session_id": session,
+                        "role": "state",
+                        "content_type": STATE,
+                        "text": json.dumps({"delta": deltas[scope], "time": now}),
+                    }
+                )
+        return out
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        sid = session_id.strip() if session_id else session_id
+        state, newest, created = await self._fold(app_name, self._state(user_id, sid))
+        if not created:
+            return None
+        events_session = self.client.session(self._bot(app_name), self._events(user_id, sid))
+        if config is not None and config.num_recent_events == 0:
+            records: list[Record] = []
+        elif config is not None and config.num_recent_events is not None:
+            n = config.num_recent_events
+            if n <= 1000:
+                # Only those events are read: the server reads the bodies of these `n` only.
+                records = (await events_session.tail(n)).records
+            else:
+                # Beyond one page (1,000), every event is read.
+                records = [r async for r in events_session.iter_records()][-n:]
+        else:
+            records = [r async for r in events_session.iter_records()]
+        events = [
+            Event.model_validate_json(r.text)
+            for r in records
+            if r.content_type == EVENT and r.text is not None
+        ]
+        if config is not None and config.after_timestamp is not None:
+            i = len(events) - 1
+            while i >= 0 and events[i].timestamp >= config.after_timestamp:
+                i -= 1
+            events = events[i + 1 :]
+        session = Session(
+            app_name=app_name,
+            user_id=user_id,
+            id=sid,
+            state=state,
+            events=events,
+            last_update_time=newest,
+        )
+        return await self._merge(app_name, user_id, session)
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        out = []
+        async for info in self.client.sessions(self._bot(app_name)):
+            name = info.session_id
+            if not name.endswith("!state"):
+                continue
+            user_q, _, sid_q = name.removesuffix("!state").partition("/")
+            user, sid = unquote(user_q), unquote(sid_q)
+            if user_id is not None and user != user_id:
+                continue
+            state, newest, created = await self._fold(app_name, name)
+            if not created:
+                continue
+            session = Session(
+                app_name=app_name, user_id=user, id=sid, state=state, last_update_time=newest
+            )
+            out.append(await self._merge(app_name, user, session))
+        out.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=out)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        sid = session_id.strip() if session_id else session_id
+        bot = self._bot(app_name)
+        stones = []
+        for name in (self._events(user_id, sid), self._state(user_id, sid)):
+            for r in await self._records(app_name, name):
+                stones.append({"id": r.id, "session_id": name, "role": r.role, "kind": "tombstone"})
+        for i in range(0, len(stones), MAX_BATCH):
+            await self.client.append_many(bot, stones[i : i + MAX_BATCH])
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        state, _, _ = await self._fold(app_name, self._user(user_id))
+        return state
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        app, user, sid = session.app_name, session.user_id, session.id
+        bot = self._bot(app)
+        if await self.client.get(bot, self._created_id(app, user, sid)) is None:
+            raise SessionNotFoundError(f"Session {sid} not found.")
+        event_id = f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:e:{event.id}"
+        if await self.client.get(bot, event_id) is not None:
+            return event  # stored already: a retry counts once
+        await super().append_event(session=session, event=event)
+        session.last_update_time = event.timestamp
+        records: list[dict[str, Any]] = [
+            {
+                "id": event_id,
+                "session_id": self._events(user, sid),
+                "role": event.author,
+                "content_type": EVENT,
+                "text": event.model_dump_json(exclude_none=True),
+            }
+        ]
+        delta = event.actions.state_delta if event.actions else {}
+        deltas = _session_util.extract_state_delta(delta or {})
+        records.append(
+            {
+                "id": f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:s:{event.id}",
+                "session_id": self._state(user, sid),
+                "role": "state",
+                "content_type": STATE,
+                "text": json.dumps({"delta": deltas["session"], "time": event.timestamp}),
+            }
+        )
+        records += self._scoped(app, user, sid, event.id, deltas, event.timestamp)
+        await self.client.append_many(bot, records)
+        return event

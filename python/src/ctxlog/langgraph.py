@@ -1,0 +1,531 @@
+"""A LangGraph checkpointer backed by ctxlog (`pip install "ctxlog[langgraph]"`).
+
+```python
+from ctxlog.langgraph import CtxlogSaver
+
+graph = builder.compile(checkpointer=CtxlogSaver("http://127.0.0.1:7070"))
+graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
+```
+
+A thread is a ctxlog session (of bot `bot`, default `langgraph`); every checkpoint and every
+pending write is a record with an id of its own, derived from what it is — so a retried `put`
+or `put_writes` counts once, and two processes cannot silently fork a thread:
+
+- `cp:{thread}:{ns}:{checkpoint_id}` — the checkpoint (serialized with the saver's serde),
+  its metadata and its parent.
+- `next:{thread}:{ns}:{parent_id}` — which checkpoint follows `parent_id`. Two runs that
+  advance one thread from the same checkpoint in two processes write this id with different
+  content: the
+  log keeps the first (rule 6) and reports a `divergent_put` conflict, where a plain
+  database would fork the thread without a word. `CtxlogSaver.forks()` lists them.
+- `w:{thread}:{ns}:{checkpoint_id}:{task_id}:{idx}` — a pending write (the first of an id
+  wins, as in LangGraph's own savers); special writes (errors, interrupts; negative idx)
+  are replaced by later ones, so theirs carry a unique suffix and the newest is used.
+
+`delete_thread` tombstones every record of the thread (final; `purge` then erases them).
+The extended capabilities are there too: `copy_thread` copies every record of a thread under
+the target's ids (so a retried copy lands once), `prune` tombstones all but each namespace's
+latest checkpoint — keeping, for channels whose values live in earlier checkpoints (LangGraph's
+`DeltaChannel`), every ancestor back to the one that holds them — and `delete_for_runs`
+tombstones a run's checkpoints, their writes and their lineage. `delete_for_runs` reads every
+thread of the bot (the run id is in checkpoint metadata, which ctxlog does not index).
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+
+from ._async_client import AsyncClient
+from ._client import Client
+from ._ids import new_id
+from ._types import Record
+
+CONTENT_TYPE = "application/vnd.langgraph.checkpoint+json"
+LINEAGE_TYPE = "application/json"
+MAX_BATCH = 5_000
+# A copy's records carry checkpoints: batches are bounded by size too.
+MAX_BATCH_TEXT = 8 << 20
+
+_Batch = list[dict[str, Any]]
+
+
+def _pack(typed: tuple[str, bytes]) -> dict[str, str]:
+    return {"t": typed[0], "b": base64.b64encode(typed[1]).decode()}
+
+
+def _unpack(v: dict[str, str]) -> tuple[str, bytes]:
+    return v["t"], base64.b64decode(v["b"])
+
+
+class _Thread:
+    """What one thread's records say, read once."""
+
+    def __init__(self, records: list[Record]) -> None:
+        # ns -> checkpoint id -> body
+        self.checkpoints: dict[str, dict[str, dict[str, Any]]] = {}
+        # (ns, checkpoint id) -> [(task id, idx, order, channel, value, task path)]
+        self.writes: dict[tuple[str, str], list[tuple[str, int, int, str, Any, str]]] = {}
+        self.record_ids: list[str] = []
+        # Every record of the thread this saver wrote, as stored (for copies).
+        self.records: list[Record] = []
+        # (ns, checkpoint id) -> the ids of its checkpoint, its writes, its lineage record
+        self.owned: dict[tuple[str, str], list[str]] = {}
+        lineage: list[tuple[str, str]] = []
+        for order, r in enumerate(records):
+            if r.role == "lineage" and r.content_type == LINEAGE_TYPE and r.text is not None:
+                self.record_ids.append(r.id)
+                self.records.append(r)
+                lineage.append((r.id, json.loads(r.text)["next"]))
+                continue
+            if r.content_type != CONTENT_TYPE or r.text is None:
+                continue
+            self.record_ids.append(r.id)
+            self.records.append(r)
+            body = json.loads(r.text)
+            if body["kind"] == "checkpoint":
+                self.checkpoints.setdefault(body["ns"], {})[body["id"]] = body
+                self.owned.setdefault((body["ns"], body["id"]), []).append(r.id)
+            elif body["kind"] == "write":
+                key = (body["ns"], body["checkpoint_id"])
+                self.owned.setdefault(key, []).append(r.id)
+                self.writes.setdefault(key, []).append(
+                    (
+                        body["task_id"],
+                        body["idx"],
+                        order,
+                        body["channel"],
+                        body["value"],
+                        body.get("task_path", ""),
+                    )
+                )
+        # A lineage record (`next:…:{parent}`) belongs to the checkpoint it names as next.
+        for rid, nxt in lineage:
+            target = self.find(nxt)
+            if target is not None:
+                self.owned.setdefault(target, []).append(rid)
+
+    def pending(self, ns: str, checkpoint_id: str) -> list[tuple[str, str, dict[str, str]]]:
+        """The pending writes of a checkpoint: per (task, idx) the first (idx ≥ 0) or the
+        newest (special writes), in LangGraph's order."""
+        chosen: dict[tuple[str, int], tuple[str, int, int, str, Any, str]] = {}
+        for w in self.writes.get((ns, checkpoint_id), []):
+            key = (w[0], w[1])
+            if key not in chosen or w[1] < 0:
+                chosen[key] = w
+        ordered = sorted(chosen.values(), key=lambda w: (w[5], w[0], w[1]))
+        return [(w[0], w[3], w[4]) for w in ordered]
+
+    def find(self, cid: str) -> tuple[str, str] | None:
+        """The (ns, id) of checkpoint `cid`."""
+        for ns, cps in self.checkpoints.items():
+            if cid in cps:
+                return ns, cid
+        return None
+
+
+class CtxlogSaver(BaseCheckpointSaver[str]):
+    """LangGraph's `BaseCheckpointSaver` over ctxlog, sync and async."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        bot: str = "langgraph",
+        client: Client | None = None,
+        aclient: AsyncClient | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.bot = bot
+        self.client = client or Client(url, token=token)
+        self.aclient = aclient or AsyncClient(url, token=token)
+
+    # ---- what sync and async share -------------------------------------------------------
+
+    def _tuple(self, t: _Thread, thread_id: str, ns: str, cid: str) -> CheckpointTuple:
+        body = t.checkpoints[ns][cid]
+        checkpoint: Checkpoint = self.serde.loads_typed(_unpack(body["checkpoint"]))
+        metadata: CheckpointMetadata = self.serde.loads_typed(_unpack(body["metadata"]))
+        parent = body.get("parent")
+        return CheckpointTuple(
+            config={
+                "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
+            },
+            checkpoint=checkpoint,
+            metadata=metadata,
+            parent_config=(
+                {
+                    "configurable": {
+                        "thread_id": thread_id,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": parent,
+                    }
+                }
+                if parent
+                else None
+            ),
+            pending_writes=[
+                (task, channel, self.serde.loads_typed(_unpack(v)))
+                for task, channel, v in t.pending(ns, cid)
+            ],
+        )
+
+    def _get(self, t: _Thread, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id = config["configurable"]["thread_id"]
+        ns = config["configurable"].get("checkpoint_ns", "")
+        cps = t.checkpoints.get(ns, {})
+        cid = get_checkpoint_id(config)
+        if cid is None:
+            if not cps:
+                return None
+            cid = max(cps)
+        if cid not in cps:
+            return None
+        return self._tuple(t, thread_id, ns, cid)
+
+    def _select(
+        self,
+        threads: dict[str, _Thread],
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> list[CheckpointTuple]:
+        want_ns = config["configurable"].get("checkpoint_ns") if config else None
+        want_id = get_checkpoint_id(config) if config else None
+        before_id = get_checkpoint_id(before) if before else None
+        out: list[CheckpointTuple] = []
+        for thread_id, t in threads.items():
+            for ns, cps in t.checkpoints.items():
+                if want_ns is not None and ns != want_ns:
+                    continue
+                for cid in sorted(cps, reverse=True):
+                    if want_id and cid != want_id:
+                        continue
+                    if before_id and cid >= before_id:
+                        continue
+                    tup = self._tuple(t, thread_id, ns, cid)
+                    if filter and not all(tup.metadata.get(k) == v for k, v in filter.items()):
+                        continue
+                    if limit is not None and len(out) >= limit:
+                        return out
+                    out.append(tup)
+        return out
+
+    def _put_records(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> tuple[list[dict[str, Any]], RunnableConfig]:
+        thread_id = config["configurable"]["thread_id"]
+        ns = config["configurable"].get("checkpoint_ns", "")
+        parent = config["configurable"].get("checkpoint_id")
+        cid = checkpoint["id"]
+        body = {
+            "kind": "checkpoint",
+            "ns": ns,
+            "id": cid,
+            "parent": parent,
+            "checkpoint": _pack(self.serde.dumps_typed(checkpoint)),
+            "metadata": _pack(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+        }
+        records = [
+            {
+                "id": f"cp:{thread_id}:{ns}:{cid}",
+                "role": "checkpoint",
+                "content_type": CONTENT_TYPE,
+                "text": json.dumps(body),
+            }
+        ]
+        if parent:
+            records.append(
+                {
+                    "id": f"next:{thread_id}:{ns}:{parent}",
+                    "role": "lineage",
+                    "content_type": LINEAGE_TYPE,
+                    "text": json.dumps({"parent": parent, "next": cid}),
+                }
+            )
+        return records, {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
+        }
+
+    def _write_records(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> list[dict[str, Any]]:
+        thread_id = config["configurable"]["thread_id"]
+        ns = config["configurable"].get("checkpoint_ns", "")
+        cid = config["configurable"]["checkpoint_id"]
+        out = []
+        for i, (channel, value) in enumerate(writes):
+            idx = WRITES_IDX_MAP.get(channel, i)
+            rid = f"w:{thread_id}:{ns}:{cid}:{task_id}:{idx}"
+            if idx < 0:
+                rid += f":{new_id()}"
+            body = {
+                "kind": "write",
+                "ns": ns,
+                "checkpoint_id": cid,
+                "task_id": task_id,
+                "idx": idx,
+                "channel": channel,
+                "task_path": task_path,
+                "value": _pack(self.serde.dumps_typed(value)),
+            }
+            out.append(
+                {"id": rid, "role": "write", "content_type": CONTENT_TYPE, "text": json.dumps(body)}
+            )
+        return out
+
+    @staticmethod
+    def _batches(records: builtins.list[dict[str, Any]]) -> builtins.list[_Batch]:
+        """`records` in batches the server takes: bounded in count and in text size."""
+        out: builtins.list[_Batch] = []
+        size = 0
+        for r in records:
+            n = len(r.get("text") or "")
+            if not out or len(out[-1]) >= MAX_BATCH or (out[-1] and size + n > MAX_BATCH_TEXT):
+                out.append([])
+                size = 0
+            out[-1].append(r)
+            size += n
+        return out
+
+    @classmethod
+    def _tombstones(cls, ids: builtins.list[str]) -> builtins.list[_Batch]:
+        return cls._batches([{"id": rid, "role": "checkpoint", "kind": "tombstone"} for rid in ids])
+
+    def _pruned(self, t: _Thread, strategy: str) -> builtins.list[str]:
+        """The record ids `prune` tombstones in one thread."""
+        if strategy == "delete":
+            return t.record_ids
+        if strategy != "keep_latest":
+            raise ValueError(f"unknown prune strategy {strategy!r}: 'keep_latest' or 'delete'")
+        keep: set[tuple[str, str]] = set()
+        for ns, cps in t.checkpoints.items():
+            latest = max(cps)
+            # Channels whose value the latest checkpoint does not hold (a `DeltaChannel`
+            # between snapshots) are rebuilt from its ancestors and their writes: keep them,
+            # back to one that holds the value.
+            meta = self.serde.loads_typed(_unpack(cps[latest]["metadata"]))
+            need = set(meta.get("counters_since_delta_snapshot") or {})
+            cid: str | None = latest
+            while cid is not None and cid in cps:
+                keep.add((ns, cid))
+                checkpoint = self.serde.loads_typed(_unpack(cps[cid]["checkpoint"]))
+                need -= set(checkpoint["channel_values"])
+                if not need:
+                    break
+                cid = cps[cid].get("parent")
+        return [rid for key, ids in t.owned.items() if key not in keep for rid in ids]
+
+    @staticmethod
+    def _of_runs(t: _Thread, run_ids: set[str], serde: Any) -> builtins.list[str]:
+        """The record ids of a thread's checkpoints made by one of `run_ids`."""
+        out: builtins.list[str] = []
+        for ns, cps in t.checkpoints.items():
+            for cid, body in cps.items():
+                if serde.loads_typed(_unpack(body["metadata"])).get("run_id") in run_ids:
+                    out.extend(t.owned.get((ns, cid), []))
+        return out
+
+    @staticmethod
+    def _copies(t: _Thread, source: str, target: str) -> builtins.list[dict[str, Any]]:
+        """A thread's records under the target thread's ids (same kinds, same bodies)."""
+        out = []
+        for r in t.records:
+            kind, _, rest = r.id.partition(":")
+            if not rest.startswith(f"{source}:"):
+                continue
+            out.append(
+                {
+                    "id": f"{kind}:{target}:{rest[len(source) + 1 :]}",
+                    "role": r.role,
+                    "content_type": r.content_type,
+                    "text": r.text,
+                }
+            )
+        return out
+
+    # ---- sync ------------------------------------------------------------------------------
+
+    def _thread(self, thread_id: str) -> _Thread:
+        return _Thread(list(self.client.session(self.bot, thread_id).iter_records()))
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._get(self._thread(config["configurable"]["thread_id"]), config)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        if config:
+            ids = [config["configurable"]["thread_id"]]
+        else:
+            ids = [s.session_id for s in self.client.sessions(self.bot)]
+        threads = {i: self._thread(i) for i in ids}
+        yield from self._select(threads, config, filter, before, limit)
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        records, out = self._put_records(config, checkpoint, metadata)
+        self.client.session(self.bot, config["configurable"]["thread_id"]).append(records)
+        return out
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        records = self._write_records(config, writes, task_id, task_path)
+        if records:
+            self.client.session(self.bot, config["configurable"]["thread_id"]).append(records)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._send(thread_id, self._tombstones(self._thread(thread_id).record_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        copies = self._copies(self._thread(source_thread_id), source_thread_id, target_thread_id)
+        self._send(target_thread_id, self._batches(copies))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        for thread_id in thread_ids:
+            self._send(thread_id, self._tombstones(self._pruned(self._thread(thread_id), strategy)))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        runs = set(run_ids)
+        if not runs:
+            return
+        for s in builtins.list(self.client.sessions(self.bot)):
+            doomed = self._of_runs(self._thread(s.session_id), runs, self.serde)
+            self._send(s.session_id, self._tombstones(doomed))
+
+    def _send(self, thread_id: str, batches: builtins.list[_Batch]) -> None:
+        session = self.client.session(self.bot, thread_id)
+        for batch in batches:
+            session.append(batch)
+
+    # ---- async -----------------------------------------------------------------------------
+
+    async def _athread(self, thread_id: str) -> _Thread:
+        session = self.aclient.session(self.bot, thread_id)
+        return _Thread([r async for r in session.iter_records()])
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._get(await self._athread(config["configurable"]["thread_id"]), config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        if config:
+            ids = [config["configurable"]["thread_id"]]
+        else:
+            ids = [s.session_id async for s in self.aclient.sessions(self.bot)]
+        threads = {i: await self._athread(i) for i in ids}
+        for tup in self._select(threads, config, filter, before, limit):
+            yield tup
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        records, out = self._put_records(config, checkpoint, metadata)
+        await self.aclient.session(self.bot, config["configurable"]["thread_id"]).append(records)
+        return out
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        records = self._write_records(config, writes, task_id, task_path)
+        if records:
+            session = self.aclient.session(self.bot, config["configurable"]["thread_id"])
+            await session.append(records)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._asend(thread_id, self._tombstones((await self._athread(thread_id)).record_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        t = await self._athread(source_thread_id)
+        copies = self._copies(t, source_thread_id, target_thread_id)
+        await self._asend(target_thread_id, self._batches(copies))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        for thread_id in thread_ids:
+            doomed = self._pruned(await self._athread(thread_id), strategy)
+            await self._asend(thread_id, self._tombstones(doomed))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        runs = set(run_ids)
+        if not runs:
+            return
+        for session_id in [s.session_id async for s in self.aclient.sessions(self.bot)]:
+            doomed = self._of_runs(await self._athread(session_id), runs, self.serde)
+            await self._asend(session_id, self._tombstones(doomed))
+
+    async def _asend(self, thread_id: str, batches: builtins.list[_Batch]) -> None:
+        session = self.aclient.session(self.bot, thread_id)
+        for batch in batches:
+            await session.append(batch)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        return f"{current_v + 1:032}.{new_id()}"
+
+    # ---- what ctxlog adds ------------------------------------------------------------------
+
+    def forks(self) -> builtins.list[dict[str, Any]]:
+        """Threads advanced twice from one checkpoint (by two processes): the `divergent_put`
+        conflicts of `next:` records (admin token). The thread kept the first."""
+        conflicts, _ = self.client.conflicts()
+        return [
+            c
+            for c in conflicts
+            if c.get("kind") == "divergent_put" and str(c.get("id", "")).startswith("next:")
+        ]

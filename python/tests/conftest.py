@@ -1,0 +1,103 @@
+"""A real `ctxlog serve` per test, on 127.0.0.1, on SQLite and (when `CTXLOG_S3_ENDPOINT`
+names the loopback S3 server) on Lance on S3. `CTXLOG_BIN` is the `ctxlog` binary."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+BIN = os.environ.get("CTXLOG_BIN", "ctxlog")
+S3 = os.environ.get("CTXLOG_S3_ENDPOINT")
+BACKENDS = ["sqlite"] + (["lance_s3"] if S3 else [])
+
+
+def store_uri(backend: str, root: Path) -> str:
+    if backend == "sqlite":
+        return f"sqlite:{root / 'store.db'}"
+    assert S3
+    bucket = f"ctxlog-py-{uuid.uuid4().hex[:20]}"
+    httpx.put(f"{S3}/{bucket}", timeout=30).raise_for_status()
+    options = {
+        "aws_endpoint": S3,
+        "aws_region": "us-east-1",
+        "aws_access_key_id": "ctxlog-test",
+        "aws_secret_access_key": "ctxlog-test-secret",
+        "aws_allow_http": "true",
+    }
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in options.items())
+    return f"s3://{bucket}/store.lance?{query}"
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    url: str
+    store: str
+    writer: str
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def start(store: str, writer: str, *extra: str) -> Server:
+    proc = subprocess.Popen(
+        [
+            BIN,
+            "--store",
+            store,
+            "--timeout",
+            "30",
+            "serve",
+            "--writer",
+            writer,
+            "--listen",
+            "127.0.0.1:0",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=30)
+        raise RuntimeError(f"ctxlog serve exited {proc.returncode} before it listened")
+    return Server(proc, "http://" + json.loads(line)["listening"], store, writer)
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return store_uri(str(request.param), tmp_path)
+
+
+@pytest.fixture
+def servers(store: str) -> Iterator[list[Server]]:
+    """Replicas started with `servers.append(start(store, writer))`; all stopped after."""
+    started: list[Server] = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.kill()
+
+
+@pytest.fixture
+def server(store: str, servers: list[Server]) -> Server:
+    s = start(store, "replica-a")
+    servers.append(s)
+    return s

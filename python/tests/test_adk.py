@@ -1,0 +1,158 @@
+"""The Google ADK session service over ctxlog: ADK's own `InMemorySessionService` is the
+reference (the same operations give the same sessions), `get_session` with
+`num_recent_events` reads only those events, and two replicas share one session."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+from conftest import Server, start
+
+pytest.importorskip("google.adk")
+
+from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E402
+from google.adk.errors.session_not_found_error import SessionNotFoundError  # noqa: E402
+from google.adk.events.event import Event  # noqa: E402
+from google.adk.events.event_actions import EventActions  # noqa: E402
+from google.adk.sessions import InMemorySessionService  # noqa: E402
+from google.adk.sessions.base_session_service import GetSessionConfig  # noqa: E402
+from google.adk.sessions.session import Session  # noqa: E402
+
+import ctxlog  # noqa: E402
+from ctxlog.adk import CtxlogSessionService  # noqa: E402
+
+
+def view(s: Session | None) -> object:
+    """What a caller sees of a session (the store's own timestamps aside)."""
+    if s is None:
+        return None
+    return (
+        s.app_name,
+        s.user_id,
+        s.id,
+        dict(sorted(s.state.items())),
+        [(e.id, e.author, e.actions.state_delta if e.actions else None) for e in s.events],
+    )
+
+
+async def test_it_answers_as_adk_s_in_memory_service_does(server: Server) -> None:
+    ours, theirs = CtxlogSessionService(server.url), InMemorySessionService()
+    rng = random.Random(5)
+    sessions: list[tuple[str, str]] = []
+    clock = 1_000.0
+    for step in range(80):
+        op = rng.choice(["create", "append", "append", "append", "get", "list", "delete"])
+        if op == "create" or not sessions:
+            user, sid = rng.choice(["u1", "u2"]), f"s{step}"
+            state = {"k": step, "app:shared": step, "user:pref": f"p{step}", "temp:x": 1}
+            for svc in (ours, theirs):
+                await svc.create_session(app_name="app", user_id=user, state=state, session_id=sid)
+            sessions.append((user, sid))
+        elif op == "append":
+            user, sid = rng.choice(sessions)
+            clock += 1
+            delta = {"k": step, f"user:u{step % 3}": step, f"app:a{step % 2}": step, "temp:t": 1}
+            for svc in (ours, theirs):
+                s = await svc.get_session(app_name="app", user_id=user, session_id=sid)
+                assert s is not None
+                e = Event(
+                    id=f"e{step}",
+                    author=rng.choice(["user", "model"]),
+                    invocation_id="i",
+                    timestamp=clock,
+                    actions=EventActions(state_delta=dict(delta)),
+                )
+                await svc.append_event(s, e)
+                assert "temp:t" in s.state, "temp state is applied to the live session"
+        elif op == "get":
+            user, sid = rng.choice(sessions)
+            config = rng.choice(
+                [
+                    None,
+                    GetSessionConfig(num_recent_events=2),
+                    GetSessionConfig(num_recent_events=0),
+                    GetSessionConfig(after_timestamp=clock - 2),
+                ]
+            )
+            got = [
+                await svc.get_session(app_name="app", user_id=user, session_id=sid, config=config)
+                for svc in (ours, theirs)
+            ]
+            assert view(got[0]) == view(got[1]), (step, config)
+        elif op == "list":
+            user = rng.choice([None, "u1", "u2"])
+            ls = [await svc.list_sessions(app_name="app", user_id=user) for svc in (ours, theirs)]
+            assert sorted(view(s) for s in ls[0].sessions) == sorted(
+                view(s) for s in ls[1].sessions
+            )
+        else:
+            user, sid = sessions.pop(rng.randrange(len(sessions)))
+            for svc in (ours, theirs):
+                await svc.delete_session(app_name="app", user_id=user, session_id=sid)
+                assert await svc.get_session(app_name="app", user_id=user, session_id=sid) is None
+    assert await ours.get_user_state(app_name="app", user_id="u1") == await theirs.get_user_state(
+        app_name="app", user_id="u1"
+    )
+
+
+async def test_errors_as_adk_s_own(server: Server) -> None:
+    svc = CtxlogSessionService(server.url)
+    await svc.create_session(app_name="app", user_id="u", session_id="s")
+    with pytest.raises(AlreadyExistsError):
+        await svc.create_session(app_name="app", user_id="u", session_id="s")
+    ghost = Session(app_name="app", user_id="u", id="ghost")
+    with pytest.raises(SessionNotFoundError):
+        await svc.append_event(ghost, Event(author="user", invocation_id="i"))
+
+
+async def test_num_recent_events_reads_only_those(server: Server) -> None:
+    svc = CtxlogSessionService(server.url)
+    s = await svc.create_session(app_name="app", user_id="u", session_id="long")
+    for i in range(30):
+        await svc.append_event(
+            s, Event(id=f"e{i}", author="user", invocation_id="i", timestamp=1_000.0 + i)
+        )
+    requests: list[httpx.URL] = []
+    real = httpx.AsyncHTTPTransport()
+
+    class Spy(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            requests.append(request.url)
+            return await real.handle_async_request(request)
+
+    spied = CtxlogSessionService(
+        ctxlog.AsyncClient(server.url, http=httpx.AsyncClient(base_url=server.url, transport=Spy()))
+    )
+    got = await spied.get_session(
+        app_name="app", user_id="u", session_id="long", config=GetSessionConfig(num_recent_events=3)
+    )
+    assert got is not None and [e.id for e in got.events] == ["e27", "e28", "e29"]
+    event_reads = [u for u in requests if "/u/long/records" in str(u.path).replace("%2F", "/")]
+    assert event_reads and all(u.params.get("last") == "3" for u in event_reads), event_reads
+
+
+async def test_two_replicas_one_session(store: str, servers: list[Server]) -> None:
+    a, b = start(store, "replica-a"), start(store, "replica-b")
+    servers.extend([a, b])
+    sa, sb = CtxlogSessionService(a.url), CtxlogSessionService(b.url)
+    await sa.create_session(app_name="app", user_id="u", session_id="s", state={"n": 0})
+    for i in range(5):
+        for svc, who in ((sa, "a"), (sb, "b")):
+            s = await svc.get_session(app_name="app", user_id="u", session_id="s")
+            assert s is not None
+            e = Event(
+                id=f"{who}{i}",
+                author=who,
+                invocation_id="i",
+                actions=EventActions(state_delta={f"last_{who}": i}),
+            )
+            await svc.append_event(s, e)
+            # A retried append (same event) counts once.
+            await svc.append_event(s, e)
+    seen = [await svc.get_session(app_name="app", user_id="u", session_id="s") for svc in (sa, sb)]
+    assert view(seen[0]) == view(seen[1])
+    assert seen[0] is not None
+    assert [e.id for e in seen[0].events] == [f"{w}{i}" for i in range(5) for w in "ab"]
+    assert seen[0].state == {"n": 0, "last_a": 4, "last_b": 4}

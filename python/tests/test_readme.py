@@ -1,0 +1,37 @@
+"""The README's Python examples, run as written against a real server (only the address
+changes)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from conftest import Server
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def examples() -> list[str]:
+    text = README.read_text()
+    section = text.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_has_four_python_examples() -> None:
+    assert len(examples()) == 4
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_a_readme_example_runs(server: Server, index: int) -> None:
+    code = examples()[index].replace("http://127.0.0.1:7070", server.url)
+    # A module of its own, as a script would be: frameworks resolve type hints through
+    # `sys.modules[cls.__module__]`.
+    module = types.ModuleType(f"readme_example_{index + 1}")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, f"README example {index + 1}", "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]

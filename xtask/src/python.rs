@@ -1,0 +1,84 @@
+//! `cargo xtask test`'s Python step: the `ctxlog` Python package (`python/`) linted, type
+//! checked and tested against real `ctxlog serve` processes (the debug binary the Rust tests
+//! built), on SQLite and on Lance on the run's loopback S3 server.
+//!
+//! The environment is a virtualenv under the target directory holding exactly
+//! `python/requirements-test.txt` (installed once per change of that file); the package is
+//! installed into it afresh each run, without its dependencies (they are pinned there).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use crate::cargo;
+
+pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
+    let (python_dir, bin) = environment()?;
+    cargo::step(
+        "python: ruff",
+        Command::new(bin.join("ruff"))
+            .args(["check", "src", "tests", "benchmarks"])
+            .current_dir(&python_dir),
+    )?;
+    cargo::step("python: mypy", Command::new(bin.join("mypy")).current_dir(&python_dir))?;
+    cargo::step(
+        "python: mypy (benchmarks)",
+        Command::new(bin.join("mypy"))
+            .arg("benchmarks")
+            .current_dir(&python_dir),
+    )?;
+    cargo::step(
+        "python: pytest",
+        Command::new(bin.join("python"))
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .current_dir(&python_dir)
+            .env("CTXLOG_BIN", cargo::target_dir()?.join("debug").join("ctxlog"))
+            .env(s3_loopback::ENDPOINT_ENV, s3.endpoint()),
+    )
+}
+
+/// The package's directory and the `bin` directory of a virtualenv holding exactly the
+/// pinned test requirements and the package as it is in the tree.
+pub(crate) fn environment() -> Result<(PathBuf, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the workspace root")?;
+    let python_dir = root.join("python");
+    let requirements = std::fs::read_to_string(python_dir.join("requirements-test.txt"))?;
+    let venv = cargo::target_dir()?.join("python").join(format!(
+        "venv-{}",
+        &blake3::hash(requirements.as_bytes()).to_hex()[..12]
+    ));
+    let bin = venv.join("bin");
+    // Written last: an install cut short is redone whole.
+    let ready = venv.join("ctxlog-ready");
+    if !ready.exists() {
+        let _ = std::fs::remove_dir_all(&venv);
+        cargo::step(
+            "python: virtualenv",
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        )?;
+        cargo::step(
+            "python: pinned test environment",
+            Command::new(bin.join("pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check", "--no-deps", "-r"])
+                .arg(python_dir.join("requirements-test.txt")),
+        )?;
+        std::fs::write(&ready, &requirements)?;
+    }
+    cargo::step(
+        "python: install the package",
+        Command::new(bin.join("pip"))
+            .args([
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--no-build-isolation",
+            ])
+            .arg("--force-reinstall")
+            .arg(&python_dir),
+    )?;
+    Ok((python_dir, bin))
+}
