@@ -54,7 +54,7 @@ class Server:
         return self.proc.wait(timeout=60)
 
 
-def start(store: str, writer: str, *extra: str) -> Server:
+def start(store: str, writer: str, *extra: str, listen: str = "127.0.0.1:0") -> Server:
     proc = subprocess.Popen(
         [
             BIN,
@@ -66,7 +66,7 @@ def start(store: str, writer: str, *extra: str) -> Server:
             "--writer",
             writer,
             "--listen",
-            "127.0.0.1:0",
+            listen,
             *extra,
         ],
         stdout=subprocess.PIPE,

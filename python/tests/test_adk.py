@@ -156,3 +156,37 @@ async def test_two_replicas_one_session(store: str, servers: list[Server]) -> No
     assert seen[0] is not None
     assert [e.id for e in seen[0].events] == [f"{w}{i}" for i in range(5) for w in "ab"]
     assert seen[0].state == {"n": 0, "last_a": 4, "last_b": 4}
+
+
+async def test_an_event_the_store_did_not_take_leaves_the_session_unchanged(
+    server: Server,
+) -> None:
+    class Down(httpx.AsyncBaseTransport):
+        """Reads reach the server; every append is lost on the way."""
+
+        def __init__(self) -> None:
+            self.real = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.method == "POST":
+                raise httpx.ConnectError("down", request=request)
+            return await self.real.handle_async_request(request)
+
+    svc = CtxlogSessionService(server.url)
+    s = await svc.create_session(app_name="app", user_id="u", session_id="d", state={"n": 0})
+    broken = CtxlogSessionService(
+        ctxlog.AsyncClient(
+            server.url,
+            http=httpx.AsyncClient(base_url=server.url, transport=Down()),
+            retry=ctxlog.Retry(attempts=2, backoff=0.01),
+        )
+    )
+    e = Event(id="e1", author="a", invocation_id="i", actions=EventActions(state_delta={"n": 1}))
+    with pytest.raises(ctxlog.Indeterminate):
+        await broken.append_event(s, e)
+    assert s.events == [] and s.state == {"n": 0}
+    # The same event through a working service: stored once, the session object follows.
+    await svc.append_event(s, e)
+    assert [x.id for x in s.events] == ["e1"] and s.state == {"n": 1}
+    got = await svc.get_session(app_name="app", user_id="u", session_id="d")
+    assert got is not None and [x.id for x in got.events] == ["e1"] and got.state == {"n": 1}

@@ -4,7 +4,11 @@ without a gap or a duplicate across a server restart."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import ssl
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -119,6 +123,8 @@ def test_a_definite_failure_is_never_retried(server: Server) -> None:
 
 
 def test_watch_resumes_across_a_server_restart(store: str, servers: list[Server]) -> None:
+    """One `watch()` iterator through a restart of its server (same address): it reopens
+    the stream from its last event by itself — no gap, no duplicate."""
     a = start(store, "replica-a")
     b = start(store, "replica-b")
     servers.extend([a, b])
@@ -126,30 +132,86 @@ def test_watch_resumes_across_a_server_restart(store: str, servers: list[Server]
     chat = writer.session("bot", "w")
     seen: list[str] = []
     first_half = threading.Event()
-    position: dict[str, str] = {}
+    done = threading.Event()
 
-    def watch_until(url: str, n: int, after: str | None) -> None:
-        with ctxlog.Client(url) as c:
-            for ev in c.session("bot", "w").watch(after=after):
+    def watch(after: str | None) -> None:
+        with ctxlog.Client(b.url) as c:
+            for ev in c.session("bot", "w").watch(after=after, reconnects=100, backoff=0.02):
                 seen.append(ev.record.id)
-                position["last"] = ev.position
-                if len(seen) == n:
+                if len(seen) == 10:
                     first_half.set()
+                if len(seen) == 20:
+                    done.set()
                     return
 
     # From the position of a read before the appends: nothing appended after it is missed,
     # however late the stream opens.
     with ctxlog.Client(b.url) as reader:
         start_at = reader.session("bot", "w").records().position
-    t = threading.Thread(target=watch_until, args=(b.url, 10, start_at))
+    t = threading.Thread(target=watch, args=(start_at,), daemon=True)
     t.start()
     ids = [chat.append([{"role": "user", "text": str(i)}]).ids[0] for i in range(10)]
     assert first_half.wait(60)
-    t.join(60)
     b.kill()
     more = [chat.append([{"role": "user", "text": str(i)}]).ids[0] for i in range(10, 20)]
-    b2 = start(store, "replica-b")
+    b2 = start(store, "replica-b", listen=b.url.removeprefix("http://"))
     servers.append(b2)
-    watch_until(b2.url, 20, position["last"])
+    assert done.wait(60), f"the watch saw {len(seen)} of 20 after the restart"
+    t.join(60)
     assert seen == ids + more
     writer.close()
+
+
+def _self_signed(dir: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made for this test."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ctxlog test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = dir / "cert.pem", dir / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_tls_from_a_certificate_and_key(store: str, servers: list[Server], tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    s = start(store, "replica-tls", "--tls-cert", str(cert), "--tls-key", str(key))
+    servers.append(s)
+    url = s.url.replace("http://", "https://")
+    trusted = ssl.create_default_context(cafile=str(cert))
+    with ctxlog.Client(url, verify=trusted) as c:
+        chat = c.session("b", "tls")
+        chat.append([{"id": "t-1", "role": "user", "text": "over TLS"}])
+        assert [r.text for r in chat.iter_records()] == ["over TLS"]
+    # A client that does not trust the certificate gets nothing through, and plain HTTP to
+    # the TLS port is no answer.
+    with ctxlog.Client(url) as c, pytest.raises(ctxlog.CtxlogError):
+        c.session("b", "tls").records()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{s.url}/healthz", timeout=10)

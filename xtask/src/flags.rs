@@ -113,6 +113,13 @@ pub(crate) struct ServeArgs {
     /// Calls of each framework adapter's hot call (and of the bare client).
     #[arg(long, default_value_t = 300)]
     pub adapter_calls: usize,
+    /// With `lance`: also Lance on a loopback S3 server whose every request waits this long
+    /// (0: not measured).
+    #[arg(long, default_value_t = 20)]
+    pub s3_latency_ms: u64,
+    /// Seconds the idle replicas' object-store requests are counted for.
+    #[arg(long, default_value_t = 60)]
+    pub idle_seconds: u64,
 }
 
 #[derive(Args, Clone)]

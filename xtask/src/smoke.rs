@@ -191,13 +191,16 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
             watch_records: 5,
             watchers: 10,
             adapter_calls: 3,
+            s3_latency_ms: 5,
+            idle_seconds: 1,
         }),
     })?;
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("serve-latest.json"))?)?;
     // Per backend: the library, two client counts with and without group commit, the Python
-    // client; a read through each client, watch, memory, and three adapters.
+    // client; a read through each client, watch, memory, and three adapters; for Lance, watch
+    // and idle cost on S3.
     ensure!(doc["appends"].as_array().is_some_and(|r| r.len() == 2 * 6), "{doc}");
-    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 7), "{doc}");
+    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 7 + 2), "{doc}");
 
     bench::run(BenchArgs {
         what: BenchKind::Reclaim(ReclaimArgs {

@@ -24,6 +24,31 @@ fn fresh_bucket() -> AmazonS3 {
     builder.build().unwrap()
 }
 
+/// A server of its own with a latency: each request waits it out and is counted once.
+#[tokio::test]
+async fn a_dedicated_server_delays_and_counts_each_request() {
+    let latency = Duration::from_millis(50);
+    let server = tokio::task::spawn_blocking(move || s3_loopback::dedicated(latency))
+        .await
+        .unwrap()
+        .expect("a dedicated loopback S3 server");
+    server.create_bucket("counted").unwrap();
+    let mut builder = AmazonS3Builder::new().with_bucket_name("counted");
+    for (k, v) in server.storage_options() {
+        builder = builder.with_config(k.parse().unwrap(), v);
+    }
+    let s3 = builder.build().unwrap();
+    let before = server.requests().unwrap();
+    let started = std::time::Instant::now();
+    s3.put(&Path::from("k"), "v".into()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(server.requests().unwrap() - before, 1, "one put, one request");
+    assert!(
+        took >= latency,
+        "a put answered in {took:?}, under the latency of {latency:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_loopback_server_honours_conditional_writes() {
     let s3 = fresh_bucket();

@@ -123,6 +123,12 @@ enum Command {
         /// Without one, the server listens on loopback only and every request may do all.
         #[arg(long)]
         tokens: Option<std::path::PathBuf>,
+        /// Serve TLS with this certificate chain (PEM, the server's certificate first).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
         /// Write each append request as a commit of its own instead of grouping concurrent
         /// ones into one commit.
         #[arg(long)]
@@ -209,6 +215,8 @@ async fn run(cli: Cli) -> ExitCode {
             writer,
             listen,
             tokens,
+            tls_cert,
+            tls_key,
             no_group_commit,
             max_body_bytes,
             header_timeout,
@@ -219,6 +227,10 @@ async fn run(cli: Cli) -> ExitCode {
             };
             serve.listen = *listen;
             serve.tokens = tokens.clone();
+            serve.tls = tls_cert
+                .clone()
+                .zip(tls_key.clone())
+                .map(|(cert, key)| ctxlog_server::TlsFiles { cert, key });
             serve.store_options = options(true);
             serve.group_commit = !*no_group_commit;
             serve.max_body_bytes = *max_body_bytes;

@@ -33,6 +33,7 @@ mod listen;
 mod metrics;
 pub mod problem;
 pub mod routes;
+mod tls;
 mod view;
 mod watch;
 mod writer;
@@ -45,6 +46,7 @@ use std::time::Duration;
 use ctxlog::{Store, StoreOptions, WriterId};
 
 pub use listen::Running;
+pub use tls::TlsFiles;
 
 /// Errors that keep the server from starting.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,14 @@ pub enum StartError {
     #[error("tokens file {path}: {reason}")]
     Tokens {
         /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The TLS certificate or key cannot be used.
+    #[error("TLS file {path}: {reason}")]
+    Tls {
+        /// The file at fault.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
@@ -81,6 +91,8 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// The tokens file; without one the server listens on loopback only.
     pub tokens: Option<PathBuf>,
+    /// Serve TLS with this certificate and key; plain HTTP without.
+    pub tls: Option<TlsFiles>,
     /// The store's options (the deadline of every operation among them).
     pub store_options: StoreOptions,
     /// Write every request as a commit of its own (off: what group commit is measured
@@ -110,6 +122,7 @@ impl ServeOptions {
             writer,
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             tokens: None,
+            tls: None,
             store_options: StoreOptions {
                 create_if_missing: true,
                 ..StoreOptions::default()

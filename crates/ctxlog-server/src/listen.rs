@@ -3,7 +3,8 @@
 //! Connections are served by hyper directly (not `axum::serve`) for what a server facing
 //! slow or hostile clients needs: a header read timeout (a client sending its headers byte by
 //! byte loses its connection), and a graceful shutdown — stop accepting, end the watch
-//! streams, let requests in flight finish within a bound, then close the shard.
+//! streams, let requests in flight finish within a bound, then close the shard. With TLS,
+//! the handshake has the header read timeout as its deadline too.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 use crate::auth::Tokens;
 use crate::metrics::Metrics;
@@ -52,6 +54,7 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         })?,
         None => Tokens::open(),
     };
+    let tls = options.tls.as_ref().map(crate::tls::acceptor).transpose()?;
     if !tokens.required() && !options.listen.ip().is_loopback() {
         return Err(StartError::Listen {
             addr: options.listen,
@@ -103,12 +106,13 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         shutdown: stopped.clone(),
     });
     let app = routes::router(replica.clone());
-    let done = tokio::spawn(accept(listener, app, header_timeout, stopped, grace, replica));
+    let done = tokio::spawn(accept(listener, tls, app, header_timeout, stopped, grace, replica));
     Ok(Running { addr, stop, done })
 }
 
 async fn accept(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     app: axum::Router,
     header_timeout: Duration,
     mut stopped: watch::Receiver<bool>,
@@ -134,11 +138,31 @@ async fn accept(
                     }
                 };
                 let service = TowerToHyperService::new(app.clone());
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
+                match &tls {
+                    None => {
+                        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+                        let conn = graceful.watch(conn);
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                    }
+                    Some(tls) => {
+                        let (tls, builder) = (tls.clone(), builder.clone());
+                        let watcher = graceful.watcher();
+                        tokio::spawn(async move {
+                            let stream = match tokio::time::timeout(header_timeout, tls.accept(stream)).await {
+                                Ok(Ok(s)) => s,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => return,
+                            };
+                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            let _ = watcher.watch(conn.into_owned()).await;
+                        });
+                    }
+                }
             }
             _ = crate::stopped(&mut stopped) => break,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,7 +20,8 @@ class Client:
     """A client of one `ctxlog serve` replica.
 
     `retry` bounds how an append that may have landed is retried with the same ids; a
-    definite failure is never retried.
+    definite failure is never retried. `verify` is httpx's: for a server with a private CA,
+    an `ssl.SSLContext` that trusts it.
     """
 
     def __init__(
@@ -29,10 +31,11 @@ class Client:
         token: str | None = None,
         timeout: float = 60.0,
         retry: Retry | None = None,
+        verify: ssl.SSLContext | bool = True,
         http: httpx.Client | None = None,
     ) -> None:
         self._http = http or httpx.Client(
-            base_url=base_url, timeout=timeout, headers=_core.headers(token)
+            base_url=base_url, timeout=timeout, headers=_core.headers(token), verify=verify
         )
         self.retry = retry or Retry()
 
@@ -56,9 +59,12 @@ class Client:
         """POST one batch; an answer that may have been lost is retried with the same body
         (the same ids, counted once), a bounded number of times; a definite one never."""
         wait = self.retry.backoff
+        content = _core.encode(body)
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                return _core.ack(self._call("POST", path, json=body))
+                return _core.ack(
+                    self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
+                )
             except CtxlogError as e:
                 if attempt == self.retry.attempts or not _core.retryable(e):
                     raise

@@ -4,6 +4,7 @@ does I/O here."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -22,6 +23,14 @@ def seg(s: str) -> str:
     return quote(s, safe="")
 
 
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    """A request body as compact JSON, encoded once (a retry sends the same bytes)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def records_body(records: Iterable[RecordInput]) -> dict[str, Any]:
     """The append body: every record with an id (made here when missing, once)."""
     out = []
@@ -29,7 +38,8 @@ def records_body(records: Iterable[RecordInput]) -> dict[str, Any]:
         item = {k: v for k, v in r.items() if v is not None}
         if "bytes" in item:
             item["bytes_b64"] = base64.b64encode(item.pop("bytes")).decode()
-        item.setdefault("id", new_id())
+        if "id" not in item:
+            item["id"] = new_id()
         out.append(item)
     return {"records": out}
 

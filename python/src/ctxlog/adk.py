@@ -250,15 +250,16 @@ class CtxlogSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
+        if any(e.id == event.id for e in session.events):
+            return event  # in the session already: a retry counts once
         app, user, sid = session.app_name, session.user_id, session.id
         bot = self._bot(app)
         if await self.client.get(bot, self._created_id(app, user, sid)) is None:
             raise SessionNotFoundError(f"Session {sid} not found.")
         event_id = f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:e:{event.id}"
-        if await self.client.get(bot, event_id) is not None:
-            return event  # stored already: a retry counts once
-        await super().append_event(session=session, event=event)
-        session.last_update_time = event.timestamp
+        # As ADK's own services: temp state reaches this session object, never the store.
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
         records: list[dict[str, Any]] = [
             {
                 "id": event_id,
@@ -280,5 +281,8 @@ class CtxlogSessionService(BaseSessionService):
             }
         )
         records += self._scoped(app, user, sid, event.id, deltas, event.timestamp)
+        # Ids are the event's: a retry after an answer that was lost lands once. The session
+        # object changes only once the store has the event.
         await self.client.append_many(bot, records)
-        return event
+        session.last_update_time = event.timestamp
+        return self._commit_event_to_session(session, event)

@@ -79,6 +79,13 @@ pub fn shared() -> Result<&'static Server, Error> {
         .map_err(|e| err(e.clone()))
 }
 
+/// A server of its own (not the shared one), every request waiting `latency`; killed when
+/// dropped. For measurements that count its requests or need its latency.
+pub fn dedicated(latency: Duration) -> Result<Server, Error> {
+    let venv = target_dir()?.join("s3-loopback").join(format!("moto-{MOTO_VERSION}"));
+    Server::start_with_latency(&venv, latency)
+}
+
 /// Start a server owned by a thread that lives as long as the process, so that the server
 /// (which dies with the thread that started it) outlives every test.
 fn start_for_process() -> Result<Server, Error> {
@@ -122,10 +129,17 @@ impl Server {
     /// Install moto into `venv` if it is not there, start it on a free port of 127.0.0.1,
     /// and wait until it answers. The server dies with the thread that started it.
     pub fn start(venv: &Path) -> Result<Server, Error> {
+        Server::start_with_latency(venv, Duration::ZERO)
+    }
+
+    /// [`Server::start`], every request waiting `latency` before it is handled (what a round
+    /// trip to a real object store costs).
+    pub fn start_with_latency(venv: &Path, latency: Duration) -> Result<Server, Error> {
         let python = ensure_moto(venv)?;
         let launcher = write_launcher(venv)?;
         let port = free_port()?;
         let mut cmd = Command::new(&python);
+        cmd.env("CTXLOG_S3_LATENCY_MS", latency.as_millis().to_string());
         cmd.arg(&launcher)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
@@ -189,8 +203,31 @@ impl Server {
         format!("s3://{bucket}/{path}?{}", query.join("&"))
     }
 
+    /// How many requests the server has had (those of this call excepted).
+    pub fn requests(&self) -> Result<u64, Error> {
+        let (status, body) = self.exchange("GET", "/_ctxlog/requests", &[], b"")?;
+        if status != 200 {
+            return Err(err(format!("the request count answered {status}")));
+        }
+        String::from_utf8_lossy(&body)
+            .trim()
+            .parse()
+            .map_err(|_| err("the request count is not a number"))
+    }
+
     /// One plain HTTP/1.1 request; the status code of its answer.
     fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<u16, Error> {
+        Ok(self.exchange(method, path, headers, body)?.0)
+    }
+
+    /// One plain HTTP/1.1 request; its status code and body.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), Error> {
         let addr = self.endpoint.trim_start_matches("http://");
         let mut s = TcpStream::connect(addr).map_err(|e| err(format!("connect {addr}: {e}")))?;
         s.set_read_timeout(Some(Duration::from_secs(30))).ok();
@@ -210,10 +247,16 @@ impl Server {
         s.read_to_end(&mut answer)
             .map_err(|e| err(format!("read from {addr}: {e}")))?;
         let line = String::from_utf8_lossy(&answer);
-        line.split_whitespace()
+        let status = line
+            .split_whitespace()
             .nth(1)
             .and_then(|code| code.parse().ok())
-            .ok_or_else(|| err(format!("{addr} answered no HTTP status")))
+            .ok_or_else(|| err(format!("{addr} answered no HTTP status")))?;
+        let body = answer
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or_else(Vec::new, |at| answer[at + 4..].to_vec());
+        Ok((status, body))
     }
 }
 

@@ -17,13 +17,43 @@ object's own lock, so that a concurrent reader cannot rewind the buffer under it
 lock also ends the 500s of racing writers: moto closes a replaced object's buffer at once,
 under a writer still reading it. A GET racing an overwrite can still meet one; clients
 retry it.) Everything else is moto's own code path.
+
+With `CTXLOG_S3_LATENCY_MS` set, every request waits that long before it is handled (what a
+round trip to a real object store costs), and `GET /_ctxlog/requests` answers how many
+requests the server has had — neither delayed nor counted — for measuring what a client
+costs while idle.
 """
+import os
 import re
 import sys
 import threading
+import time
 
+from moto.moto_server import werkzeug_app
 from moto.s3 import models, responses
 from moto.server import main
+
+_LATENCY = float(os.environ.get("CTXLOG_S3_LATENCY_MS", "0")) / 1000.0
+_requests = 0
+_requests_lock = threading.Lock()
+_dispatch = werkzeug_app.DomainDispatcherApplication.__call__
+
+
+def _counted(self, environ, start_response):
+    global _requests
+    if environ.get("PATH_INFO") == "/_ctxlog/requests":
+        with _requests_lock:
+            body = str(_requests).encode()
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+    with _requests_lock:
+        _requests += 1
+    if _LATENCY:
+        time.sleep(_LATENCY)
+    return _dispatch(self, environ, start_response)
+
+
+werkzeug_app.DomainDispatcherApplication.__call__ = _counted
 
 _local = threading.local()
 _value = models.FakeKey.value

@@ -9,6 +9,9 @@
 //! - Watch latency: a record appended through replica A, until its event arrives on a
 //!   watcher of replica B.
 //! - The replica's resident memory with `--watchers` idle watch streams, against none.
+//! - Lance on the loopback S3 server with a latency per request (`--s3-latency-ms`): watch
+//!   latency across replicas, and what an idle replica costs in object-store requests per
+//!   minute (counted by the server over `--idle-seconds`).
 //! - The Python client (`python/benchmarks/serve_load.py`, in the pinned virtualenv of
 //!   `cargo xtask test`): appends and the session read against `ctxlog-http-load`'s figures
 //!   of the same run, and each framework adapter's hot call against the bare client.
@@ -136,6 +139,52 @@ fn pct(sorted: &[u64], p: f64) -> f64 {
         return 0.0;
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
+}
+
+/// Two replicas of `uri`, and the latencies of `records` appended through the first until
+/// they arrive on a watcher of the second (sorted, µs). The replicas are returned running.
+fn watch_latency(ctxlog: &Path, http: &Path, uri: &str, records: usize) -> Result<(Vec<u64>, (Replica, Replica))> {
+    let a_side = Replica::start(ctxlog, uri, "bench-a", &[])?;
+    let b_side = Replica::start(ctxlog, uri, "bench-b", &[])?;
+    let v = load(
+        http,
+        &[
+            "watch",
+            "--from",
+            &a_side.addr,
+            "--to",
+            &b_side.addr,
+            "--records",
+            &records.to_string(),
+        ],
+    )?;
+    Ok((latencies(&v), (a_side, b_side)))
+}
+
+/// Two replicas of a Lance store on a loopback S3 server of their own, every request waiting
+/// `--s3-latency-ms`: watch latency A→B, then the requests both make while nothing happens.
+fn lance_on_s3(a: &ServeArgs, ctxlog: &Path, http: &Path, bench: &Path) -> Result<Vec<Value>> {
+    let venv = crate::cargo::target_dir()?
+        .join("s3-loopback")
+        .join(format!("moto-{}", s3_loopback::MOTO_VERSION));
+    let latency = Duration::from_millis(a.s3_latency_ms);
+    let s3 = s3_loopback::Server::start_with_latency(&venv, latency).map_err(|e| anyhow::anyhow!("{e}"))?;
+    s3.create_bucket("serve-bench").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let uri = s3.uri("serve-bench", "watch.lance");
+    probe(bench, &uri, false, &["generate", "--entries", "1", "--writers", "1"])?;
+    let (l, replicas) = watch_latency(ctxlog, http, &uri, a.watch_records)?;
+    let watch = json!({"backend": "lance-s3", "what": "watch latency A→B", "request_latency_ms": a.s3_latency_ms,
+        "records": a.watch_records, "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99)});
+    // Idle: the replicas' polls back off to their longest interval; then count.
+    std::thread::sleep(Duration::from_secs(5));
+    let before = s3.requests().map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::thread::sleep(Duration::from_secs(a.idle_seconds));
+    let after = s3.requests().map_err(|e| anyhow::anyhow!("{e}"))?;
+    drop(replicas);
+    let per_minute = (after - before) as f64 * 60.0 / a.idle_seconds as f64 / 2.0;
+    let idle = json!({"backend": "lance-s3", "what": "idle replica", "request_latency_ms": a.s3_latency_ms,
+        "seconds": a.idle_seconds, "requests_per_minute_per_replica": per_minute});
+    Ok(vec![watch, idle])
 }
 
 #[derive(Debug, Serialize)]
@@ -387,27 +436,16 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
         // Watch latency, across replicas.
         {
             let uri = fresh("watch")?;
-            let a_side = Replica::start(&ctxlog, &uri, "bench-a", &[])?;
-            let b_side = Replica::start(&ctxlog, &uri, "bench-b", &[])?;
-            let v = load(
-                &http,
-                &[
-                    "watch",
-                    "--from",
-                    &a_side.addr,
-                    "--to",
-                    &b_side.addr,
-                    "--records",
-                    &a.watch_records.to_string(),
-                ],
-            )?;
-            let l = latencies(&v);
+            let (l, replicas) = watch_latency(&ctxlog, &http, &uri, a.watch_records)?;
             other.push(
                 json!({"backend": backend, "what": "watch latency A→B", "records": a.watch_records,
                               "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99)}),
             );
-            drop((a_side, b_side));
+            drop(replicas);
             remove_store(&uri);
+        }
+        if backend == "lance" && a.s3_latency_ms > 0 {
+            other.extend(lance_on_s3(a, &ctxlog, &http, &bench)?);
         }
         // Memory of idle watchers.
         {

@@ -109,7 +109,12 @@ pub struct Http {
 impl Http {
     pub fn new(addr: &str) -> Http {
         Http {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            // A connection per request: these tests send requests a server answers and then
+            // closes the connection of (a body over the limit), and a pooled connection the
+            // server has just closed fails the next request that picks it.
+            client: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build_http(),
             base: format!("http://{addr}"),
             token: None,
             deadline: Duration::from_secs(60),
