@@ -36,6 +36,10 @@ from ._ids import new_id
 CONTENT_TYPE = "application/vnd.openai.agents.item+json"
 
 
+# The most records one `?last=` read returns.
+MAX_TAIL = 1000
+
+
 def _role(item: Any) -> str:
     """The record's role: the item's role, or its type (a tool call, a reasoning item)."""
     if isinstance(item, dict):
@@ -68,11 +72,19 @@ class CtxlogSession:
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """The history in the log's order; with a limit, the latest `limit` items."""
-        items = [item for _, item in await self._records()]
         n = resolve_session_limit(limit, self.session_settings)
-        if n is None:
-            return items
-        return items[-n:] if n > 0 else []
+        if n is not None and n <= 0:
+            return []
+        if n is not None and n <= MAX_TAIL:
+            # The server reads only the last `n` records.
+            page = await self._session.tail(n)
+            return [
+                json.loads(r.text)
+                for r in page.records
+                if r.content_type == CONTENT_TYPE and r.text is not None
+            ]
+        items = [item for _, item in await self._records()]
+        return items if n is None else items[-n:]
 
     async def add_items(self, items: list[Any]) -> None:
         """Append the items as one atomic batch (retried with the same ids if its answer may
