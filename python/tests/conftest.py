@@ -16,6 +16,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+import ctxlog
+
 BIN = os.environ.get("CTXLOG_BIN", "ctxlog")
 S3 = os.environ.get("CTXLOG_S3_ENDPOINT")
 BACKENDS = ["sqlite"] + (["lance_s3"] if S3 else [])
@@ -101,3 +103,17 @@ def server(store: str, servers: list[Server]) -> Server:
     s = start(store, "replica-a")
     servers.append(s)
     return s
+
+
+def spying_client(url: str) -> tuple[ctxlog.AsyncClient, list[httpx.URL]]:
+    """An async client of `url`, and the list every URL it requests is added to."""
+    requests: list[httpx.URL] = []
+    real = httpx.AsyncHTTPTransport()
+
+    class Spy(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            requests.append(request.url)
+            return await real.handle_async_request(request)
+
+    http = httpx.AsyncClient(base_url=url, transport=Spy())
+    return ctxlog.AsyncClient(url, http=http), requests

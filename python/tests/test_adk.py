@@ -8,7 +8,7 @@ import random
 
 import httpx
 import pytest
-from conftest import Server, start
+from conftest import Server, spying_client, start
 
 pytest.importorskip("google.adk")
 
@@ -114,17 +114,8 @@ async def test_num_recent_events_reads_only_those(server: Server) -> None:
         await svc.append_event(
             s, Event(id=f"e{i}", author="user", invocation_id="i", timestamp=1_000.0 + i)
         )
-    requests: list[httpx.URL] = []
-    real = httpx.AsyncHTTPTransport()
-
-    class Spy(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            requests.append(request.url)
-            return await real.handle_async_request(request)
-
-    spied = CtxlogSessionService(
-        ctxlog.AsyncClient(server.url, http=httpx.AsyncClient(base_url=server.url, transport=Spy()))
-    )
+    client, requests = spying_client(server.url)
+    spied = CtxlogSessionService(client)
     got = await spied.get_session(
         app_name="app", user_id="u", session_id="long", config=GetSessionConfig(num_recent_events=3)
     )

@@ -10,7 +10,7 @@ import random
 import httpx
 import pytest
 from agents.memory import Session, SQLiteSession
-from conftest import Server, start
+from conftest import Server, spying_client, start
 
 import ctxlog
 from ctxlog.openai_agents import CtxlogSession
@@ -124,17 +124,7 @@ async def test_pop_item_removes_what_it_read_not_a_later_append(
 
 async def test_get_items_with_a_limit_reads_only_those(server: Server) -> None:
     await CtxlogSession("long", server.url).add_items([item(i) for i in range(30)])
-    requests: list[httpx.URL] = []
-    real = httpx.AsyncHTTPTransport()
-
-    class Spy(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            requests.append(request.url)
-            return await real.handle_async_request(request)
-
-    spied = ctxlog.AsyncClient(
-        server.url, http=httpx.AsyncClient(base_url=server.url, transport=Spy())
-    )
+    spied, requests = spying_client(server.url)
     got = await CtxlogSession("long", spied).get_items(limit=3)
     assert got == [item(i) for i in range(27, 30)]
     assert requests and all(u.params.get("last") == "3" for u in requests), requests
