@@ -139,6 +139,11 @@ enum Command {
         /// Seconds a client may take to send a request's headers.
         #[arg(long, default_value = "10", value_parser = parse_timeout)]
         header_timeout: Duration,
+        /// On object storage: the longest seconds between two refreshes of an idle replica's
+        /// view. Every refresh costs requests; a watcher hears of another replica's appends
+        /// within it after a quiet spell.
+        #[arg(long, default_value = "2", value_parser = parse_timeout)]
+        idle_poll: Duration,
     },
     /// Make a new bearer token: prints the token once, and the line to add to a tokens file.
     Token {
@@ -220,6 +225,7 @@ async fn run(cli: Cli) -> ExitCode {
             no_group_commit,
             max_body_bytes,
             header_timeout,
+            idle_poll,
         } => {
             let mut serve = match WriterId::new(writer.as_str()) {
                 Ok(w) => ctxlog_server::ServeOptions::new(store, w),
@@ -235,6 +241,7 @@ async fn run(cli: Cli) -> ExitCode {
             serve.group_commit = !*no_group_commit;
             serve.max_body_bytes = *max_body_bytes;
             serve.header_read_timeout = *header_timeout;
+            serve.idle_poll_max = (*idle_poll).max(serve.poll_min);
             serve_replica(serve).await
         }
         Command::Token { name, bots, rights } => token(name, bots, rights),
