@@ -4,6 +4,7 @@ without a gap or a duplicate across a server restart."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import ssl
@@ -160,6 +161,41 @@ def test_watch_resumes_across_a_server_restart(store: str, servers: list[Server]
     t.join(60)
     assert seen == ids + more
     writer.close()
+
+
+async def test_the_async_watch_resumes_across_a_server_restart(
+    store: str, servers: list[Server]
+) -> None:
+    """The async twin of the case above: one `watch()` iterator through a restart."""
+    a = start(store, "replica-a")
+    b = start(store, "replica-b")
+    servers.extend([a, b])
+    seen: list[str] = []
+    first_half = asyncio.Event()
+
+    async def watch(after: str | None) -> None:
+        async with ctxlog.AsyncClient(b.url) as c:
+            async for ev in c.session("bot", "aw").watch(after=after, reconnects=100, backoff=0.02):
+                seen.append(ev.record.id)
+                if len(seen) == 10:
+                    first_half.set()
+                if len(seen) == 20:
+                    return
+
+    async with ctxlog.AsyncClient(a.url) as writer:
+        chat = writer.session("bot", "aw")
+        start_at = (await chat.records()).position
+        task = asyncio.create_task(watch(start_at))
+        ids = [(await chat.append([{"role": "user", "text": str(i)}])).ids[0] for i in range(10)]
+        await asyncio.wait_for(first_half.wait(), 60)
+        b.kill()
+        more = [
+            (await chat.append([{"role": "user", "text": str(i)}])).ids[0] for i in range(10, 20)
+        ]
+        b2 = start(store, "replica-b", listen=b.url.removeprefix("http://"))
+        servers.append(b2)
+        await asyncio.wait_for(task, 60)
+    assert seen == ids + more
 
 
 def _self_signed(dir: Path) -> tuple[Path, Path]:
