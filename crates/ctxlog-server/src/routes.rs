@@ -282,6 +282,19 @@ async fn read_session(
     }))
 }
 
+/// The live record `id` of `bot`, from a fresh view; another bot's record is as absent as a
+/// missing one.
+async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, Problem> {
+    r.view
+        .fresh()
+        .await?
+        .get(id)
+        .await
+        .map_err(Problem::from)?
+        .filter(|e| e.record.bot_id == bot)
+        .ok_or_else(|| Problem::not_found(format!("no live record `{id}` of bot `{bot}`")))
+}
+
 /// One live record of a bot, by id.
 #[utoipa::path(get, path = "/v1/bots/{bot}/records/{id}",
     params(("bot" = String, Path), ("id" = String, Path)),
@@ -293,16 +306,7 @@ async fn get_record(
     headers: HeaderMap,
 ) -> Result<axum::Json<EntryOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
-    let entry = r
-        .view
-        .fresh()
-        .await?
-        .get(&id)
-        .await
-        .map_err(Problem::from)?
-        // Another bot's record is as absent as a missing one.
-        .filter(|e| e.record.bot_id == bot)
-        .ok_or_else(|| Problem::not_found(format!("no live record `{id}` of bot `{bot}`")))?;
+    let entry = live_record(&r, &bot, &id).await?;
     Ok(axum::Json(EntryOut::from(&entry)))
 }
 
@@ -317,15 +321,7 @@ async fn delete_record(
     headers: HeaderMap,
 ) -> Result<axum::Json<AckOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Write)?;
-    let entry = r
-        .view
-        .fresh()
-        .await?
-        .get(&id)
-        .await
-        .map_err(Problem::from)?
-        .filter(|e| e.record.bot_id == bot)
-        .ok_or_else(|| Problem::not_found(format!("no live record `{id}` of bot `{bot}`")))?;
+    let entry = live_record(&r, &bot, &id).await?;
     let tombstone = RecordIn {
         id: id.clone(),
         role: entry.record.role.clone(),

@@ -81,7 +81,6 @@ class _Thread:
         self.checkpoints: dict[str, dict[str, dict[str, Any]]] = {}
         # (ns, checkpoint id) -> [(task id, idx, order, channel, value, task path)]
         self.writes: dict[tuple[str, str], list[tuple[str, int, int, str, Any, str]]] = {}
-        self.record_ids: list[str] = []
         # Every record of the thread this saver wrote, as stored (for copies).
         self.records: list[Record] = []
         # (ns, checkpoint id) -> the ids of its checkpoint, its writes, its lineage record
@@ -89,13 +88,11 @@ class _Thread:
         lineage: list[tuple[str, str]] = []
         for order, r in enumerate(records):
             if r.role == "lineage" and r.content_type == LINEAGE_TYPE and r.text is not None:
-                self.record_ids.append(r.id)
                 self.records.append(r)
                 lineage.append((r.id, json.loads(r.text)["next"]))
                 continue
             if r.content_type != CONTENT_TYPE or r.text is None:
                 continue
-            self.record_ids.append(r.id)
             self.records.append(r)
             body = json.loads(r.text)
             if body["kind"] == "checkpoint":
@@ -130,6 +127,11 @@ class _Thread:
                 chosen[key] = w
         ordered = sorted(chosen.values(), key=lambda w: (w[5], w[0], w[1]))
         return [(w[0], w[3], w[4]) for w in ordered]
+
+    @property
+    def record_ids(self) -> list[str]:
+        """Every record of the thread this saver wrote."""
+        return [r.id for r in self.records]
 
     def find(self, cid: str) -> tuple[str, str] | None:
         """The (ns, id) of checkpoint `cid`."""

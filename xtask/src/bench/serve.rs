@@ -69,6 +69,11 @@ impl Replica {
         Ok(Replica { child, addr })
     }
 
+    /// `http://ADDR`.
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// Resident memory, in KiB.
     fn rss_kib(&self) -> Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
@@ -312,7 +317,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
             let v = py.run(&[
                 "append",
                 "--url",
-                &format!("http://{}", server.addr),
+                &server.url(),
                 "--batch",
                 &batch.to_string(),
                 "--requests",
@@ -347,7 +352,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
             let v = py.run(&[
                 "adapters",
                 "--url",
-                &format!("http://{}", server.addr),
+                &server.url(),
                 "--calls",
                 &a.adapter_calls.to_string(),
             ])?;
@@ -419,13 +424,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
                 json!({"backend": backend, "what": "session read", "store_entries": a.read_store_size,
                               "records_per_page": v["records"], "p50_ms": pct(&l, 0.5), "p99_ms": pct(&l, 0.99)}),
             );
-            let v = py.run(&[
-                "read",
-                "--url",
-                &format!("http://{}", server.addr),
-                "--times",
-                &a.reads.to_string(),
-            ])?;
+            let v = py.run(&["read", "--url", &server.url(), "--times", &a.reads.to_string()])?;
             let lp = latencies(&v);
             other.push(
                 json!({"backend": backend, "what": "session read (python client)", "store_entries": a.read_store_size,
