@@ -104,6 +104,22 @@ enum Cmd {
         #[arg(long)]
         session: String,
     },
+    /// Append a session of `records` records (bot `context-bench`, session `long`) and a
+    /// summary covering all but its last `uncovered`, written from a view read before
+    /// those: what `context-read` then reads. Not timed.
+    ContextSetup {
+        #[arg(long, default_value_t = 10_000)]
+        records: usize,
+        #[arg(long, default_value_t = 20)]
+        uncovered: usize,
+    },
+    /// A fresh handle's first scan and a query of another session (as a serving replica
+    /// has done), then one timed read of the session `context-setup` wrote: its context
+    /// view, or (`--full`) its whole session view; bytes read with it.
+    ContextRead {
+        #[arg(long)]
+        full: bool,
+    },
     /// How long a writer takes to learn that a successor fenced it: writer A appends
     /// `batches` batches and goes on appending while writer B (another handle, the same
     /// writer id) takes the shard over; timed from B's claim to A's first fenced append.
@@ -238,6 +254,8 @@ async fn run(cli: Cli) -> Result<Value> {
         Cmd::Purge => purge_all(&cli.store).await?,
         Cmd::Snapshot => snapshot(&cli.store).await?,
         Cmd::ColdStart { bot, session } => cold_start(&cli.store, &location, &bot, &session).await?,
+        Cmd::ContextSetup { records, uncovered } => context_setup(&cli.store, records, uncovered).await?,
+        Cmd::ContextRead { full } => context_read(&cli.store, &location, full).await?,
         Cmd::Copy { .. } | Cmd::Upload { .. } | Cmd::StoreKey(_) => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();
@@ -360,6 +378,89 @@ async fn session_view(uri: &str, location: &Location, bot: &str, session: &str) 
         "view_requests": measured::since(&before),
         "records": view.len(),
         "object_reads": measured::reads(),
+    }))
+}
+
+const CONTEXT_BOT: &str = "context-bench";
+const CONTEXT_SESSION: &str = "long";
+
+async fn context_setup(uri: &str, records: usize, uncovered: usize) -> Result<Value> {
+    let store = ctxlog::open(uri, options()).await?;
+    let mut shard = store.open_shard(&WriterId::new("context-bench")?).await?;
+    let record = |i: usize| {
+        let text = format!(
+            "message {i} of a long conversation, with enough words to look like one: {}",
+            "lorem ipsum ".repeat(20)
+        );
+        ctxlog::Record::text(format!("long-{i:05}"), CONTEXT_BOT, CONTEXT_SESSION, "user", text)
+    };
+    let covered = records.saturating_sub(uncovered);
+    for chunk in (0..covered).collect::<Vec<_>>().chunks(500) {
+        shard.append(chunk.iter().map(|i| record(*i)).collect()).await?;
+    }
+    let mut p = store.projector();
+    p.refresh().await?;
+    let read = p.checkpoint();
+    shard.observe(p.max_hlc())?;
+    let summary = ctxlog::Record::summary(
+        "long-summary",
+        CONTEXT_BOT,
+        CONTEXT_SESSION,
+        "What was said so far.",
+        read,
+    );
+    shard.append(vec![summary]).await?;
+    shard.append((covered..records).map(record).collect()).await?;
+    shard.close().await?;
+    Ok(json!({"records": records, "uncovered": uncovered}))
+}
+
+/// Bytes this process has read through system calls so far (`rchar`: page-cache hits
+/// too, which is what SQLite's reads cost when the file is cached).
+fn bytes_read_by_process() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("rchar: ").and_then(|n| n.trim().parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+async fn context_read(uri: &str, location: &Location, full: bool) -> Result<Value> {
+    let store = measured::open(uri, location).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    // As a serving replica reads: the index's one-time work after a first scan (filing
+    // every record into its session) done by an earlier query, not this one.
+    p.session_tail(CONTEXT_BOT, "warm-up", 1).await?;
+    let before = measured::snapshot();
+    let bytes_before = (bytes_read_by_process(), measured::bytes_read());
+    let started = Instant::now();
+    let (records, body_bytes) = if full {
+        let view = p.session(CONTEXT_BOT, CONTEXT_SESSION).await?;
+        (view.len(), view.iter().map(|e| e.record.body.len()).sum::<usize>())
+    } else {
+        let view = p.context(CONTEXT_BOT, CONTEXT_SESSION).await?;
+        anyhow::ensure!(view.summary.is_some(), "no summary governs: run context-setup first");
+        (
+            view.entries.len(),
+            view.entries.iter().map(|e| e.record.body.len()).sum::<usize>(),
+        )
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let (io, object) = (
+        bytes_read_by_process() - bytes_before.0,
+        measured::bytes_read() - bytes_before.1,
+    );
+    Ok(json!({
+        "seconds": seconds,
+        "records": records,
+        "body_bytes": body_bytes,
+        // Lance: bytes its object store returned; SQLite: bytes the process read from files.
+        "bytes_read": if matches!(location, Location::Sqlite(_)) { io } else { object },
+        "view_requests": measured::since(&before),
+        "view": if full { "session" } else { "context" },
     }))
 }
 
@@ -826,6 +927,15 @@ mod measured {
                 .map(|k| s.get(*k).copied().unwrap_or(0))
                 .sum::<u64>()
         )
+    }
+
+    /// Bytes the object store returned so far (0 where nothing counts them: SQLite).
+    pub(super) fn bytes_read() -> u64 {
+        #[cfg(feature = "lance")]
+        if let Some(f) = REQUESTS.get() {
+            return f.bytes_read();
+        }
+        0
     }
 
     /// Every request so far by kind, and bytes read; `null` for SQLite.

@@ -8,13 +8,18 @@
 //!   object store injects seeded faults of every kind. With `--hold-projector`, the process
 //!   also holds a projector on the same store (opened before or after its shard, as a server
 //!   holds both) and reads every few acknowledged batches back through it. Most batches go to
-//!   a few hot sessions; some to a cold session written once, which retention may end.
+//!   a few hot sessions; some to a cold session written once, which retention may end. A
+//!   writer that holds a projector now and then writes a summary of a hot session instead
+//!   (rule 21): its coverage is what its projector read, and it observes that view's clock
+//!   first (again before a retry, whose handle is new).
 //! - `read`: refreshes a projector until stdin closes; a hot session's record never leaves
 //!   its view.
 //! - `compact`: one compaction pass.
 //! - `check`: the verdict ([`judge`]): every acknowledged id is live with the acknowledged
 //!   content (or, in a cold session, ended by a maintenance tombstone), the only conflicts
-//!   are those the ack logs explain, two fresh readers agree byte for byte.
+//!   are those the ack logs explain, two fresh readers agree byte for byte — also on every
+//!   hot session's context view, which holds every live record its governing summary does
+//!   not cover.
 //!
 //! Every operation runs under the store's deadline and, around it, a watchdog: an
 //! operation that outlives its deadline by more than the grace counts as a hang.
@@ -100,6 +105,9 @@ enum Hold {
 /// Acknowledged batches between two reads through a writer's own projector.
 const READ_BACK_EVERY: u64 = 4;
 
+/// A writer that holds a projector writes a summary instead of a batch one time in this many.
+const SUMMARY_ONE_IN: u32 = 16;
+
 /// The grace past a deadline before an operation counts as hung.
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -182,6 +190,7 @@ struct Counters {
     hangs: u64,
     read_backs: u64,
     read_errors: u64,
+    summaries: u64,
     faults: BTreeMap<String, u64>,
 }
 
@@ -197,6 +206,7 @@ impl Counters {
             "hangs": self.hangs,
             "read_backs": self.read_backs,
             "read_errors": self.read_errors,
+            "summaries": self.summaries,
             "faults": self.faults,
         });
         let tmp = path.with_extension("tmp");
@@ -383,23 +393,59 @@ async fn write(uri: &str, options: StoreOptions, seed: u64, run: WriteRun<'_>) -
                 }
             }
         }
-        let (session, batch) = pending.take().unwrap_or_else(|| {
-            let k = rng.random_range(1..=20);
-            // One batch in eight opens a cold session, never written again.
-            let session = if rng.random_range(0..8) == 0 {
-                format!("{}{writer}-{incarnation}-{}", judge::COLD, n + 1)
-            } else {
-                format!("s{}", rng.random_range(0..8))
-            };
-            let batch = (0..k)
-                .map(|_| {
-                    n += 1;
-                    record(&format!("{writer}-{incarnation}-{n}"), &session)
-                })
-                .collect();
-            (session, batch)
-        });
+        let summarise = hold != Hold::None && pending.is_none() && rng.random_range(0..SUMMARY_ONE_IN) == 0;
+        let (session, batch) = match pending.take() {
+            Some(p) => p,
+            None if summarise => {
+                n += 1;
+                let session = format!("s{}", rng.random_range(0..8));
+                let p = handles.as_mut().and_then(|h| h.projector.as_mut()).expect("held");
+                match watch(deadline, p.refresh()).await? {
+                    Ok(_) => {}
+                    Err(e) if e.is_definite() => {
+                        c.read_errors += 1;
+                        continue;
+                    }
+                    Err(e) => bail!("a refresh failed with an indeterminate error: {e}"),
+                }
+                let id = format!("{writer}-{incarnation}-{n}");
+                let summary = Record::summary(&id, "chaos", &session, format!("summary {id}"), p.checkpoint());
+                c.summaries += 1;
+                (session, vec![summary])
+            }
+            None => {
+                let k = rng.random_range(1..=20);
+                // One batch in eight opens a cold session, never written again.
+                let session = if rng.random_range(0..8) == 0 {
+                    format!("{}{writer}-{incarnation}-{}", judge::COLD, n + 1)
+                } else {
+                    format!("s{}", rng.random_range(0..8))
+                };
+                let batch = (0..k)
+                    .map(|_| {
+                        n += 1;
+                        record(&format!("{writer}-{incarnation}-{n}"), &session)
+                    })
+                    .collect();
+                (session, batch)
+            }
+        };
         let h = handles.as_mut().expect("opened above");
+        // A summary follows the clock of the view it covers (rule 21), also when it is
+        // retried through a reopened handle: the projector's view holds at least that view.
+        if batch[0].kind == ctxlog::Kind::Summary
+            && let Some(p) = h.projector.as_mut()
+        {
+            match watch(deadline, p.refresh()).await? {
+                Ok(_) => h.shard.observe(p.max_hlc())?,
+                Err(e) if e.is_definite() => {
+                    c.read_errors += 1;
+                    pending = Some((session, batch));
+                    continue;
+                }
+                Err(e) => bail!("a refresh failed with an indeterminate error: {e}"),
+            }
+        }
         c.appends += 1;
         let outcome = match watch(deadline, h.shard.append(batch.clone())).await {
             Ok(o) => o,
@@ -550,14 +596,38 @@ async fn check(uri: &str, options: StoreOptions, acks: &Path, retained: u64) -> 
     }
     // Two fresh readers.
     let mut views = Vec::new();
+    let mut readers = Vec::new();
     for _ in 0..2 {
         let store = watch(deadline, ctxlog::open(uri, options.clone())).await??;
         let mut p = store.projector();
         watch(deadline, p.refresh()).await??;
         views.push(p.projection());
+        readers.push(p);
+    }
+    // Every hot session's context view (rule 21), through both readers.
+    let mut contexts = [Vec::new(), Vec::new()];
+    let mut context_lost = Vec::new();
+    for (i, p) in readers.iter_mut().enumerate() {
+        for s in 0..8 {
+            let session = format!("s{s}");
+            let view = watch(deadline, p.context("chaos", &session)).await??;
+            let full = watch(deadline, p.session("chaos", &session)).await??;
+            let governing = view
+                .summary
+                .and_then(|k| full.iter().find(|e| e.key() == k))
+                .and_then(|e| e.record.covers.clone());
+            let shown: std::collections::BTreeSet<_> = view.entries.iter().map(|e| e.key()).collect();
+            for e in full.iter().filter(|e| e.record.kind != ctxlog::Kind::Summary) {
+                let covered = governing.as_ref().is_some_and(|c| e.seq <= c.get(e.shard));
+                if !covered && !shown.contains(&e.key()) {
+                    context_lost.push(e.record.id.clone());
+                }
+            }
+            contexts[i].push(format!("{view:?}"));
+        }
     }
     let mut found = judge::Found {
-        readers_identical: views[0].canonical_json() == views[1].canonical_json(),
+        readers_identical: views[0].canonical_json() == views[1].canonical_json() && contexts[0] == contexts[1],
         live: views[0]
             .records
             .iter()
@@ -588,6 +658,12 @@ async fn check(uri: &str, options: StoreOptions, acks: &Path, retained: u64) -> 
         }
     }
     let mut verdict = judge::judge(&promised, &found);
+    verdict["context_views_checked"] = json!(16);
+    if !context_lost.is_empty() {
+        verdict["ok"] = json!(false);
+        verdict["context_lost"] = json!(context_lost.len());
+        verdict["context_lost_sample"] = json!(&context_lost[..context_lost.len().min(5)]);
+    }
     verdict["retained_acked"] = json!(retained);
     verdict["maintenance_entries"] = json!(maintenance_entries);
     if maintenance_entries < retained {

@@ -40,12 +40,32 @@ pub enum Step {
     },
     /// The observer saves a projection snapshot (rule 17).
     Snapshot,
-    /// Compaction, then gc with no grace period (rule 15).
+    /// Compaction, purge, then gc with no grace period (rules 15, 16).
     Maintain,
+    /// The writer appends a summary of id `id`'s session covering one of the views the
+    /// observer read so far (`view` picks which: stale ones too, and views of different
+    /// times from different writers, which are then incomparable), having observed that
+    /// view's clock or not (then it may cover records with later clocks: implausible).
+    Summarise {
+        /// Which of the writers.
+        writer: u8,
+        /// The summary's record id (its session is the id's).
+        id: u8,
+        /// Which of the views read so far.
+        view: u8,
+        /// Whether the writer observes the view's clock first (rule 8).
+        observe: bool,
+        /// A coverage that claims `ahead` more seqs of writer `past`'s shard than the view
+        /// held (a buggy or forged summary: positions no reader holds yet, its own entry, or
+        /// records written after it). Mostly 0.
+        ahead: u8,
+        /// Whose shard `ahead` applies to.
+        past: u8,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    let record = (0u8..10, prop_oneof![4 => (0u8..3).prop_map(Some), 1 => Just(None)]);
+    let record = (0u8..IDS, prop_oneof![4 => (0u8..3).prop_map(Some), 1 => Just(None)]);
     prop_oneof![
         8 => (0..WRITERS, proptest::collection::vec(record, 1..5))
             .prop_map(|(writer, records)| Step::Append { writer, records }),
@@ -53,8 +73,24 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..WRITERS).prop_map(|writer| Step::Observe { writer }),
         1 => Just(Step::Snapshot),
         1 => Just(Step::Maintain),
+        2 => (
+            (0..WRITERS, 0..IDS, any::<u8>(), prop_oneof![3 => Just(true), 1 => Just(false)]),
+            (prop_oneof![3 => Just(0u8), 1 => 1u8..4], 0..WRITERS)
+        )
+            .prop_map(|((writer, id, view, observe), (ahead, past))| Step::Summarise {
+                writer,
+                id,
+                view,
+                observe,
+                ahead,
+                past,
+            }),
     ]
 }
+
+/// Record ids `id0..id11`; summaries take them too, so that puts, tombstones and summaries
+/// of one id meet.
+const IDS: u8 = 12;
 
 /// Random histories of 1 to 23 steps.
 pub fn histories() -> impl Strategy<Value = Vec<Step>> {
@@ -92,6 +128,8 @@ pub async fn write_history(
         shards.push(store.open_shard(&w(&format!("w{i}"))).await?);
     }
     let mut acked: Written = Vec::new();
+    // Every view the observer read: its checkpoint and clock.
+    let mut views: Vec<(Checkpoint, ctxlog_core::Hlc)> = vec![(Checkpoint::default(), ctxlog_core::Hlc::ZERO)];
     for (n, step) in history.iter().enumerate() {
         match step {
             Step::Append { writer, records } => {
@@ -107,14 +145,40 @@ pub async fn write_history(
             }
             Step::Observe { writer } => {
                 observer.refresh().await?;
+                views.push((observer.checkpoint(), observer.max_hlc()));
                 shards[*writer as usize].observe(observer.max_hlc())?;
+            }
+            Step::Summarise {
+                writer,
+                id,
+                view,
+                observe,
+                ahead,
+                past,
+            } => {
+                let (mut covers, hlc) = views[*view as usize % views.len()].clone();
+                if *ahead > 0 {
+                    let shard = w(&format!("w{past}")).shard_id();
+                    covers.advance(shard, covers.get(shard) + u64::from(*ahead));
+                }
+                let shard = &mut shards[*writer as usize];
+                if *observe {
+                    shard.observe(hlc)?;
+                }
+                let session = format!("s{}", id % 3);
+                let summary = Record::summary(format!("id{id}"), "bot", session, format!("summary {n}"), covers);
+                let ack = shard.append(vec![summary.clone()]).await?;
+                acked.push((ack, vec![summary]));
             }
             Step::Snapshot => {
                 observer.refresh().await?;
+                views.push((observer.checkpoint(), observer.max_hlc()));
                 observer.save_snapshot().await?;
             }
             Step::Maintain => {
                 store.compact(&ctxlog_core::CompactOptions::default()).await?;
+                // Purge erases tombstoned ids (summaries too) and changes no view (rule 16).
+                store.purge(&ctxlog_core::PurgeOptions::default()).await?;
                 let now = ctxlog_core::GcOptions {
                     grace: std::time::Duration::ZERO,
                     ..ctxlog_core::GcOptions::default()
@@ -150,7 +214,12 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
                 .iter()
                 .find(|e| e.shard == ack.shard && e.seq == seq && e.epoch == ack.epoch)
                 .with_context(|| format!("acked entry {} seq {seq} is missing", ack.shard))?;
-            ensure!(&e.record == r, "entry {} seq {seq} reads back changed", ack.shard);
+            let purged_header = e.purged && e.record.id == r.id && e.record.kind == r.kind;
+            ensure!(
+                &e.record == r || purged_header,
+                "entry {} seq {seq} reads back changed",
+                ack.shard
+            );
         }
     }
     let written: usize = acked.iter().map(|(_, b)| b.len()).sum();
@@ -200,6 +269,19 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
             from_snapshot.session("bot", &s).await? == want,
             "session {s} from a snapshot differs from the model"
         );
+        // Rule 21: the context view, from every reader.
+        let want = model::context_view(&entries, "bot", &s);
+        for (reader, p) in [
+            ("a first scan", &mut first),
+            ("a first scan from a snapshot", &mut from_snapshot),
+            ("an incremental refresh", &mut incremental),
+        ] {
+            let got = p.context("bot", &s).await?;
+            ensure!(
+                got == want,
+                "the context view of session {s} through {reader} differs from the model: expected {want:?}, got {got:?}"
+            );
+        }
     }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
     let all = model::conflicts(&entries);

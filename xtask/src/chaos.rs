@@ -386,6 +386,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             "hangs",
             "read_backs",
             "read_errors",
+            "summaries",
         ] {
             *totals.entry(k.into()).or_default() += v[k].as_u64().unwrap_or(0);
         }
@@ -410,6 +411,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         "acks_by_identity": acks_by_identity,
         "read_backs": totals.get("read_backs"),
         "read_errors": totals.get("read_errors"),
+        "summaries": totals.get("summaries"),
         "maintenance": maintenance,
         "retained_tombstones": retained,
         "faults_injected": faults_by_kind,

@@ -82,6 +82,27 @@ pub(crate) enum BenchKind {
     /// and without group commit) against the library, a session read, watch latency across
     /// replicas, memory of idle watchers.
     Serve(ServeArgs),
+    /// The context view of a long session with a summary covering all but its last records,
+    /// against a full read of that session, in a generated log (rule 21).
+    Context(ContextArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ContextArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Entries of the generated log the session is added to.
+    #[arg(long, default_value = "1m")]
+    pub size: String,
+    /// Records of the session.
+    #[arg(long, default_value_t = 10_000)]
+    pub records: usize,
+    /// Its last records the summary does not cover.
+    #[arg(long, default_value_t = 20)]
+    pub uncovered: usize,
+    /// Fresh-process runs per figure.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
 }
 
 #[derive(Args, Clone)]

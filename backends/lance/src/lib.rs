@@ -25,6 +25,7 @@ mod entries;
 mod error;
 #[doc(hidden)]
 pub mod faults;
+mod format;
 mod index;
 mod io;
 mod open;
@@ -57,11 +58,11 @@ use crate::faults::Faults;
 pub use crate::shard::WriterTuning;
 use crate::store::Shared;
 
-/// The layout of a ctxlog Lance store this build writes and reads: the entry schema, MemWAL
-/// with one shard per writer, and the `_ctxlog/` objects beside them. Bump it when any of
-/// them changes. Nothing in a store records it (the open checks the entry schema's
-/// columns); benchmarks key the stores they generate on it.
-pub const FORMAT: &str = "1";
+/// The layout of a ctxlog Lance store this build writes: the entry schema, MemWAL with one
+/// shard per writer, and the `_ctxlog/` objects beside them. Bump it when any of them
+/// changes. A store records it in `_ctxlog/format` once it differs from format 1 (rule 22;
+/// see `format`); benchmarks key the stores they generate on it.
+pub use crate::format::{FORMAT, READS as READS_FORMATS};
 
 /// A ctxlog store in one Lance dataset.
 pub struct LanceStore {

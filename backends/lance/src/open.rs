@@ -40,7 +40,10 @@ pub(crate) async fn open_store(uri: &str, options: StoreOptions, faults: Option<
         open_or_create(&uri, &options, &params, &session),
     )
     .await?;
-    Ok(Shared::new(uri, options, params, session, ds, WriterTuning::default()))
+    let timeout = options.timeout;
+    let shared = Shared::new(uri, options, params, session, ds, WriterTuning::default());
+    with_deadline("open", timeout, None, Written::Nothing, crate::format::check(&shared)).await?;
+    Ok(shared)
 }
 
 async fn open_or_create(

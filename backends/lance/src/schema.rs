@@ -127,7 +127,7 @@ pub(crate) fn to_batch(writer: &str, entries: &[Stamped<'_>]) -> Result<RecordBa
         hash.append_value(e.hash.0).map_err(arrow_err)?;
         role.append_value(&r.role);
         content_type.append_value(&r.content_type);
-        match &r.body {
+        match &*r.stored_body() {
             Body::Text(t) => {
                 text.append_value(t);
                 bytes.append_null();

@@ -225,6 +225,15 @@ impl Shard for LanceShard {
         };
         self.check_fence().await?;
         let staged = self.state.stage(records)?;
+        // The first summary needs the format that holds summaries (rule 22): recorded
+        // before the batch is written, so no summary is ever in a store of format 1.
+        if staged
+            .entries
+            .iter()
+            .any(|e| e.record.kind == ctxlog_core::Kind::Summary)
+        {
+            crate::format::upgrade_for_summaries(&self.shared).await?;
+        }
         // From here until an outcome is known the handle counts as poisoned: if the caller
         // drops this future after the batch reached the memtable, the batch still becomes
         // durable, and the next append must not reuse its seqs.

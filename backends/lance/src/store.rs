@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub tuning: WriterTuning,
     /// Writers opened through this handle, so that `compact` can flush them first.
     live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
+    /// Whether the store is known to be of the format that holds summaries (`format`).
+    pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -48,6 +50,7 @@ impl Shared {
             dataset: tokio::sync::Mutex::new(dataset),
             tuning,
             live: std::sync::Mutex::new(Vec::new()),
+            summaries_allowed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -242,7 +242,10 @@ fn refuse(path: &Path, h: Holds) -> Error {
         }
         Holds::OtherFormat(f) => not_a_store(
             path,
-            format!("ctxlog store format {f}; this build reads format {FORMAT}"),
+            format!(
+                "ctxlog store format {f}; this build reads formats {} (and writes format {FORMAT}): a newer release wrote it",
+                crate::schema::READS.join(" and ")
+            ),
         ),
         Holds::Store | Holds::NoSchema => unreachable!("only refusals are refused"),
     }

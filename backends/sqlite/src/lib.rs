@@ -32,9 +32,14 @@ use ctxlog_core::{
 use crate::conn::{Access, BACKEND, Conn, sql_error};
 use crate::read::{SqliteHistory, SqliteIndex, read_shard};
 
-/// The store format this build writes and reads (the `format` row of `ctxlog_meta`; a file
-/// of another format is refused). Benchmarks key the stores they generate on it.
+/// The newest store format this build writes (the `format` row of `ctxlog_meta`). A store
+/// is created at format 1 (what earlier releases read too) and upgraded to this one, in
+/// place, in the transaction of the first summary written to it (rule 22); a file of any
+/// format this build does not read is refused, naming both. Benchmarks key the stores they generate on it.
 pub const FORMAT: &str = schema::FORMAT;
+
+/// Every store format this build opens.
+pub const READS_FORMATS: [&str; 2] = schema::READS;
 
 /// The schema this build creates. A change of it that [`FORMAT`] does not mark (a
 /// compatible one, another index) still changes what a generated benchmark store holds, so

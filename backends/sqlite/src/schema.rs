@@ -7,8 +7,36 @@ use rusqlite::{Connection, OptionalExtension, Statement, TransactionBehavior, pa
 use ctxlog_core::backend::canonical_json;
 use ctxlog_core::{Body, ContentHash, Epoch, Hlc, Record, Seq};
 
-/// Bumped when the schema changes incompatibly.
-pub(crate) const FORMAT: &str = "1";
+/// The newest store format this build writes: 2, a store that may hold summaries (rule 21).
+/// Recorded in `ctxlog_meta` under `format`; a store is created at format 1 and upgraded by
+/// its first summary.
+pub(crate) const FORMAT: &str = "2";
+
+/// Every format this build opens: 1 (before summaries, written by earlier releases) and 2.
+pub(crate) const READS: [&str; 2] = ["1", "2"];
+
+/// The migrations from each older format to the next, applied in order inside the write
+/// transaction that first needs the newer format (rule 22): a store is never rewritten
+/// wholesale, and one that never needs a newer format keeps its own, so that earlier
+/// releases still open it. 1 → 2: summaries (`kind` 2) store their coverage with their body
+/// in `body_bytes` (`Record::stored_body`), so no column changes: only the format number.
+const MIGRATIONS: [(&str, &str, &str); 1] = [("1", "2", "UPDATE ctxlog_meta SET value = '2' WHERE key = 'format'")];
+
+/// Bring the store to format `to` inside `tx` (a write transaction), applying each
+/// migration from its current format on. Does nothing when it is there already.
+pub(crate) fn upgrade(tx: &rusqlite::Transaction<'_>, to: &str) -> rusqlite::Result<()> {
+    let mut now: String = tx.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))?;
+    for (from, next, sql) in MIGRATIONS {
+        if now == to {
+            break;
+        }
+        if now == from {
+            tx.execute_batch(sql)?;
+            now = next.to_string();
+        }
+    }
+    Ok(())
+}
 
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS ctxlog_meta (
@@ -79,7 +107,7 @@ pub(crate) fn holds(c: &Connection) -> rusqlite::Result<Holds> {
             .query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
             .optional()?;
         return Ok(match format {
-            Some(f) if f == FORMAT => Holds::Store,
+            Some(f) if READS.contains(&f.as_str()) => Holds::Store,
             Some(f) => Holds::OtherFormat(f),
             None => Holds::OtherFormat("none".into()),
         });
@@ -105,7 +133,8 @@ pub(crate) fn create_schema(conn: &mut Connection) -> std::result::Result<(), Sc
         refused => return Err(SchemaError::Refused(refused)),
     }
     tx.execute_batch(SCHEMA)?;
-    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [FORMAT])?;
+    // Format 1 until the first summary needs format 2 (`upgrade`): earlier releases open it.
+    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [READS[0]])?;
     tx.commit()?;
     Ok(())
 }
@@ -138,7 +167,8 @@ pub(crate) struct EntryRow<'a> {
 /// as the bits of a u64 in SQLite's i64.
 pub(crate) fn insert_entry(stmt: &mut Statement<'_>, row: EntryRow<'_>) -> rusqlite::Result<()> {
     let r = row.record;
-    let (text, bytes) = match &r.body {
+    let stored = r.stored_body();
+    let (text, bytes) = match &*stored {
         Body::Text(t) => (Some(t.as_str()), None),
         Body::Bytes(b) => (None, Some(b.as_slice())),
     };

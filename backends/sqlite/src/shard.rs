@@ -203,6 +203,15 @@ impl AppendTx {
                 ),
             });
         }
+        // The first summary needs the format that holds summaries (rule 22): upgraded in
+        // this transaction, so the batch and the format number land together or not at all.
+        if staged
+            .entries
+            .iter()
+            .any(|e| e.record.kind == ctxlog_core::Kind::Summary)
+        {
+            crate::schema::upgrade(&tx, crate::schema::FORMAT).map_err(before)?;
+        }
         let mut new_sessions = Vec::new();
         {
             let mut insert = tx.prepare_cached(INSERT_ENTRY).map_err(before)?;

@@ -521,3 +521,66 @@ async fn snapshots_are_saved_beside_writers() {
     );
     assert_eq!(saved, 40);
 }
+
+/// Rule 22 on SQLite: a format-1 store (the CLI's fixture, written by the release before
+/// summaries) keeps format 1 while it is only read and written without summaries, moves to
+/// format 2 in the transaction of its first summary, and a store of a format this build
+/// does not know is refused, naming both, and left as it was.
+#[tokio::test]
+async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crates/ctxlog-cli/tests/fixtures/format-1/store.db");
+    outside::copy_file(&fixture, &path).unwrap();
+    let format = |path: &Path| -> String {
+        let c = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        c.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(format(&path), "1");
+    let store = SqliteStore::open(path.to_str().unwrap(), options(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut shard = store.open_shard(&w("w")).await.unwrap();
+    shard.append(recs("plain", 2)).await.unwrap();
+    assert_eq!(
+        format(&path),
+        "1",
+        "no summary, no upgrade: earlier releases still open it"
+    );
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    shard.observe(p.max_hlc()).unwrap();
+    let summary = Record::summary("sum", "bot", "s", "both messages", p.checkpoint());
+    shard.append(vec![summary]).await.unwrap();
+    assert_eq!(format(&path), "2", "the first summary upgraded it");
+    p.refresh().await.unwrap();
+    let view = p.context("bot", "s").await.unwrap();
+    assert_eq!(view.entries.len(), 1, "the summary stands for both records");
+    assert_eq!(view.covered, 2);
+    shard.close().await.unwrap();
+    drop((p, store));
+
+    let newer = dir.path().join("newer.db");
+    outside::copy_file(&path, &newer).unwrap();
+    {
+        let c = Connection::open(&newer).unwrap();
+        c.execute("UPDATE ctxlog_meta SET value = '3' WHERE key = 'format'", [])
+            .unwrap();
+    }
+    // The database file itself: SQLite's read-only check of a WAL-mode file may leave its
+    // (empty) `-wal` and `-shm` companions beside it.
+    let before = outside::read_file(&newer).unwrap();
+    let refused = SqliteStore::open(newer.to_str().unwrap(), options(Duration::from_secs(10))).await;
+    match refused {
+        Err(Error::NotAStore { reason, .. }) => {
+            assert!(reason.contains("format 3") && reason.contains("1 and 2"), "{reason}")
+        }
+        other => panic!("a format-3 store was not refused: {:?}", other.map(|_| ())),
+    }
+    assert!(
+        outside::read_file(&newer).unwrap() == before,
+        "a refused store is left as it was"
+    );
+}

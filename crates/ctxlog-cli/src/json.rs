@@ -6,8 +6,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use chrono::{DateTime, SecondsFormat, Utc};
 use ctxlog::{
-    AppendAck, Body, CompactReport, Conflict, Entry, Error, GcReport, Kind, ProjectionStats, PurgeReport, Record,
-    RefreshReport, Result, RetainReport, SessionSummary, ShardInfo, SnapshotReport,
+    AppendAck, Body, Checkpoint, CompactReport, Conflict, ContextView, Entry, Error, GcReport, Kind, ProjectionStats,
+    PurgeReport, Record, RefreshReport, Result, RetainReport, SessionSummary, ShardId, ShardInfo, SnapshotReport,
 };
 use serde_json::{Map, Value, json};
 
@@ -38,14 +38,20 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
     let kind = match take_string(&mut obj, "kind")?.as_deref() {
         None | Some("put") => Kind::Put,
         Some("tombstone") => Kind::Tombstone,
+        Some("summary") => Kind::Summary,
         Some(other) => {
             return Err(Error::invalid(
                 "kind",
                 None,
-                format!("`{other}` is neither `put` nor `tombstone`"),
+                format!("`{other}` is not `put`, `tombstone` or `summary`"),
             ));
         }
     };
+    let covers = obj
+        .remove("covers")
+        .filter(|c| !c.is_null())
+        .map(parse_position)
+        .transpose()?;
     let created_at = match take_string(&mut obj, "created_at")? {
         None => None,
         Some(s) => Some(
@@ -64,12 +70,74 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
         metadata: obj.remove("metadata").filter(|m| !m.is_null()),
         created_at,
         kind,
+        covers,
     };
     if let Some(unknown) = obj.keys().next() {
         let field: &'static str = "record";
         return Err(Error::invalid(field, None, format!("unknown field `{unknown}`")));
     }
     Ok(record)
+}
+
+/// A position as `context` prints it: `{"<shard>": <last seq>, …}`.
+fn parse_position(v: Value) -> Result<Checkpoint> {
+    let bad = |why: String| Error::invalid("covers", None, why);
+    let Value::Object(map) = v else {
+        return Err(bad(
+            "must be an object of shard ids and seqs, as `context` prints `position`".into(),
+        ));
+    };
+    let mut out = Checkpoint::default();
+    for (shard, seq) in map {
+        let id = ShardId::parse(&shard).ok_or_else(|| bad(format!("`{shard}` is not a shard id")))?;
+        let seq = seq
+            .as_u64()
+            .ok_or_else(|| bad(format!("the seq of shard {shard} is not a number")))?;
+        out.0.insert(id, seq);
+    }
+    Ok(out)
+}
+
+/// The session and position of what `context` printed (and a caller kept).
+pub(crate) fn parse_context(text: &str) -> Result<(String, String, Checkpoint)> {
+    let bad = |why: &str| Error::invalid("from", None, format!("not what `ctxlog context` printed: {why}"));
+    let v: Value = serde_json::from_str(text.trim()).map_err(|e| bad(&e.to_string()))?;
+    let field = |name: &str| {
+        v[name]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| bad(&format!("no `{name}`")))
+    };
+    let (bot, session) = (field("bot_id")?, field("session_id")?);
+    let position = parse_position(v["position"].clone()).map_err(|_| bad("no `position`"))?;
+    Ok((bot, session, position))
+}
+
+/// A position (per shard, the last seq read), as `context` prints it.
+pub(crate) fn position_json(cp: &Checkpoint) -> Value {
+    Value::Object(
+        cp.0.iter()
+            .filter(|(_, seq)| **seq > 0)
+            .map(|(s, seq)| (s.to_string(), json!(seq)))
+            .collect(),
+    )
+}
+
+/// A context view as `context` prints it, with its session and the position of the view it
+/// was read from.
+pub(crate) fn context_json(bot: &str, session: &str, view: &ContextView, position: &Checkpoint) -> Value {
+    let summary = view
+        .summary
+        .and_then(|k| view.entries.iter().find(|e| e.key() == k))
+        .map(|e| e.record.id.clone());
+    json!({
+        "bot_id": bot,
+        "session_id": session,
+        "summary": summary,
+        "covered": view.covered,
+        "position": position_json(position),
+        "records": view.entries.iter().map(entry_json).collect::<Vec<_>>(),
+    })
 }
 
 fn take_string(obj: &mut Map<String, Value>, field: &'static str) -> Result<Option<String>> {
@@ -107,8 +175,12 @@ pub(crate) fn entry_json(e: &Entry) -> Value {
         json!(match r.kind {
             Kind::Put => "put",
             Kind::Tombstone => "tombstone",
+            Kind::Summary => "summary",
         }),
     );
+    if let Some(c) = &r.covers {
+        obj.insert("covers".into(), position_json(c));
+    }
     if e.purged {
         obj.insert("purged".into(), json!(true));
     }

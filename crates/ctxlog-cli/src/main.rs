@@ -54,6 +54,38 @@ enum Command {
         #[arg(long)]
         session: String,
     },
+    /// Print a session's context view (one JSON object): its governing summary and every
+    /// live record it does not cover, in contract order, and the `position` of the view to
+    /// give as `covers` of a summary written from it (`append` a record of kind `summary`).
+    Context {
+        #[arg(long)]
+        bot: String,
+        #[arg(long)]
+        session: String,
+    },
+    /// Write a summary of a context view printed by `context` (saved in `--from`): it covers
+    /// exactly what that view held (rule 21), never what was appended since. The text is
+    /// `--text`, or else stdin. Prints the ack.
+    Summarize {
+        /// This process's writer identity.
+        #[arg(long)]
+        writer: String,
+        /// A file holding what `ctxlog context` printed.
+        #[arg(long)]
+        from: std::path::PathBuf,
+        /// The summary's record id (the idempotency key: a retry with the same id counts once).
+        #[arg(long)]
+        id: String,
+        /// The summary's text (else stdin).
+        #[arg(long)]
+        text: Option<String>,
+        /// Its role.
+        #[arg(long, default_value = "summary")]
+        role: String,
+        /// Its content type.
+        #[arg(long, default_value = "text/plain")]
+        content_type: String,
+    },
     /// Print a bot's sessions, one JSON object per line.
     Sessions {
         #[arg(long)]
@@ -215,6 +247,23 @@ async fn run(cli: Cli) -> ExitCode {
     let result = match &cli.command {
         // Appends stream for as long as stdin does; each storage call has the deadline.
         Command::Append { writer, batch } => append(store, options(true), writer, *batch).await,
+        Command::Summarize {
+            writer,
+            from,
+            id,
+            text,
+            role,
+            content_type,
+        } => {
+            let summary = SummaryArgs {
+                from,
+                id,
+                text: text.as_deref(),
+                role,
+                content_type,
+            };
+            summarize(store, options(true), writer, summary).await
+        }
         Command::Demo => demo::run(cli.store.as_deref(), options(true)).await,
         Command::Serve {
             writer,
@@ -430,6 +479,11 @@ async fn append(uri: &str, options: StoreOptions, writer: &str, batch: u64) -> R
         if pending.len() >= batch || (eof && !pending.is_empty()) {
             let records = std::mem::take(&mut pending);
             let n = records.len() as u64;
+            if records.iter().any(|r| r.covers.is_some()) {
+                summarised(store.as_ref(), shard.as_mut(), &records)
+                    .await
+                    .map_err(|error| Failure::Append { error, written })?;
+            }
             let ack = shard
                 .append(records)
                 .await
@@ -443,6 +497,73 @@ async fn append(uri: &str, options: StoreOptions, writer: &str, batch: u64) -> R
             break;
         }
     }
+    shard.close().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Before a batch with summaries: every position they cover must be in the store (a
+/// position `context` printed always is), and the shard's clock moves past the view's, so
+/// that every record a summary covers is older than it (rule 21).
+async fn summarised(
+    store: &dyn ctxlog::Store,
+    shard: &mut dyn ctxlog::Shard,
+    records: &[Record],
+) -> ctxlog::Result<()> {
+    let mut p = store.projector();
+    p.refresh().await?;
+    let held = p.checkpoint();
+    for (i, r) in records.iter().enumerate() {
+        if let Some((s, seq)) = r
+            .covers
+            .iter()
+            .flat_map(|c| c.0.iter())
+            .find(|(s, seq)| **seq > held.get(**s))
+        {
+            return Err(Error::invalid(
+                "covers",
+                Some(i),
+                format!(
+                    "names seq {seq} of shard {s}, past what the store holds ({}): not a position of this store",
+                    held.get(*s)
+                ),
+            ));
+        }
+    }
+    shard.observe(p.max_hlc())
+}
+
+/// What `summarize` writes.
+struct SummaryArgs<'a> {
+    from: &'a std::path::Path,
+    id: &'a str,
+    text: Option<&'a str>,
+    role: &'a str,
+    content_type: &'a str,
+}
+
+async fn summarize(uri: &str, options: StoreOptions, writer: &str, args: SummaryArgs<'_>) -> Result<ExitCode, Failure> {
+    let writer = WriterId::new(writer)?;
+    let saved = std::fs::read_to_string(args.from)
+        .map_err(|e| Error::invalid("from", None, format!("cannot read {}: {e}", args.from.display())))?;
+    let (bot, session, covers) = json::parse_context(&saved)?;
+    let text = match args.text {
+        Some(t) => t.to_string(),
+        None => {
+            let mut t = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut t)
+                .map_err(|e| Error::invalid("text", None, format!("cannot read stdin: {e}")))?;
+            t
+        }
+    };
+    let mut record = Record::summary(args.id, bot, session, text, covers);
+    record.role = args.role.to_string();
+    record.content_type = args.content_type.to_string();
+    let store = ctxlog::open(uri, options).await?;
+    let mut shard = store.open_shard(&writer).await?;
+    let records = vec![record];
+    summarised(store.as_ref(), shard.as_mut(), &records).await?;
+    let ack = shard.append(records).await?;
+    println!("{}", json::ack_json(&ack));
     shard.close().await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -530,6 +651,13 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
                 print(json::entry_json(&e));
             }
         }
+        Command::Context { bot, session } => {
+            let mut p = store.projector();
+            p.refresh().await?;
+            let position = p.checkpoint();
+            let view = p.context(bot, session).await?;
+            print(json::context_json(bot, session, &view, &position));
+        }
         Command::Sessions { bot } => {
             let mut p = store.projector();
             for s in p.sessions(bot).await? {
@@ -595,7 +723,11 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             let report = projector.save_snapshot().await?;
             print(json::snapshot_json(&report, &refreshed));
         }
-        Command::Append { .. } | Command::Demo | Command::Serve { .. } | Command::Token { .. } => {
+        Command::Append { .. }
+        | Command::Summarize { .. }
+        | Command::Demo
+        | Command::Serve { .. }
+        | Command::Token { .. } => {
             unreachable!("handled in run")
         }
     }

@@ -21,7 +21,7 @@ fn ctxlog_bin() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(env!("CARGO_BIN_EXE_ctxlog")))
 }
 
-const RULE: &str = "Rules 1, 3, 12 across processes";
+const RULE: &str = "Rules 1, 3, 12, 21 across processes";
 
 fn cases() -> Vec<Case> {
     vec![
@@ -32,6 +32,7 @@ fn cases() -> Vec<Case> {
         ctxlog_conformance::case!(sigkilled_writer_is_continued_by_its_successor),
         ctxlog_conformance::case!(two_handles_in_one_process_keep_every_ack),
         ctxlog_conformance::case!(retain_beside_a_writer_keeps_every_ack),
+        ctxlog_conformance::case!(a_summary_never_swallows_appends_made_while_it_was_written),
     ]
 }
 
@@ -657,4 +658,121 @@ async fn retain_beside_a_writer_keeps_every_ack(ctx: Ctx) -> anyhow::Result<()> 
         maintenance.entries
     );
     all_visible(&ctx, &acked).await
+}
+
+/// Run `ctxlog ARGS…` to its end (within the deadline); its stdout, or why it failed.
+async fn run_ctxlog(ctx: &Ctx, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+    let timeout = ctx.backend.op_timeout.as_secs_f64().to_string();
+    let mut child = Command::new(ctxlog_bin()?)
+        .args(["--store", &ctx.uri, "--timeout", &timeout])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn ctxlog")?;
+    let mut input = child.stdin.take().context("stdin")?;
+    input.write_all(stdin.as_bytes()).await?;
+    drop(input);
+    let out = tokio::time::timeout(ctx.backend.op_timeout * 2, child.wait_with_output())
+        .await
+        .map_err(|_| anyhow!("ctxlog {args:?} did not finish"))??;
+    ensure!(
+        out.status.success(),
+        "ctxlog {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// A `ctxlog context` process's view of session `s`.
+async fn context_of(ctx: &Ctx) -> anyhow::Result<Value> {
+    Ok(serde_json::from_str(
+        &run_ctxlog(ctx, &["context", "--bot", "bot", "--session", "s"], "").await?,
+    )?)
+}
+
+/// A `ctxlog append` process that writes summary `id` of session `s` covering `position`.
+async fn summarise(ctx: &Ctx, writer: &str, id: &str, position: &Value) -> anyhow::Result<()> {
+    let summary = json!({
+        "id": id, "bot_id": "bot", "session_id": "s", "role": "summary", "kind": "summary",
+        "text": format!("summary {id}"), "covers": position,
+    });
+    run_ctxlog(ctx, &["append", "--writer", writer], &format!("{summary}\n")).await?;
+    Ok(())
+}
+
+fn record_ids(view: &Value) -> anyhow::Result<Vec<String>> {
+    view["records"]
+        .as_array()
+        .context("records")?
+        .iter()
+        .map(|r| r["id"].as_str().map(str::to_string).context("id"))
+        .collect()
+}
+
+/// Rule 21 across processes: summarisers read the session's context (`ctxlog context`),
+/// work while a long-lived writer process and another one keep appending, and then write
+/// their summaries (`ctxlog append`). Every append made while a summariser worked shows in
+/// the context view; what a summary that does not govern covers shows raw; what the
+/// governing summary covers, and only that, is left out.
+async fn a_summary_never_swallows_appends_made_while_it_was_written(ctx: Ctx) -> anyhow::Result<()> {
+    let mut a = WriterProcess::spawn(&ctx, "writer-a", 5)?;
+    a.send("a1", "s", 0..10).await?;
+    let mut before = Vec::new();
+    for _ in 0..2 {
+        before.extend(ack_ids(&[a.ack().await?.context("an ack")?])?);
+    }
+    // Summariser 1 reads; writer A appends while it works; summariser 2 reads later.
+    let first = context_of(&ctx).await?;
+    ensure!(
+        record_ids(&first)? == before,
+        "the first read sees what was acknowledged"
+    );
+    a.send("a2", "s", 0..10).await?;
+    let mut during = Vec::new();
+    for _ in 0..2 {
+        during.extend(ack_ids(&[a.ack().await?.context("an ack")?])?);
+    }
+    let second = context_of(&ctx).await?;
+    // Another process appends and exits while both still work.
+    let from_b = append_and_exit(&ctx, "writer-b", "b", "s", 10).await?;
+    // Summariser 2 lands first, summariser 1 (the staler view) last: the last one governs.
+    summarise(&ctx, "summariser-2", "sum-2", &second["position"]).await?;
+    summarise(&ctx, "summariser-1", "sum-1", &first["position"]).await?;
+    a.send("a3", "s", 0..5).await?;
+    let after = ack_ids(&[a.ack().await?.context("an ack")?])?;
+    let (status, stderr, _) = a.wait().await?;
+    ensure!(status.success(), "writer A failed ({status}): {stderr}");
+
+    let view = context_of(&ctx).await?;
+    ensure!(view["summary"] == "sum-1", "the summary written last governs: {view}");
+    let mut want = vec!["sum-1".to_string()];
+    // Covered by sum-2 only (which does not govern): shown raw, never lost.
+    want.extend(during);
+    want.extend(from_b);
+    want.extend(after);
+    // In contract order: the summary where its clock puts it, after what it follows.
+    let mut got = record_ids(&view)?;
+    ensure!(
+        got.iter().position(|id| id == "sum-1") < got.iter().position(|id| id == "a3-0"),
+        "{got:?}"
+    );
+    got.sort();
+    want.sort();
+    ensure!(got == want, "the context view: expected {want:?}, got {got:?}");
+    ensure!(
+        view["covered"] == before.len(),
+        "sum-1 stands for what its writer read: {view}"
+    );
+    // Every replica agrees: a library reader's context view is the same.
+    let store = ctx.store().await?;
+    let lib = store.projector().context("bot", "s").await?;
+    ensure!(
+        lib.entries.iter().map(|e| e.record.id.clone()).collect::<BTreeSet<_>>() == got.iter().cloned().collect(),
+        "a library reader disagrees"
+    );
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! `ctxlog serve` replicas over real HTTP on 127.0.0.1, on every backend compiled in
 //! (`<backend>::<case>`): two replicas with one killed mid-load, a watch across replicas
 //! resumed after a disconnect, fencing of a second process with the same writer id,
-//! clients that disconnect mid-append, and a graceful shutdown.
+//! clients that disconnect mid-append, a graceful shutdown, and summaries written from one
+//! replica's view through another.
 
 mod common;
 
@@ -26,6 +27,7 @@ fn cases() -> Vec<Case> {
         ctxlog_conformance::case!(serve_same_writer_fences_the_older_for_good),
         ctxlog_conformance::case!(serve_clients_that_disconnect_mid_append_never_tear_a_batch),
         ctxlog_conformance::case!(serve_sigterm_ends_streams_keeps_acks_and_exits_zero),
+        ctxlog_conformance::case!(serve_a_summary_written_through_another_replica_covers_only_what_was_read),
     ]
 }
 
@@ -344,4 +346,82 @@ async fn serve_sigterm_ends_streams_keeps_acks_and_exits_zero(ctx: Ctx) -> anyho
     let served = b.client().session("bot", "t").await?;
     ensure!(served.len() == 20, "{} of 20 acknowledged records served", served.len());
     Ok(())
+}
+
+/// Rule 21 over HTTP: a client reads a session's context through replica B, records keep
+/// arriving through replica A while it summarises, and it writes the summary through replica
+/// A with the position B gave it. Both replicas then serve the same context view: the
+/// summary, and every record appended after B's read; B's watchers see the summary arrive
+/// as a record of kind `summary`. A summary naming positions no replica gave out is refused.
+async fn serve_a_summary_written_through_another_replica_covers_only_what_was_read(ctx: Ctx) -> anyhow::Result<()> {
+    ctx.store().await?;
+    let a = replica(&ctx, "replica-a").await?;
+    let b = replica(&ctx, "replica-b").await?;
+    let (ca, cb) = (a.client(), b.client());
+    let within = ctx.backend.op_timeout * 2;
+    let before: Vec<Value> = (0..6).map(|i| rec(&format!("before-{i}"), "x")).collect();
+    ensure!(ca.append("bot", "c", &before).await?.status == StatusCode::OK);
+    let read = cb.get("/v1/bots/bot/sessions/c/context").await?;
+    ensure!(read.status == StatusCode::OK, "{}", read.text);
+    ensure!(
+        read.json["records"].as_array().map(Vec::len) == Some(6),
+        "{}",
+        read.text
+    );
+    let path = "/v1/bots/bot/sessions/c/watch";
+    let mut events = cb.watch(path, read.json["position"].as_str()).await?;
+    // While the summariser works, more records arrive through A.
+    let during: Vec<Value> = (0..4).map(|i| rec(&format!("during-{i}"), "x")).collect();
+    ensure!(ca.append("bot", "c", &during).await?.status == StatusCode::OK);
+    let summary = json!({"id": "sum", "role": "summary", "text": "six records", "kind": "summary",
+                         "covers": read.json["position"]});
+    let ack = ca.append("bot", "c", &[summary]).await?;
+    ensure!(ack.status == StatusCode::OK, "{}", ack.text);
+    for c in [&ca, &cb] {
+        let view = c.get("/v1/bots/bot/sessions/c/context").await?;
+        ensure!(view.status == StatusCode::OK, "{}", view.text);
+        let ids: BTreeSet<&str> = view.json["records"]
+            .as_array()
+            .context("records")?
+            .iter()
+            .filter_map(|r| r["id"].as_str())
+            .collect();
+        let want: BTreeSet<&str> = ["sum", "during-0", "during-1", "during-2", "during-3"].into();
+        ensure!(ids == want, "the context view holds {ids:?}");
+        ensure!(
+            view.json["summary"] == "sum" && view.json["covered"] == 6,
+            "{}",
+            view.text
+        );
+        // The full session view keeps every record.
+        ensure!(c.session("bot", "c").await?.len() == 11);
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let e = events.next(within).await?;
+        seen.push((e.data["id"].as_str().unwrap_or("").to_string(), e.data["kind"].clone()));
+    }
+    ensure!(
+        seen.iter().any(|(id, kind)| id == "sum" && kind == "summary"),
+        "the watcher saw {seen:?}"
+    );
+    // A position no replica gave out (a seq far past the shard's end) is refused.
+    let shard = ack.json["shard"].as_str().context("shard")?;
+    let forged = base64_position(&format!("p1.{shard}=1000000"));
+    let bad = json!({"id": "forged", "role": "summary", "text": "x", "kind": "summary", "covers": forged});
+    let refused = ca.append("bot", "c", &[bad]).await?;
+    ensure!(
+        refused.status == StatusCode::BAD_REQUEST
+            && refused.json["field"] == "covers"
+            && refused.text.contains("past what the store holds"),
+        "{}",
+        refused.text
+    );
+    Ok(())
+}
+
+/// A position as the server encodes one (URL-safe base64 of its text, no padding).
+fn base64_position(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
 }

@@ -414,9 +414,30 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
         );
         let t = c.get("/v1/bots/a/sessions/t/records").await?;
         ensure!(t.json["records"][0]["id"] == "d-4", "{}", t.text);
+        let context = c.get("/v1/bots/a/sessions/s/context").await?;
+        let summary = json!({"id": "d-5", "role": "summary", "text": "all of it", "kind": "summary",
+                             "covers": context.json["position"]});
+        let summarised = c.append("a", "s", &[summary]).await?;
+        ensure!(summarised.status == StatusCode::OK, "{}", summarised.text);
+        let bad_covers = c
+            .append(
+                "a",
+                "s",
+                &[json!({"id": "d-6", "role": "summary", "text": "x", "kind": "summary"})],
+            )
+            .await?;
+        ensure!(bad_covers.json["field"] == "covers", "{}", bad_covers.text);
         let calls: Vec<(&str, &str, common::Answer)> = vec![
             ("/v1/bots/{bot}/sessions/{session}/records", "post", ack),
             ("/v1/bots/{bot}/records", "post", bot_wide),
+            ("/v1/bots/{bot}/sessions/{session}/records", "post", summarised),
+            ("/v1/bots/{bot}/sessions/{session}/records", "post", bad_covers),
+            ("/v1/bots/{bot}/sessions/{session}/context", "get", context),
+            (
+                "/v1/bots/{bot}/sessions/{session}/context",
+                "get",
+                c.get("/v1/bots/a/sessions/s/context").await?,
+            ),
             ("/v1/bots/{bot}/sessions/{session}/records", "get", last),
             (
                 "/v1/bots/{bot}/sessions/{session}/records",

@@ -1,12 +1,11 @@
 //! Records as stored, and positions in the log: entries, their order, checkpoints, what a
 //! shard holds and what an append acknowledges.
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
 
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
+pub use crate::ids::Checkpoint;
 use crate::ids::{Epoch, Seq, ShardId, WriterId};
 use crate::record::Record;
 
@@ -53,6 +52,9 @@ impl Entry {
     pub fn purge(&mut self) {
         self.record.body = crate::record::Body::Text(String::new());
         self.record.metadata = None;
+        if self.record.covers.is_some() {
+            self.record.covers = Some(Checkpoint::default());
+        }
         self.purged = true;
     }
 
@@ -64,31 +66,6 @@ impl Entry {
             seq: self.seq,
             epoch: self.epoch,
         }
-    }
-}
-
-/// A vector of per-shard positions: shard -> last seq applied. Never a single global
-/// sequence, because per-writer logs commit out of order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Checkpoint(pub BTreeMap<ShardId, Seq>);
-
-impl Checkpoint {
-    /// The last seq applied for `shard` (0 when nothing was).
-    pub fn get(&self, shard: ShardId) -> Seq {
-        self.0.get(&shard).copied().unwrap_or(0)
-    }
-
-    /// Move `shard`'s position up to `seq` (never down).
-    pub fn advance(&mut self, shard: ShardId, seq: Seq) {
-        let pos = self.0.entry(shard).or_insert(0);
-        if seq > *pos {
-            *pos = seq;
-        }
-    }
-
-    /// True when the entry at `(shard, seq)` is past this checkpoint.
-    pub fn is_after(&self, shard: ShardId, seq: Seq) -> bool {
-        seq > self.get(shard)
     }
 }
 

@@ -25,7 +25,9 @@ pub struct ContentHash(pub [u8; 32]);
 impl ContentHash {
     /// The content hash of `record`.
     pub fn of(record: &Record) -> Self {
-        let (text, body): (bool, &[u8]) = match &record.body {
+        // What is stored is what is hashed: a summary's coverage is in its stored body.
+        let stored = record.stored_body();
+        let (text, body): (bool, &[u8]) = match &*stored {
             Body::Text(t) => (true, t.as_bytes()),
             Body::Bytes(b) => (false, b),
         };

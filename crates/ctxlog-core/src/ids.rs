@@ -1,6 +1,7 @@
 //! Identities and positions: who writes (a writer id), where (its shard), under which claim
 //! (epoch), at which place (seq). Nothing here depends on the rest of the crate.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use uuid::Uuid;
@@ -57,6 +58,11 @@ impl ShardId {
     pub fn from_bytes(bytes: [u8; 16]) -> Self {
         ShardId(Uuid::from_bytes(bytes))
     }
+
+    /// From the UUID text it displays as; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        Uuid::parse_str(text).ok().map(ShardId)
+    }
 }
 
 impl fmt::Display for ShardId {
@@ -69,6 +75,31 @@ impl fmt::Display for ShardId {
 pub type Epoch = u64;
 /// Position of an entry within its shard: dense, strictly increasing, starting at 1.
 pub type Seq = u64;
+
+/// A vector of per-shard positions: shard -> last seq applied. Never a single global
+/// sequence, because per-writer logs commit out of order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checkpoint(pub BTreeMap<ShardId, Seq>);
+
+impl Checkpoint {
+    /// The last seq applied for `shard` (0 when nothing was).
+    pub fn get(&self, shard: ShardId) -> Seq {
+        self.0.get(&shard).copied().unwrap_or(0)
+    }
+
+    /// Move `shard`'s position up to `seq` (never down).
+    pub fn advance(&mut self, shard: ShardId, seq: Seq) {
+        let pos = self.0.entry(shard).or_insert(0);
+        if seq > *pos {
+            *pos = seq;
+        }
+    }
+
+    /// True when the entry at `(shard, seq)` is past this checkpoint.
+    pub fn is_after(&self, shard: ShardId, seq: Seq) -> bool {
+        seq > self.get(shard)
+    }
+}
 
 #[cfg(test)]
 mod tests {

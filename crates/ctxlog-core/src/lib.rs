@@ -7,13 +7,14 @@
 //! [`Shard`], [`Projector`] and [`ConflictDiscovery`].
 //!
 //! Modules depend on each other in one direction only: `ids` → `error` → `hlc` → `record`
-//! → `canonical` → `hash` → `entry` → `validate` → `projection` → `options` → `traits` →
+//! → `canonical` → `hash` → `entry` → `validate` → `projection` → `context` → `options` → `traits` →
 //! `retain` → `backend` → `testing`.
 
 #![warn(missing_docs)]
 
 pub mod backend;
 mod canonical;
+pub mod context;
 pub mod entry;
 pub mod error;
 pub mod hash;
@@ -29,6 +30,7 @@ pub mod testing;
 pub mod traits;
 pub mod validate;
 
+pub use context::ContextView;
 pub use entry::{AppendAck, Checkpoint, Entry, OrderKey, SessionSummary, ShardInfo};
 pub use error::{Error, Result, Unavailability, Written};
 pub use hash::ContentHash;

@@ -25,6 +25,8 @@ pub enum ConflictKind {
     Corrupt,
     /// See [`Conflict::ImplausibleHlc`].
     ImplausibleHlc,
+    /// See [`Conflict::ImplausibleCoverage`].
+    ImplausibleCoverage,
 }
 
 impl ConflictKind {
@@ -37,6 +39,7 @@ impl ConflictKind {
             ConflictKind::SeqGap => "seq_gap",
             ConflictKind::Corrupt => "corrupt",
             ConflictKind::ImplausibleHlc => "implausible_hlc",
+            ConflictKind::ImplausibleCoverage => "implausible_coverage",
         }
     }
 }
@@ -116,6 +119,17 @@ pub enum Conflict {
         /// The implausible value.
         hlc: Hlc,
     },
+    /// A live summary that covers what its writer cannot have read (rule 21): its own entry
+    /// or a later one of its shard (`entry` none), or a live record of its session whose
+    /// clock is not below its own (`entry`). It never governs a context view.
+    ImplausibleCoverage {
+        /// The summary's record id.
+        id: String,
+        /// The summary.
+        summary: OrderKey,
+        /// The covered record that its writer cannot have read, if it is another record.
+        entry: Option<OrderKey>,
+    },
 }
 
 impl Conflict {
@@ -128,6 +142,7 @@ impl Conflict {
             Conflict::SeqGap { .. } => ConflictKind::SeqGap,
             Conflict::Corrupt { .. } => ConflictKind::Corrupt,
             Conflict::ImplausibleHlc { .. } => ConflictKind::ImplausibleHlc,
+            Conflict::ImplausibleCoverage { .. } => ConflictKind::ImplausibleCoverage,
         }
     }
 
@@ -143,6 +158,10 @@ impl Conflict {
             Conflict::StaleEpoch { shard, seq, .. }
             | Conflict::Corrupt { shard, seq, .. }
             | Conflict::ImplausibleHlc { shard, seq, .. } => checkpoint.is_after(*shard, *seq),
+            Conflict::ImplausibleCoverage { summary, entry, .. } => {
+                checkpoint.is_after(summary.shard, summary.seq)
+                    || entry.is_some_and(|e| checkpoint.is_after(e.shard, e.seq))
+            }
             // The gap shows when the entry after it arrives.
             Conflict::SeqGap { shard, missing_to, .. } => checkpoint.is_after(*shard, missing_to + 1),
         }

@@ -2,22 +2,35 @@
 
 use chrono::{DateTime, Utc};
 
-/// What a record asks for: a value (`Put`) or its permanent removal (`Tombstone`).
+use crate::ids::Checkpoint;
+
+/// What a record asks for: a value (`Put`), its permanent removal (`Tombstone`), or a
+/// summary of part of its session (`Summary`, rule 21): a value too, which also names the
+/// entries it stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// A value for the id.
     Put,
     /// The permanent removal of the id.
     Tombstone,
+    /// A value for the id that summarises the session's records its writer read: the
+    /// record's `covers` is the checkpoint of that view (rule 21).
+    Summary,
 }
 
 impl Kind {
-    /// The stored code (0 put, 1 tombstone).
+    /// The stored code (0 put, 1 tombstone, 2 summary).
     pub fn as_u8(self) -> u8 {
         match self {
             Kind::Put => 0,
             Kind::Tombstone => 1,
+            Kind::Summary => 2,
         }
+    }
+
+    /// Whether the record gives its id a value (a put or a summary): what rule 6 calls a put.
+    pub fn is_value(self) -> bool {
+        matches!(self, Kind::Put | Kind::Summary)
     }
 
     /// From the stored code.
@@ -25,6 +38,7 @@ impl Kind {
         match v {
             0 => Some(Kind::Put),
             1 => Some(Kind::Tombstone),
+            2 => Some(Kind::Summary),
             _ => None,
         }
     }
@@ -79,8 +93,11 @@ pub struct Record {
     pub metadata: Option<serde_json::Value>,
     /// Caller's timestamp; stored but not covered by the content hash.
     pub created_at: Option<DateTime<Utc>>,
-    /// Put or tombstone.
+    /// Put, tombstone or summary.
     pub kind: Kind,
+    /// What a summary covers: per shard, the last seq of the view its writer summarised
+    /// (rule 21). `Some` exactly for a [`Kind::Summary`] (empty once purged).
+    pub covers: Option<Checkpoint>,
 }
 
 impl Record {
@@ -102,6 +119,24 @@ impl Record {
             metadata: None,
             created_at: None,
             kind: Kind::Put,
+            covers: None,
+        }
+    }
+
+    /// A text summary of session `session_id` covering `covers`: the checkpoint of the view
+    /// its writer read (rule 21). Write it through a shard that has observed that view's
+    /// clock ([`crate::Shard::observe`] with the projector's `max_hlc`).
+    pub fn summary(
+        id: impl Into<String>,
+        bot_id: impl Into<String>,
+        session_id: impl Into<String>,
+        text: impl Into<String>,
+        covers: Checkpoint,
+    ) -> Self {
+        Record {
+            kind: Kind::Summary,
+            covers: Some(covers),
+            ..Record::text(id, bot_id, session_id, "summary", text)
         }
     }
 
@@ -117,7 +152,82 @@ impl Record {
             metadata: None,
             created_at: None,
             kind: Kind::Tombstone,
+            covers: None,
         }
+    }
+}
+
+/// The first byte of a summary's stored body: the version of [`Record::stored_body`]'s frame.
+const FRAME_V1: u8 = 1;
+
+impl Record {
+    /// The body as stored and hashed. A put's or tombstone's is its body; a summary's is one
+    /// frame of its coverage and body, so that a backend stores (and the history checker
+    /// hashes) a summary in the body column it already has: `1u8`, the shard count (u32),
+    /// per shard in shard order its 16 bytes and last seq (u64), then `t` and UTF-8 text or
+    /// `b` and bytes. Integers little-endian.
+    pub fn stored_body(&self) -> std::borrow::Cow<'_, Body> {
+        match (&self.kind, &self.covers) {
+            (Kind::Summary, Some(covers)) => {
+                let (tag, bytes): (u8, &[u8]) = match &self.body {
+                    Body::Text(t) => (b't', t.as_bytes()),
+                    Body::Bytes(b) => (b'b', b),
+                };
+                let mut out = Vec::with_capacity(6 + covers.0.len() * 24 + bytes.len());
+                out.push(FRAME_V1);
+                out.extend_from_slice(&(covers.0.len() as u32).to_le_bytes());
+                for (shard, seq) in &covers.0 {
+                    out.extend_from_slice(shard.as_bytes());
+                    out.extend_from_slice(&seq.to_le_bytes());
+                }
+                out.push(tag);
+                out.extend_from_slice(bytes);
+                std::borrow::Cow::Owned(Body::Bytes(out))
+            }
+            _ => std::borrow::Cow::Borrowed(&self.body),
+        }
+    }
+
+    /// The body and coverage of a stored body of kind `kind` ([`Record::stored_body`]); why
+    /// not, for a summary's frame that does not decode.
+    pub fn from_stored_body(kind: Kind, stored: Body) -> Result<(Body, Option<Checkpoint>), String> {
+        if kind != Kind::Summary {
+            return Ok((stored, None));
+        }
+        let Body::Bytes(bytes) = stored else {
+            return Err("a summary's stored body is not a frame".into());
+        };
+        let bad = |what: &str| format!("a summary's stored frame is damaged ({what})");
+        let (&version, rest) = bytes.split_first().ok_or_else(|| bad("empty"))?;
+        if version != FRAME_V1 {
+            return Err(format!("a summary's stored frame has unknown version {version}"));
+        }
+        let count = rest.get(..4).ok_or_else(|| bad("no shard count"))?;
+        let count = u32::from_le_bytes(count.try_into().expect("four bytes")) as usize;
+        let mut at = 4;
+        let mut covers = Checkpoint::default();
+        for _ in 0..count {
+            let shard = rest.get(at..at + 16).ok_or_else(|| bad("truncated coverage"))?;
+            let seq = rest.get(at + 16..at + 24).ok_or_else(|| bad("truncated coverage"))?;
+            let shard = crate::ids::ShardId::from_bytes(shard.try_into().expect("16 bytes"));
+            if covers.0.last_key_value().is_some_and(|(last, _)| *last >= shard) {
+                return Err(bad("shards out of order"));
+            }
+            covers
+                .0
+                .insert(shard, u64::from_le_bytes(seq.try_into().expect("eight bytes")));
+            at += 24;
+        }
+        let (&tag, body) = rest
+            .get(at..)
+            .and_then(|r| r.split_first())
+            .ok_or_else(|| bad("no body"))?;
+        let body = match tag {
+            b't' => Body::Text(String::from_utf8(body.to_vec()).map_err(|_| bad("text not UTF-8"))?),
+            b'b' => Body::Bytes(body.to_vec()),
+            _ => return Err(bad("unknown body tag")),
+        };
+        Ok((body, Some(covers)))
     }
 }
 
@@ -128,10 +238,45 @@ mod tests {
     /// The stored kind codes (0 put, 1 tombstone) read back; any other code is refused.
     #[test]
     fn kinds_read_back_from_their_stored_codes() {
-        for k in [Kind::Put, Kind::Tombstone] {
+        for k in [Kind::Put, Kind::Tombstone, Kind::Summary] {
             assert_eq!(Kind::from_u8(k.as_u8()), Some(k));
         }
-        assert_eq!(Kind::from_u8(2), None);
+        assert_eq!(Kind::from_u8(3), None);
+    }
+
+    /// A summary's frame reads back as the coverage and body it was made of; a damaged
+    /// one is refused, never misread.
+    #[test]
+    fn a_summary_frame_reads_back_and_damage_is_refused() {
+        let (a, b) = (
+            crate::ids::ShardId::from_bytes([1; 16]),
+            crate::ids::ShardId::from_bytes([2; 16]),
+        );
+        let covers = Checkpoint([(a, 7), (b, 9)].into_iter().collect());
+        for body in [Body::Text("sum".into()), Body::Bytes(vec![0, 1, 2])] {
+            let mut r = Record::summary("s1", "bot", "s", "", covers.clone());
+            r.body = body.clone();
+            let stored = r.stored_body().into_owned();
+            assert_ne!(stored, body, "a summary is stored as a frame");
+            assert_eq!(
+                Record::from_stored_body(Kind::Summary, stored.clone()),
+                Ok((body, Some(covers.clone())))
+            );
+            let Body::Bytes(frame) = stored else { unreachable!() };
+            for cut in 0..frame.len() - 1 {
+                if cut == 0 || cut < 1 + 4 + 48 + 1 {
+                    assert!(Record::from_stored_body(Kind::Summary, Body::Bytes(frame[..cut].to_vec())).is_err());
+                }
+            }
+            let mut swapped = frame.clone();
+            swapped[5..21].copy_from_slice(&[3; 16]);
+            assert!(
+                Record::from_stored_body(Kind::Summary, Body::Bytes(swapped)).is_err(),
+                "out of order"
+            );
+        }
+        let put = Record::text("p", "bot", "s", "user", "x");
+        assert_eq!(*put.stored_body(), put.body, "a put is stored as it is");
     }
 
     #[test]

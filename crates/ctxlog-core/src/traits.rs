@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 
+use crate::context::ContextView;
 use crate::entry::{AppendAck, Checkpoint, Entry, OrderKey, SessionSummary, ShardInfo};
 use crate::error::Result;
 use crate::hlc::Hlc;
@@ -187,6 +188,19 @@ pub trait Projector: Send + Sync {
     /// The last `n` live records of a session, in contract order (rule 8), with bodies; and
     /// whether older ones precede them. Reads the bodies of those `n` only.
     async fn session_tail(&mut self, bot_id: &str, session_id: &str, n: usize) -> Result<(Vec<Entry>, bool)>;
+
+    /// The context view of a session (rule 21): its governing summary and every live record
+    /// that summary does not cover, in contract order, with bodies. Reads the bodies of
+    /// those records and of the summaries it considers (latest first, until one is trusted),
+    /// never of the records the governing summary covers.
+    ///
+    /// # Contract
+    ///
+    /// **Summaries cover what their writer read (rule 21).** The governing summary is the
+    /// session's live summary latest in contract order among those that are plausible and
+    /// whose every named position this projector holds; a live record it does not cover is
+    /// never left out, and the answer is a pure function of the entries held (rule 9).
+    async fn context(&mut self, bot_id: &str, session_id: &str) -> Result<ContextView>;
 
     /// The order key of `id`'s live winner as the projection holds it now (no refresh, no
     /// read of bodies); `None` when the id has no live record.

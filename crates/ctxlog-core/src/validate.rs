@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::ids::WriterId;
-use crate::record::Record;
+use crate::record::{Kind, Record};
 
 /// The longest writer id, in bytes.
 pub const MAX_WRITER_ID_BYTES: usize = 512;
@@ -144,12 +144,14 @@ impl Limits {
                 format!("{t} is outside the storable range (years 1677 to 2262)"),
             ));
         }
+        let coverage_bytes = check_covers(r)?;
         let size = [&r.id, &r.bot_id, &r.session_id, &r.role, &r.content_type]
             .iter()
             .map(|s| s.len())
             .sum::<usize>()
             + r.body.len()
-            + metadata_bytes;
+            + metadata_bytes
+            + coverage_bytes;
         if size > self.max_record_bytes {
             return Err(Error::invalid(
                 "record",
@@ -212,6 +214,40 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
         serde_json::Value::String(_) => "a string",
         serde_json::Value::Array(_) => "an array",
         serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Most shards one summary's coverage may name (24 bytes each as stored).
+pub const MAX_COVERED_SHARDS: usize = 65_536;
+
+/// A summary names what it covers, and only a summary does (rule 21); returns the bytes the
+/// coverage takes as stored.
+fn check_covers(r: &Record) -> Result<usize> {
+    match (r.kind, &r.covers) {
+        (Kind::Summary, None) => Err(Error::invalid(
+            "covers",
+            None,
+            "a summary needs the checkpoint of the view it summarises",
+        )),
+        (Kind::Summary, Some(c)) => {
+            if c.0.len() > MAX_COVERED_SHARDS {
+                return Err(Error::invalid(
+                    "covers",
+                    None,
+                    format!("names {} shards, the limit is {MAX_COVERED_SHARDS}", c.0.len()),
+                ));
+            }
+            if let Some((shard, _)) = c.0.iter().find(|(_, seq)| **seq == 0) {
+                return Err(Error::invalid(
+                    "covers",
+                    None,
+                    format!("shard {shard} at seq 0: a covered position is a seq from 1 (leave the shard out)"),
+                ));
+            }
+            Ok(c.0.len() * 24)
+        }
+        (_, Some(_)) => Err(Error::invalid("covers", None, "only a summary covers entries")),
+        (_, None) => Ok(0),
     }
 }
 

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use crate::problem::Problem;
 
-/// Put (the default) or tombstone.
+/// Put (the default), tombstone or summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KindJson {
@@ -20,6 +20,8 @@ pub enum KindJson {
     Put,
     /// The end of an id: final (rule 7).
     Tombstone,
+    /// A summary of the session's records up to `covers` (rule 21).
+    Summary,
 }
 
 /// One record to append to the route's (bot, session).
@@ -46,9 +48,13 @@ pub struct RecordIn {
     /// The caller's timestamp, RFC 3339 (not part of the content hash).
     #[serde(default)]
     pub created_at: Option<String>,
-    /// Put (default) or tombstone.
+    /// Put (default), tombstone or summary.
     #[serde(default)]
     pub kind: KindJson,
+    /// What a summary covers: the `position` of the view its writer read (a page's or the
+    /// context view's). Required for a summary, refused for anything else.
+    #[serde(default)]
+    pub covers: Option<String>,
     /// The record's session: required by the bot-wide append (one atomic batch across
     /// sessions of one bot); on a session's route, the route's session if given.
     #[serde(default)]
@@ -96,7 +102,23 @@ impl RecordIn {
                     .with_timezone(&Utc),
             ),
         };
+        let covers = match (self.kind, self.covers) {
+            (KindJson::Summary, Some(c)) => Some(crate::cursor::parse_position("covers", &c).map_err(|mut p| {
+                p.record = Some(index);
+                p
+            })?),
+            (KindJson::Summary, None) => {
+                return Err(Problem::invalid(
+                    "covers",
+                    Some(index),
+                    "a summary needs the `position` of the view it summarises",
+                ));
+            }
+            (_, Some(_)) => return Err(Problem::invalid("covers", Some(index), "only a summary covers records")),
+            (_, None) => None,
+        };
         Ok(Record {
+            covers,
             id: self.id,
             bot_id: bot.to_string(),
             session_id: session.to_string(),
@@ -108,6 +130,7 @@ impl RecordIn {
             kind: match self.kind {
                 KindJson::Put => Kind::Put,
                 KindJson::Tombstone => Kind::Tombstone,
+                KindJson::Summary => Kind::Summary,
             },
         })
     }
@@ -166,8 +189,11 @@ pub struct EntryOut {
     /// The caller's timestamp.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
-    /// Put or tombstone.
+    /// Put, tombstone or summary.
     pub kind: KindJson,
+    /// What a summary covers, as a position (rule 21).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub covers: Option<String>,
     /// Whether purge erased its body and metadata.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub purged: bool,
@@ -201,7 +227,9 @@ impl From<&Entry> for EntryOut {
             kind: match r.kind {
                 Kind::Put => KindJson::Put,
                 Kind::Tombstone => KindJson::Tombstone,
+                Kind::Summary => KindJson::Summary,
             },
+            covers: r.covers.as_ref().map(crate::cursor::position),
             purged: e.purged,
             shard: e.shard.to_string(),
             seq: e.seq,
@@ -222,6 +250,22 @@ pub struct RecordsPage {
     /// Whether more records follow (with `last`: whether older ones precede).
     pub has_more: bool,
     /// The view's position when this page was read: watch from it to miss nothing after it.
+    pub position: String,
+}
+
+/// A session's context view (rule 21): its governing summary and every live record that
+/// summary does not cover, in the contract's order — what an agent sends its model.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ContextOut {
+    /// The governing summary (if any) and the records it does not cover.
+    pub records: Vec<EntryOut>,
+    /// The governing summary's record id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Live records the summary stands for (left out).
+    pub covered: u64,
+    /// The view's position when it was read: give it as `covers` of a summary of this view,
+    /// or watch from it.
     pub position: String,
 }
 

@@ -23,8 +23,8 @@ use utoipa::{IntoParams, OpenApi};
 
 use crate::Replica;
 use crate::api::{
-    AckOut, AdminIn, AppendIn, ConflictsOut, EntryOut, KindJson, ReadyOut, RecordIn, RecordsPage, ReportOut,
-    SessionOut, SessionsPage, parse,
+    AckOut, AdminIn, AppendIn, ConflictsOut, ContextOut, EntryOut, KindJson, ReadyOut, RecordIn, RecordsPage,
+    ReportOut, SessionOut, SessionsPage, parse,
 };
 use crate::auth::{Grant, Right};
 use crate::cursor;
@@ -47,6 +47,7 @@ pub(crate) fn router(replica: Arc<Replica>) -> Router {
             "/v1/bots/{bot}/sessions/{session}/records",
             post(append).get(read_session),
         )
+        .route("/v1/bots/{bot}/sessions/{session}/context", get(read_context))
         .route("/v1/bots/{bot}/records", post(append_bot))
         .route("/v1/bots/{bot}/records/{id}", get(get_record).delete(delete_record))
         .route("/v1/bots/{bot}/sessions", get(list_sessions))
@@ -194,10 +195,36 @@ async fn append(
     write(r, records).await
 }
 
-/// One batch through the replica's writer, counted in the metrics.
+/// One batch through the replica's writer, counted in the metrics. A batch with summaries
+/// waits for a view that holds every position they cover (rule 1: any position a replica
+/// gave out is acknowledged, so a fresh view holds it) and is ordered after that view's
+/// clock, so that every record a summary covers is older than it (rule 21).
 async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOut>, Problem> {
     r.metrics.append_records.observe(records.len() as f64);
-    let ack = detached(async move { r.writer.append(records).await }).await?;
+    let mut after = ctxlog::Hlc::ZERO;
+    if records.iter().any(|rec| rec.covers.is_some()) {
+        let p = r.view.fresh().await?;
+        let held = p.checkpoint();
+        for (i, rec) in records.iter().enumerate() {
+            let past = rec
+                .covers
+                .iter()
+                .flat_map(|c| c.0.iter())
+                .find(|(s, seq)| **seq > held.get(**s));
+            if let Some((shard, seq)) = past {
+                return Err(Problem::invalid(
+                    "covers",
+                    Some(i),
+                    format!(
+                        "names seq {seq} of shard {shard}, past what the store holds ({}): not a position of this store",
+                        held.get(*shard)
+                    ),
+                ));
+            }
+        }
+        after = p.max_hlc();
+    }
+    let ack = detached(async move { r.writer.append(records, after).await }).await?;
     Ok(axum::Json(AckOut::from(&ack)))
 }
 
@@ -282,6 +309,34 @@ async fn read_session(
     }))
 }
 
+/// A session's context view (rule 21): its governing summary and every live record that
+/// summary does not cover, in the contract's order, with the view's position (give it as
+/// `covers` of a summary written from this view).
+#[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/context",
+    params(("bot" = String, Path), ("session" = String, Path)),
+    responses((status = 200, body = ContextOut), (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn read_context(
+    State(r): Shared,
+    Path((bot, session)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<axum::Json<ContextOut>, Problem> {
+    grant_for(&r, &headers, &bot, Right::Read)?;
+    let mut p = r.view.fresh().await?;
+    let position = cursor::position(&p.checkpoint());
+    let view = p.context(&bot, &session).await.map_err(Problem::from)?;
+    drop(p);
+    let summary = view
+        .summary
+        .and_then(|k| view.entries.iter().find(|e| e.key() == k))
+        .map(|e| e.record.id.clone());
+    Ok(axum::Json(ContextOut {
+        records: view.entries.iter().map(EntryOut::from).collect(),
+        summary,
+        covered: view.covered,
+        position,
+    }))
+}
+
 /// The live record `id` of `bot`, from a fresh view; another bot's record is as absent as a
 /// missing one.
 async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, Problem> {
@@ -331,11 +386,12 @@ async fn delete_record(
         metadata: None,
         created_at: None,
         kind: KindJson::Tombstone,
+        covers: None,
         session_id: None,
     }
     .into_record(&bot, &entry.record.session_id, 0)?;
     let writer = r.clone();
-    let ack = detached(async move { writer.writer.append(vec![tombstone]).await }).await?;
+    let ack = detached(async move { writer.writer.append(vec![tombstone], ctxlog::Hlc::ZERO).await }).await?;
     Ok(axum::Json(AckOut::from(&ack)))
 }
 
@@ -647,6 +703,7 @@ async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
         append,
         append_bot,
         read_session,
+        read_context,
         get_record,
         delete_record,
         list_sessions,
@@ -668,6 +725,7 @@ async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
         AckOut,
         EntryOut,
         RecordsPage,
+        ContextOut,
         SessionOut,
         SessionsPage,
         ConflictsOut,
@@ -684,6 +742,7 @@ pub struct ApiDoc;
 pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/bots/{bot}/sessions/{session}/records"),
     ("get", "/v1/bots/{bot}/sessions/{session}/records"),
+    ("get", "/v1/bots/{bot}/sessions/{session}/context"),
     ("post", "/v1/bots/{bot}/records"),
     ("get", "/v1/bots/{bot}/records/{id}"),
     ("delete", "/v1/bots/{bot}/records/{id}"),

@@ -116,7 +116,7 @@ async fn send_all(tx: &Tx, scope: &Scope, at: &mut Checkpoint, events: &[Event])
             continue;
         }
         let kind = match e.record.kind {
-            Kind::Put => "record",
+            Kind::Put | Kind::Summary => "record",
             Kind::Tombstone => "tombstone",
         };
         let data = serde_json::to_string(&EntryOut::from(e)).unwrap_or_default();

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use ctxlog::{AppendAck, Error, Limits, Record, Shard, ShardId, Store, WriterId, Written};
+use ctxlog::{AppendAck, Error, Hlc, Limits, Record, Shard, ShardId, Store, WriterId, Written};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
@@ -33,6 +33,8 @@ enum Msg {
     Append {
         records: Vec<Record>,
         bytes: usize,
+        /// A clock the commit must follow (a summary's view, rule 21; else zero).
+        after: Hlc,
         reply: Reply,
     },
     Close(oneshot::Sender<()>),
@@ -99,9 +101,10 @@ impl Writer {
         Ok(Writer { tx, state, limits })
     }
 
-    /// Append one request's records as one atomic batch. Validated here, before anything
-    /// is queued: a bad request never fails the others of its commit.
-    pub(crate) async fn append(&self, records: Vec<Record>) -> Result<AppendAck, Problem> {
+    /// Append one request's records as one atomic batch, ordered after `after` (rule 8: a
+    /// summary follows the clock of the view it summarises). Validated here, before
+    /// anything is queued: a bad request never fails the others of its commit.
+    pub(crate) async fn append(&self, records: Vec<Record>, after: Hlc) -> Result<AppendAck, Problem> {
         self.limits.validate_batch(&records).map_err(Problem::from)?;
         if self.fenced() {
             return Err(self.state.fenced_problem());
@@ -109,7 +112,12 @@ impl Writer {
         let bytes = records.iter().map(|r| self.limits.validate(r).unwrap_or(0)).sum();
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Msg::Append { records, bytes, reply })
+            .send(Msg::Append {
+                records,
+                bytes,
+                after,
+                reply,
+            })
             .await
             .map_err(|_| Problem::replica_unavailable("the replica is shutting down", Written::Nothing))?;
         // The task answers every request it took; a dropped answer means it stopped before
@@ -156,6 +164,7 @@ struct Task {
 /// One request in a group.
 struct Job {
     records: Vec<Record>,
+    after: Hlc,
     reply: Reply,
 }
 
@@ -199,6 +208,7 @@ impl Task {
                 Msg::Append {
                     records: r,
                     bytes: b,
+                    after,
                     reply,
                 } => {
                     let fits = group.is_empty()
@@ -208,13 +218,18 @@ impl Task {
                         self.held = Some(Msg::Append {
                             records: r,
                             bytes: b,
+                            after,
                             reply,
                         });
                         break;
                     }
                     records += r.len();
                     bytes += b;
-                    group.push(Job { records: r, reply });
+                    group.push(Job {
+                        records: r,
+                        after,
+                        reply,
+                    });
                 }
             }
             if self.group_commit {
@@ -254,6 +269,14 @@ impl Task {
             }
         }
         let shard = self.shard.as_mut().expect("opened above");
+        let after = group.iter().map(|j| j.after).max().unwrap_or(Hlc::ZERO);
+        if after > Hlc::ZERO
+            && let Err(e) = shard.observe(after)
+        {
+            // A view whose clock is implausible: the summary may then not be trusted (it
+            // shows its records raw), never wrong.
+            tracing::warn!(error = %e, "a summary's view clock was not observed");
+        }
         let sizes: Vec<usize> = group.iter().map(|j| j.records.len()).collect();
         let mut replies = Vec::with_capacity(group.len());
         let mut all = Vec::with_capacity(sizes.iter().sum());

@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 pub use ctxlog_core::{
     AppendAck, Body, Checkpoint, CompactOptions, CompactReport, Conflict, ConflictDiscovery, ConflictKind, ContentHash,
-    Entry, Epoch, Error, GcOptions, GcReport, Hlc, Kind, Limits, LiveRecord, MAINTENANCE_WRITER, OrderKey,
+    ContextView, Entry, Epoch, Error, GcOptions, GcReport, Hlc, Kind, Limits, LiveRecord, MAINTENANCE_WRITER, OrderKey,
     PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions, PurgeReport, Record, RefreshReport, Result,
     RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo, SnapshotReport, Store, StoreOptions,
     SystemClock, Unavailability, WriterId, Written, conflicts_json, redact_uri, retain,

@@ -1,5 +1,6 @@
 //! Backend parity: the same random history written to SQLite and to Lance gives
-//! byte-identical canonical projection and conflict JSON, and identical session views.
+//! byte-identical canonical projection and conflict JSON, and identical session and
+//! context views.
 #![cfg(all(feature = "sqlite", feature = "lance", feature = "testing"))]
 
 use std::collections::BTreeSet;
@@ -38,6 +39,8 @@ async fn observe(store: &dyn Store) -> anyhow::Result<(String, String, Vec<Strin
     let mut views = Vec::new();
     for s in sessions {
         views.push(format!("{:?}", p.session("bot", &s).await?));
+        // Rule 21: the context view too (which summary governs, what it covers).
+        views.push(format!("{:?}", p.context("bot", &s).await?));
     }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
     Ok((projection.canonical_json(), ctxlog::conflicts_json(&conflicts), views))

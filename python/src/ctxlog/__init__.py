@@ -1,6 +1,8 @@
 """Python client for `ctxlog serve`: a durable, append-only context log for AI agents.
 
-`Client` and `AsyncClient` have the same surface; errors are typed (`ctxlog.errors`)."""
+`Client` and `AsyncClient` have the same surface; errors are typed (`ctxlog.errors`).
+A session's `context()` is what an agent sends its model (its governing summary and the
+records it does not cover); `summarize(body, covers=context.position)` writes a summary."""
 
 from ._async_client import AsyncClient, AsyncSession
 from ._client import Client, Session
@@ -20,13 +22,14 @@ from ._errors import (
     Unavailable,
 )
 from ._ids import new_id
-from ._types import Ack, Event, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 __all__ = [
     "Ack",
     "AsyncClient",
     "AsyncSession",
     "Client",
+    "Context",
     "CtxlogError",
     "Event",
     "Fenced",

@@ -13,7 +13,7 @@ from httpx_sse import aconnect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
-from ._types import Ack, Event, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 
 class AsyncClient:
@@ -158,6 +158,33 @@ class AsyncSession:
         return _core.page(
             await self.client._call("GET", f"{self._path}/records", params={"last": n})
         )
+
+    async def context(self) -> Context:
+        """The session's context view: its governing summary (if any) and every live record
+        it does not cover, in the log's order, with the view's `position` (give it as
+        `covers` of a summary written from this view)."""
+        return _core.context(await self.client._call("GET", f"{self._path}/context"))
+
+    async def summarize(
+        self,
+        body: str | bytes,
+        covers: str,
+        *,
+        id: str | None = None,
+        role: str = "summary",
+        content_type: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Ack:
+        """Append a summary of the records the view at `covers` held (the `position` of
+        the context view or page its writer read): it stands for them in the context view
+        from then on. Records appended after that read are not covered, so never lost. The
+        id is made here if not given, once: a retry after an answer that may have landed
+        sends the same one. A `covers` that is not a position of this store raises
+        `InvalidInput` (`field == "covers"`)."""
+        record = _core.summary_record(
+            body, covers, id=id, role=role, content_type=content_type, metadata=metadata
+        )
+        return await self.client._append(f"{self._path}/records", _core.records_body([record]))
 
     async def iter_records(self, *, page_size: int = 1000) -> AsyncIterator[Record]:
         """Every live record, page after page."""

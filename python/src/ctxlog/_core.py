@@ -13,7 +13,7 @@ import httpx
 
 from ._errors import CtxlogError, Indeterminate, ReplicaUnavailable, from_problem
 from ._ids import new_id
-from ._types import Ack, Page, Record, SessionInfo
+from ._types import Ack, Context, Page, Record, SessionInfo
 
 RecordInput = Mapping[str, Any]
 
@@ -78,6 +78,36 @@ def page(v: dict[str, Any]) -> Page:
         has_more=bool(v["has_more"]),
         position=v["position"],
     )
+
+
+def context(v: dict[str, Any]) -> Context:
+    return Context(
+        records=[Record.from_json(r) for r in v["records"]],
+        summary=v.get("summary"),
+        covered=int(v.get("covered", 0)),
+        position=v["position"],
+    )
+
+
+def summary_record(
+    body: str | bytes,
+    covers: str,
+    *,
+    id: str | None,
+    role: str,
+    content_type: str | None,
+    metadata: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The record input of a summary covering `covers` (a text or binary body)."""
+    return {
+        "id": id,
+        "role": role,
+        "kind": "summary",
+        "covers": covers,
+        "content_type": content_type,
+        "metadata": metadata,
+        ("bytes" if isinstance(body, bytes) else "text"): body,
+    }
 
 
 def sessions(v: dict[str, Any]) -> tuple[list[SessionInfo], str | None]:

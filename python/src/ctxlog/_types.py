@@ -9,7 +9,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Record:
-    """A record as stored: its fields, and where it is in the log."""
+    """A record as stored: its fields, and where it is in the log. A summary (`kind ==
+    "summary"`) also names what it `covers`: the position of the view its writer read."""
 
     id: str
     bot_id: str
@@ -26,6 +27,7 @@ class Record:
     metadata: dict[str, Any] | None = None
     created_at: str | None = None
     purged: bool = False
+    covers: str | None = None
 
     @classmethod
     def from_json(cls, v: dict[str, Any]) -> Record:
@@ -46,6 +48,7 @@ class Record:
             metadata=v.get("metadata"),
             created_at=v.get("created_at"),
             purged=bool(v.get("purged", False)),
+            covers=v.get("covers"),
         )
 
 
@@ -73,6 +76,22 @@ class Page:
     records: list[Record]
     next: str | None
     has_more: bool
+    position: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """A session's context view: its governing summary (if any) and every live record that
+    summary does not cover, in the log's order — what an agent sends its model.
+
+    `summary` is the governing summary's record id (it is among `records`), `covered` how
+    many live records it stands for (left out), and `position` the view's position when it
+    was read: give it as `covers` of a summary of this view (records appended after the read
+    are not covered, so never lost), or watch from it."""
+
+    records: list[Record]
+    summary: str | None
+    covered: int
     position: str
 
 

@@ -9,32 +9,87 @@ await Runner.run(agent, "hi", session=session)
 ```
 
 Each item is a record of the ctxlog session (bot `bot`, default `openai-agents`), its JSON
-as the body. What the SDK's own sessions cannot promise, and this one does:
+as the body. The session's items are its **context view** (rule 21): every item its
+governing summary does not cover, in the log's order, with the summary's items in the place
+of the newest item it covers. A summary is one record whose body is a JSON array of items
+(`SUMMARY_CONTENT_TYPE`).
+
+What the SDK's own sessions cannot promise, and this one does:
 
 - **Order across replicas.** Items keep the log's order (rule 8) whichever replica each
   process writes through, and every process reads the same history.
 - **A retried `add_items` never duplicates.** The items' ids are made once per call, and an
   answer that may have landed is retried with the same ids: the log counts them once.
-- **`pop_item` removes what it read.** It reads the newest item, then tombstones exactly that
-  record. An item another process appended after that read is not removed (it stays the
-  newest); the item returned is the one that was removed.
-- **`clear_session` ends every item it saw** (one batch of tombstones); an item appended after
-  its read stays.
+- **Compaction loses nothing appended meanwhile.** A compaction writes one summary record
+  covering the position of the context view it read; nothing is tombstoned or rewritten.
+  An item another process appends between that read and the summary is not covered: it
+  stays in `get_items()`, raw, after the summary's items (which stand where the newest
+  item they cover stood).
+- **`pop_item` removes what it read.** It reads the context view, then removes exactly its
+  newest item: a record's is tombstoned; an item of the governing summary is removed by a
+  new summary of that view without it (covering the same read). An item another process
+  appended after that read is not removed (it stays the newest); the item returned is the
+  one that was removed. (Two processes that pop a summary's newest item at once may both
+  return it: a summary cannot be refused as a second tombstone of one id is.)
+- **`clear_session` ends every item it saw** (one batch of tombstones of every live record,
+  summaries and what they cover included); an item appended after its read stays.
+
+Compaction with `OpenAIResponsesCompactionSession`
+--------------------------------------------------
+
+Wrap this session in the SDK's compaction session as any other::
+
+    from agents.memory import OpenAIResponsesCompactionSession
+    session = OpenAIResponsesCompactionSession("user-42", CtxlogSession("user-42", url))
+
+That wrapper's generic path clears the underlying session and adds the compacted items
+(`clear_session()` then `add_items()`): an item another process appended between its read
+and the clear would be tombstoned with the rest, and lost. The SDK (0.24) lets a store
+replace history itself through three hooks of the underlying session, which this one
+provides, so that a compaction writes one summary instead:
+
+- `_read_compaction_items(limit)`: the compaction's input, read from the context view; the
+  read's position is kept for the replacement. (The SDK then reads the input afresh each
+  time instead of from its in-process cache, which cannot see other processes' appends.)
+- `_atomic_replace_items(items)` (manual `run_compaction()`): one summary of `items`
+  covering that read's position (when a wrapper such as the SDK's `EncryptedSession` reads
+  the input through `get_items` instead, the position of the first read since this object
+  last wrote). Nothing else is written.
+- `_get_compaction_snapshot(limit)` (automatic compaction after a `Runner` turn): the newest
+  `limit` items of one context read; its `replace_suffix(start, output)` writes one
+  summary covering that read, whose items are the view's items before `start` and then
+  `output`. It declines (the SDK keeps the history) when the view it read has changed in
+  the meantime other than by appends: an item removed, or another summary governing.
+
+These hooks are the SDK's private protocol (its own SQLite, SQLAlchemy and Redis stores
+implement them); the package pins the SDK below 0.25. Without the SDK's wrapper,
+`CtxlogSession.compact(summarize)` does the same with any summariser.
+
+The session assumes its ctxlog session holds only its own records: a record of another
+content type is not an item, and a summary written by another tool (another content type)
+stands for what it covers but gives no item.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from agents.memory.session import _CompactionSnapshot
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
 from ._async_client import AsyncClient, AsyncSession
 from ._errors import NotFound
 from ._ids import new_id
+from ._types import Record
 
 CONTENT_TYPE = "application/vnd.openai.agents.item+json"
+"""The content type of a record holding one item (its JSON)."""
 
+SUMMARY_CONTENT_TYPE = "application/vnd.openai.agents.items+json"
+"""The content type of a summary: a JSON array of the items that stand for what it covers."""
 
 # The most records one `?last=` read returns.
 MAX_TAIL = 1000
@@ -47,8 +102,33 @@ def _role(item: Any) -> str:
     return "item"
 
 
+def _items(r: Record) -> list[Any]:
+    """The items a record holds: one for an item's record, a list for a summary's."""
+    if r.text is None:
+        return []
+    if r.content_type == CONTENT_TYPE:
+        return [json.loads(r.text)]
+    if r.content_type == SUMMARY_CONTENT_TYPE:
+        items = json.loads(r.text)
+        return list(items) if isinstance(items, list) else []
+    return []
+
+
+@dataclass(frozen=True)
+class _View:
+    """One read of the context view: its items, and for each the record it came from and
+    whether that record is a summary; the read's position, the governing summary and the
+    ids of every record in the view."""
+
+    items: list[Any]
+    origins: list[tuple[str, bool]]
+    position: str
+    summary: str | None
+    record_ids: list[str]
+
+
 class CtxlogSession:
-    """The SDK's `Session` protocol over one ctxlog session."""
+    """The SDK's `Session` protocol over one ctxlog session (see the module docs)."""
 
     def __init__(
         self,
@@ -62,28 +142,55 @@ class CtxlogSession:
         self.session_settings = session_settings or SessionSettings()
         self._client = AsyncClient(client) if isinstance(client, str) else client
         self._session: AsyncSession = self._client.session(bot, session_id)
+        # The position of the compaction's input read (`_read_compaction_items`), and of the
+        # first read since this object last wrote: what `_atomic_replace_items` covers.
+        self._compaction_read: str | None = None
+        self._first_read: str | None = None
 
-    async def _records(self) -> list[tuple[str, Any]]:
-        out = []
-        async for r in self._session.iter_records():
-            if r.content_type == CONTENT_TYPE and r.text is not None:
-                out.append((r.id, json.loads(r.text)))
-        return out
+    def _read(self, position: str) -> None:
+        if self._first_read is None:
+            self._first_read = position
+
+    def _wrote(self) -> None:
+        self._compaction_read = self._first_read = None
+
+    async def _view(self) -> _View:
+        ctx = await self._session.context()
+        self._read(ctx.position)
+        items: list[Any] = []
+        origins: list[tuple[str, bool]] = []
+        for r in ctx.records:
+            got = _items(r)
+            items.extend(got)
+            origins.extend([(r.id, r.kind == "summary")] * len(got))
+        return _View(items, origins, ctx.position, ctx.summary, [r.id for r in ctx.records])
+
+    async def _summarize(self, items: list[Any], covers: str) -> None:
+        """One summary record: `items` stand for everything the view at `covers` held."""
+        await self._session.summarize(
+            json.dumps(items, separators=(",", ":")),
+            covers,
+            id=new_id(),
+            content_type=SUMMARY_CONTENT_TYPE,
+        )
+        self._wrote()
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
-        """The history in the log's order; with a limit, the latest `limit` items."""
+        """The context view's items, in its order; with a limit, the latest `limit`."""
         n = resolve_session_limit(limit, self.session_settings)
         if n is not None and n <= 0:
             return []
         if n is not None and n <= MAX_TAIL:
-            # The server reads only the last `n` records.
+            # The server reads only the last `n` records. Without a summary among them,
+            # none is covered (a summary covers only records before it in the log's order)
+            # and the governing summary stands before them: they are the view's last `n`.
             page = await self._session.tail(n)
-            return [
-                json.loads(r.text)
-                for r in page.records
-                if r.content_type == CONTENT_TYPE and r.text is not None
-            ]
-        items = [item for _, item in await self._records()]
+            self._read(page.position)
+            if not any(r.kind == "summary" for r in page.records):
+                items = [item for r in page.records for item in _items(r)]
+                if len(items) >= n or not page.has_more:
+                    return items[-n:]
+        items = (await self._view()).items
         return items if n is None else items[-n:]
 
     async def add_items(self, items: list[Any]) -> None:
@@ -102,27 +209,94 @@ class CtxlogSession:
                 for item in items
             ]
         )
+        self._wrote()
 
     async def pop_item(self) -> Any | None:
         """Remove and return the newest item this call read (see the module docs)."""
         # Another process may remove the same item between the read and the tombstone: then
         # read again (a few times at most) and take the newest left.
         for _ in range(3):
-            records = await self._records()
-            if not records:
+            view = await self._view()
+            if not view.items:
                 return None
-            record_id, item = records[-1]
+            record_id, in_summary = view.origins[-1]
+            if in_summary:
+                await self._summarize(view.items[:-1], view.position)
+                return view.items[-1]
             try:
                 await self._session.delete(record_id)
             except NotFound:
                 continue
-            return item
+            self._wrote()
+            return view.items[-1]
         return None
 
     async def clear_session(self) -> None:
-        """Tombstone every item this call read, in one batch."""
-        records = await self._records()
-        if records:
+        """Tombstone every live record this call read (summaries and what they cover), in
+        one batch."""
+        ids = [
+            r.id
+            async for r in self._session.iter_records()
+            if r.content_type in (CONTENT_TYPE, SUMMARY_CONTENT_TYPE)
+        ]
+        if ids:
             await self._session.append(
-                [{"id": record_id, "role": "item", "kind": "tombstone"} for record_id, _ in records]
+                [{"id": record_id, "role": "item", "kind": "tombstone"} for record_id in ids]
             )
+        self._wrote()
+
+    async def compact(self, summarize: Callable[[list[Any]], Awaitable[list[Any]]]) -> list[Any]:
+        """Compact the context view: read it, and write `await summarize(items)` as one
+        summary covering that read. Items appended by anyone after the read stay, after
+        the summary's items. Returns the summary's items."""
+        view = await self._view()
+        out = await summarize(view.items)
+        await self._summarize(out, view.position)
+        return out
+
+    # ---- the SDK's compaction hooks (see the module docs) -----------------------------------
+
+    async def _read_compaction_items(self, limit: int | None) -> tuple[list[Any], bool]:
+        """The compaction's input: the context view's items (the latest `limit`), and
+        whether they are all of it. The read's position is what the summary will cover."""
+        view = await self._view()
+        self._compaction_read = view.position
+        if limit is None:
+            return view.items, True
+        return view.items[-limit:] if limit > 0 else [], len(view.items) <= limit
+
+    async def _atomic_replace_items(self, items: list[Any]) -> bool:
+        """Replace the compaction's input by `items`: one summary covering the position of
+        the read that gave that input; items appended after it stay."""
+        covers = self._compaction_read or self._first_read
+        if covers is None:
+            raise RuntimeError("a compaction's replacement without a read of its input")
+        await self._summarize(items, covers)
+        return True
+
+    async def _get_compaction_snapshot(
+        self, limit: int, *, prune_prefix: Callable[[Any], bool] | None = None
+    ) -> _CompactionSnapshot:
+        """The latest `limit` items of one context read, replaced (from an index on) by one
+        summary covering that read. `prune_prefix` drops the oldest items of the retained
+        prefix it says have expired (the SDK's encrypted session)."""
+        view = await self._view()
+        start0 = max(0, len(view.items) - limit)
+        items = view.items[start0:]
+
+        async def replace_suffix(start: int, output: list[Any]) -> bool:
+            if start >= len(items):
+                return False
+            now = await self._view()
+            if now.summary != view.summary or not set(view.record_ids) <= set(now.record_ids):
+                # An item was removed, or another summary governs: keep the history.
+                return False
+            retained = view.items[: start0 + start]
+            drop = 0
+            if prune_prefix is not None:
+                while drop < len(retained) and prune_prefix(retained[drop]):
+                    drop += 1
+            await self._summarize(retained[drop:] + list(output), view.position)
+            return True
+
+        return _CompactionSnapshot(items, start0 == 0, replace_suffix)

@@ -255,7 +255,8 @@ pub(crate) fn run(a: &FirstScanArgs) -> Result<()> {
         let sizes: Vec<usize> = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<_>>()?;
         for backend in &a.common.backends {
             for &size in &sizes {
-                let uri = generated_store(&bin, backend, size, a, &out)?;
+                let quiet = a.common.json || a.common.quiet;
+                let uri = generated_store(&bin, backend, size, (a.writers, a.seed, quiet), &out)?;
                 rows.push(measure(
                     &bin,
                     backend,
@@ -314,10 +315,18 @@ pub(crate) fn run(a: &FirstScanArgs) -> Result<()> {
 
 /// Generate the store for one backend and size, or reuse it when it was generated with the
 /// same store format, generator and parameters (see [`crate::stores::generated_key`]).
-fn generated_store(bin: &Path, backend: &str, size: usize, a: &FirstScanArgs, out: &Path) -> Result<String> {
+/// `how`: writers, seed, and whether progress is hidden.
+pub(super) fn generated_store(
+    bin: &Path,
+    backend: &str,
+    size: usize,
+    how: (usize, u64, bool),
+    out: &Path,
+) -> Result<String> {
+    let (writers, seed, quiet) = how;
     let dir = out.join("stores");
     std::fs::create_dir_all(&dir)?;
-    let name = format!("{backend}-{}-w{}-s{}", size_label(size), a.writers, a.seed);
+    let name = format!("{backend}-{}-w{writers}-s{seed}", size_label(size));
     let path = dir.join(if backend == "sqlite" {
         format!("{name}.db")
     } else {
@@ -325,7 +334,7 @@ fn generated_store(bin: &Path, backend: &str, size: usize, a: &FirstScanArgs, ou
     });
     let uri = store_uri(backend, &path);
     let done = dir.join(format!("{name}.done"));
-    let (entries, writers, seed) = (size.to_string(), a.writers.to_string(), a.seed.to_string());
+    let (entries, writers, seed) = (size.to_string(), writers.to_string(), seed.to_string());
     let mut args = vec![
         "--entries",
         entries.as_str(),
@@ -338,11 +347,7 @@ fn generated_store(bin: &Path, backend: &str, size: usize, a: &FirstScanArgs, ou
         args.push("--compact");
     }
     generate_or_reuse(bin, &uri, &done, &args, || {
-        progress(
-            a.common.json || a.common.quiet,
-            1,
-            &format!("generating {backend} {}", size_label(size)),
-        )
+        progress(quiet, 1, &format!("generating {backend} {}", size_label(size)))
     })?;
     Ok(uri)
 }

@@ -6,6 +6,7 @@
 //! against the raw-scan floor measured in the same run; nothing here is a pass/fail gate.
 
 mod append;
+mod context;
 mod first_scan;
 mod object_store;
 mod plot;
@@ -32,6 +33,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         BenchKind::ObjectStore(a) => object_store::run(&a),
         BenchKind::Reclaim(a) => reclaim::run(&a),
         BenchKind::Serve(a) => serve::run(&a),
+        BenchKind::Context(a) => context::run(&a),
     }
 }
 

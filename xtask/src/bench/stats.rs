@@ -1,9 +1,9 @@
 //! Medians and ranges of repeated measurements.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Median and range of repeated measurements.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct Stat {
     pub median: f64,
     pub min: f64,

@@ -17,6 +17,8 @@
 //! | session starts | `(sessions + 1) × 4` | where each session's list starts in the next section |
 //! | session ids | `session_ids × 4` | per session, the ids with a put in it |
 //!
+//! Summary entries (rule 21) are few: the shape lists them.
+//!
 //! A put is `hlc u64, shard u32, seq u64, epoch u64, session u32`, then (only when the
 //! snapshot's rows carry locations, `with_at`) `at u64, u64`, then the 32-byte content hash.
 //! An order key is the first four fields. Shards are numbers into the shape's shard table.
@@ -52,6 +54,8 @@ pub(crate) struct Shape {
     /// `(shard number, highest seq applied)`.
     pub(crate) positions: Vec<(u32, u64)>,
     pub(crate) entries: u64,
+    /// Every summary entry: `(session, hlc, shard, seq, epoch)` (rule 21).
+    pub(crate) summaries: Vec<(u32, u64, [u8; 16], u64, u64)>,
 }
 
 /// Where each section starts in the bytes.
@@ -438,6 +442,8 @@ pub(crate) struct Tables<'a> {
     pub(crate) sessions: Vec<(Box<str>, Box<str>)>,
     pub(crate) positions: Vec<(ShardId, u64)>,
     pub(crate) entries: u64,
+    /// `(session, summary entry)`, in order.
+    pub(crate) summaries: Vec<(u32, OrderKey)>,
     /// Every id and its state, sorted by id.
     pub(crate) ids: Vec<(&'a str, Cow<'a, IdState>)>,
 }
@@ -505,6 +511,11 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
         shards: shards.ids.iter().map(|s| *s.as_bytes()).collect(),
         positions,
         entries: t.entries,
+        summaries: t
+            .summaries
+            .iter()
+            .map(|(s, k)| (*s, k.hlc.0, *k.shard.as_bytes(), k.seq, k.epoch))
+            .collect(),
     };
     let mut out = arena;
     for section in [offsets, winners, extras, others, tombs, starts, ids] {

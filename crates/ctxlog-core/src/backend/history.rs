@@ -222,6 +222,8 @@ pub struct HistoryChecker {
     found: Found,
     batch: RowBatch,
     hashers: Option<Hashers>,
+    /// What each summary entry covers, with its id (rule 21).
+    coverage: HashMap<OrderKey, (String, Checkpoint)>,
 }
 
 /// The threads that check content. Dropping them (a cancelled check) closes their queues:
@@ -299,7 +301,8 @@ impl HistoryChecker {
     /// Visit one stored entry (any order, repeats allowed).
     pub fn visit(&mut self, e: Entry) {
         let metadata = e.record.metadata.as_ref().map(canonical_json);
-        self.visit_row(StoredRow::of(&e, metadata.as_deref()));
+        let stored = e.record.stored_body();
+        self.visit_row(StoredRow::of(&e, metadata.as_deref(), &stored));
     }
 
     /// Visit one stored entry as read (any order, repeats allowed): what backends feed a
@@ -316,6 +319,12 @@ impl HistoryChecker {
         };
         if !self.index.apply(row) {
             return;
+        }
+        if r.kind == Kind::Summary
+            && let StoredBody::Bytes(frame) = r.body
+            && let Ok((_, Some(covers))) = Record::from_stored_body(Kind::Summary, Body::Bytes(frame.to_vec()))
+        {
+            self.coverage.insert(r.key(), (r.id.to_owned(), covers));
         }
         self.positions.entry(r.shard).or_default().push((r.seq, r.epoch));
         // A row without a body whose id has a tombstone already seen is settled now; the
@@ -342,6 +351,8 @@ impl HistoryChecker {
             found.extend(h.finish());
         }
         out.extend(found.settle(&self.index));
+        let coverage = std::mem::take(&mut self.coverage);
+        out.extend(coverage_conflicts(&mut self.index, |k| coverage.get(k).cloned()));
         for (shard, positions) in self.positions {
             position_conflicts(shard, positions, &mut out);
         }
@@ -357,10 +368,20 @@ impl<'a> StoredRow<'a> {
     /// The entry this row holds, as every reader sees it: the metadata parsed (`Err` when
     /// it is not JSON), a purged entry's body as empty text.
     pub fn to_entry(&self, created_at: Option<DateTime<Utc>>) -> std::result::Result<Entry, serde_json::Error> {
-        let (body, purged) = match self.body {
+        let (stored, purged) = match self.body {
             StoredBody::Text(t) => (Body::Text(t.to_owned()), false),
             StoredBody::Bytes(b) => (Body::Bytes(b.to_vec()), false),
             StoredBody::Purged => (Body::Text(String::new()), true),
+        };
+        // A summary's frame that does not decode reads back as its raw bytes and covers
+        // nothing, so it never governs; its hash no longer matches, so it is `Corrupt`.
+        let (body, covers) = match (self.kind, purged) {
+            (Kind::Summary, true) => (stored, Some(Checkpoint::default())),
+            (kind, false) => match Record::from_stored_body(kind, stored.clone()) {
+                Ok(decoded) => decoded,
+                Err(_) => (stored, Some(Checkpoint::default())),
+            },
+            (_, true) => (stored, None),
         };
         Ok(Entry {
             shard: self.shard,
@@ -377,6 +398,7 @@ impl<'a> StoredRow<'a> {
                 metadata: self.metadata.map(serde_json::from_str).transpose()?,
                 created_at,
                 kind: self.kind,
+                covers,
             },
             content_hash: self.content_hash,
             purged,
@@ -392,8 +414,9 @@ impl<'a> StoredRow<'a> {
         }
     }
 
-    /// The row of a full entry, with `metadata` its metadata's canonical JSON.
-    pub fn of(e: &'a Entry, metadata: Option<&'a str>) -> Self {
+    /// The row of a full entry, with `metadata` its metadata's canonical JSON and `stored`
+    /// its body as stored ([`Record::stored_body`]).
+    pub fn of(e: &'a Entry, metadata: Option<&'a str>, stored: &'a Body) -> Self {
         StoredRow {
             shard: e.shard,
             seq: e.seq,
@@ -405,7 +428,7 @@ impl<'a> StoredRow<'a> {
             session_id: &e.record.session_id,
             role: &e.record.role,
             content_type: &e.record.content_type,
-            body: match (&e.record.body, e.purged) {
+            body: match (stored, e.purged) {
                 (_, true) => StoredBody::Purged,
                 (Body::Text(t), false) => StoredBody::Text(t),
                 (Body::Bytes(b), false) => StoredBody::Bytes(b),
@@ -502,6 +525,32 @@ fn position_conflicts(shard: ShardId, mut positions: Vec<(Seq, Epoch)>, out: &mu
     }
 }
 
+/// The `ImplausibleCoverage` conflicts of the live summaries `index` holds (rule 21), given
+/// each summary's id and coverage.
+fn coverage_conflicts(
+    index: &mut ProjectionIndex,
+    coverage: impl Fn(&OrderKey) -> Option<(String, Checkpoint)>,
+) -> Vec<Conflict> {
+    let mut out = Vec::new();
+    for crate::backend::index::SummarisedSession { keys, summaries } in index.sessions_with_summaries() {
+        let live: Vec<OrderKey> = keys.iter().map(|(k, _)| *k).collect();
+        for k in live.iter().filter(|k| summaries.contains(k)) {
+            let Some((id, covers)) = coverage(k) else { continue };
+            if let Some(why) = crate::context::implausible(k, &covers, &live) {
+                out.push(Conflict::ImplausibleCoverage {
+                    id,
+                    summary: *k,
+                    entry: match why {
+                        crate::context::Implausible::CoversItself => None,
+                        crate::context::Implausible::CoversLater(e) => Some(e),
+                    },
+                });
+            }
+        }
+    }
+    out
+}
+
 /// How a backend feeds its history checker: stored entries, full content.
 #[async_trait]
 pub trait HistorySource: Send + Sync + 'static {
@@ -584,7 +633,8 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
             let metadata = e.record.metadata.as_ref().map(canonical_json);
             // Whether a missing body's id has a tombstone is settled below, once the index
             // holds every new entry too.
-            content.push(&StoredRow::of(e, metadata.as_deref()), false);
+            let stored = e.record.stored_body();
+            content.push(&StoredRow::of(e, metadata.as_deref(), &stored), false);
             ids.insert(e.record.id.as_str());
             shards.insert(e.shard);
         }
@@ -597,6 +647,30 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
         for (shard, positions) in index.positions_of(&shards) {
             position_conflicts(shard, positions, &mut out);
         }
+        // Rule 21: every live summary's coverage, checked against the index as it is now
+        // (whether a summary is implausible depends on the records of its session): those
+        // read just now from what was read, the others (few) read again.
+        let mut coverage: HashMap<OrderKey, (String, Checkpoint)> = newer
+            .iter()
+            .filter_map(|e| Some((e.key(), (e.record.id.clone(), e.record.covers.clone()?))))
+            .collect();
+        let wanted: Vec<(OrderKey, RowRef)> = index
+            .sessions_with_summaries()
+            .into_iter()
+            .flat_map(|s| {
+                let summaries = s.summaries;
+                s.keys.into_iter().filter(move |(k, _)| summaries.contains(k))
+            })
+            .filter(|(k, _)| !coverage.contains_key(k))
+            .collect();
+        for e in self.projector.fetch(&wanted).await? {
+            if let Some(c) = e.record.covers.clone() {
+                coverage.insert(e.key(), (e.record.id.clone(), c));
+            }
+        }
+        out.extend(coverage_conflicts(self.projector.index_mut(), |k| {
+            coverage.get(k).cloned()
+        }));
         out.retain(|c| c.involves_entries_after(after));
         Ok(canonical_conflicts(out))
     }
@@ -815,7 +889,7 @@ mod tests {
                 for seq in 1..=many as u64 {
                     let mut e = entry.clone();
                     e.seq = seq;
-                    checker.visit_row(StoredRow::of(&e, Some(text)));
+                    checker.visit_row(StoredRow::of(&e, Some(text), &e.record.body));
                 }
                 let found = checker.finish(None);
                 assert_eq!(
@@ -832,7 +906,8 @@ mod tests {
         // A purged row (its id has a tombstone, seen after it) has no content to check: not
         // corrupt, whatever its metadata text.
         let mut checker = HistoryChecker::new();
-        let mut row = StoredRow::of(&entry, Some("not json"));
+        let stored = entry.record.stored_body();
+        let mut row = StoredRow::of(&entry, Some("not json"), &stored);
         row.body = StoredBody::Purged;
         checker.visit_row(row);
         let tombstone = Record::tombstone("id", "b", "s");

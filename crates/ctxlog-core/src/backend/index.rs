@@ -201,6 +201,21 @@ pub struct ProjectionIndex {
     frozen: std::sync::Arc<Frozen>,
     /// Frozen ids copied into a part: their frozen state is stale.
     thawed: std::collections::HashSet<u32, Hasher>,
+    /// Every summary entry applied (live or not), by session number (rule 21): few, so a
+    /// context view finds its session's without reading bodies.
+    summaries: Summaries,
+}
+
+type Summaries = BTreeSet<(u32, OrderKey)>;
+
+/// A session's live records in contract order, with where each can be fetched, and which of
+/// them are summaries (rule 21).
+#[derive(Clone, Debug, Default)]
+pub struct SummarisedSession {
+    /// The live records, in contract order.
+    pub keys: Vec<(OrderKey, RowRef)>,
+    /// Which of the session's entries are summaries (live or not).
+    pub summaries: std::collections::HashSet<OrderKey>,
 }
 
 type Positions = std::collections::HashMap<crate::ids::ShardId, crate::ids::Seq, Hasher>;
@@ -266,7 +281,7 @@ fn apply_to(
     }
     match row.kind {
         Kind::Tombstone => state.extra().tombstones.push(row.key),
-        Kind::Put => {
+        Kind::Put | Kind::Summary => {
             let known_here = state.sessions().any(|s| s == session);
             let put = Put {
                 key: row.key,
@@ -322,6 +337,7 @@ struct Finished {
     thawed: Vec<u32>,
     positions: Positions,
     counts: crate::backend::projector::CatchUp,
+    summaries: Vec<(u32, OrderKey)>,
 }
 
 impl PartApplier<'_> {
@@ -362,6 +378,9 @@ impl PartApplier<'_> {
         ) {
             d.counts.applied += 1;
             raise(&mut d.positions, row.key.shard, row.key.seq);
+            if row.kind == Kind::Summary {
+                d.summaries.push((session, row.key));
+            }
         }
         true
     }
@@ -474,6 +493,7 @@ impl ProjectionIndex {
             unfiled: Vec::new(),
             frozen: Default::default(),
             thawed: Default::default(),
+            summaries: Summaries::new(),
         }
     }
 
@@ -503,6 +523,9 @@ impl ProjectionIndex {
         }
         self.entries += 1;
         raise(&mut self.positions, row.key.shard, row.key.seq);
+        if row.kind == Kind::Summary {
+            self.summaries.insert((session, row.key));
+        }
         true
     }
 
@@ -694,6 +717,8 @@ impl ProjectionIndex {
                 u.0 = renumber(u.0);
             }
         }
+        self.summaries
+            .extend(done.summaries.into_iter().map(|(s, k)| (renumber(s), k)));
         self.unfiled.extend(unfiled);
         self.thawed.extend(done.thawed);
         self.entries += done.counts.applied;
@@ -839,6 +864,44 @@ impl ProjectionIndex {
         keys
     }
 
+    /// The live records of one session in contract order, and which of them are summaries
+    /// (rule 21): what a context view is chosen from.
+    pub fn session_with_summaries(&mut self, bot_id: &str, session_id: &str) -> SummarisedSession {
+        self.file();
+        match self.sessions.get_index_of(&SessionRef(bot_id, session_id)) {
+            Some(no) => self.summarised(no),
+            None => SummarisedSession::default(),
+        }
+    }
+
+    fn summarised(&self, no: usize) -> SummarisedSession {
+        SummarisedSession {
+            keys: self.session_keys_of(no),
+            summaries: self.summaries_of(no as u32).collect(),
+        }
+    }
+
+    fn summaries_of(&self, no: u32) -> impl Iterator<Item = OrderKey> + '_ {
+        let from = OrderKey {
+            hlc: Hlc::ZERO,
+            shard: crate::ids::ShardId::from_bytes([0; 16]),
+            seq: 0,
+            epoch: 0,
+        };
+        self.summaries
+            .range((no, from)..)
+            .take_while(move |(s, _)| *s == no)
+            .map(|(_, k)| *k)
+    }
+
+    /// Every session with a summary entry (the history checker's input).
+    pub fn sessions_with_summaries(&mut self) -> Vec<SummarisedSession> {
+        self.file();
+        let mut nos: Vec<u32> = self.summaries.iter().map(|(s, _)| *s).collect();
+        nos.dedup();
+        nos.into_iter().map(|no| self.summarised(no as usize)).collect()
+    }
+
     /// The highest HLC of any entry applied.
     pub fn max_hlc(&self) -> Hlc {
         self.all_states()
@@ -978,6 +1041,7 @@ impl ProjectionIndex {
             sessions: self.sessions.keys().cloned().collect(),
             positions: self.positions.iter().map(|(s, q)| (*s, *q)).collect(),
             entries: self.entries,
+            summaries: self.summaries.iter().copied().collect(),
             ids,
         })
     }
@@ -1007,6 +1071,21 @@ impl ProjectionIndex {
             index.positions.insert(shard, q);
         }
         index.entries = shape.entries;
+        for (session, hlc, shard, seq, epoch) in shape.summaries {
+            if session as usize >= index.sessions.len() {
+                return Err(format!("a summary names session {session}, which the snapshot has not"));
+            }
+            let shard = crate::ids::ShardId::from_bytes(shard);
+            index.summaries.insert((
+                session,
+                OrderKey {
+                    hlc: Hlc(hlc),
+                    shard,
+                    seq,
+                    epoch,
+                },
+            ));
+        }
         index.frozen = std::sync::Arc::new(frozen);
         Ok(index)
     }

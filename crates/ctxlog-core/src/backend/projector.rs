@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::index::{ProjectionIndex, RowRef};
+use crate::backend::index::{ProjectionIndex, RowRef, SummarisedSession};
 use crate::backend::snapshot::{self, Rejected};
+use crate::context::{self, ContextView};
 use crate::entry::{Checkpoint, Entry, OrderKey, SessionSummary};
 use crate::error::{Result, Written, with_deadline};
 use crate::hlc::Hlc;
@@ -173,7 +174,7 @@ impl<S: IndexSource> IndexedProjector<S> {
         None
     }
 
-    async fn fetch(&self, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
+    pub(crate) async fn fetch(&self, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
         with_deadline(
             "read entries",
             self.source.timeout(),
@@ -254,6 +255,67 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         let older = keys.len() > n;
         let tail = keys.split_off(keys.len().saturating_sub(n));
         Ok((self.fetch(&tail).await?, older))
+    }
+
+    async fn context(&mut self, bot_id: &str, session_id: &str) -> Result<ContextView> {
+        self.ensure_scanned().await?;
+        let SummarisedSession { keys, summaries } = self.index.session_with_summaries(bot_id, session_id);
+        let live: Vec<OrderKey> = keys.iter().map(|(k, _)| *k).collect();
+        let at: std::collections::HashMap<OrderKey, RowRef> = keys.iter().copied().collect();
+        // The summaries, latest first, until one is trusted: usually the first. Everything
+        // after a summary in the order is newer than it, so none of it is covered: it is
+        // read with the summary, in one read (a round trip on object storage).
+        let mut read: std::collections::HashMap<OrderKey, Entry> = std::collections::HashMap::new();
+        for (i, k) in live.iter().enumerate().rev().filter(|(_, k)| summaries.contains(k)) {
+            let wanted: Vec<(OrderKey, RowRef)> = live[i..]
+                .iter()
+                .filter(|k| !read.contains_key(k) && (*k == &live[i] || !summaries.contains(k)))
+                .map(|k| (*k, at[k]))
+                .collect();
+            for e in self.fetch(&wanted).await? {
+                read.insert(e.key(), e);
+            }
+            let trusted = read
+                .get(k)
+                .and_then(|e| e.record.covers.as_ref())
+                .is_some_and(|c| context::trusted(k, c, |s| self.index.position(s), &live));
+            if trusted {
+                break;
+            }
+        }
+        let (view, _) = context::select(
+            &live,
+            |k| summaries.contains(k),
+            |s| self.index.position(s),
+            |k| Ok::<_, std::convert::Infallible>(read.get(k).and_then(|e| e.record.covers.clone())),
+        )
+        .unwrap_or_else(|never| match never {});
+        // What is still to read: uncovered records older than the summary (appended by
+        // writers it had not read), or everything when no summary governs.
+        let rest: Vec<(OrderKey, RowRef)> = view
+            .keys
+            .iter()
+            .filter(|k| !read.contains_key(k))
+            .map(|k| (*k, at[k]))
+            .collect();
+        for e in self.fetch(&rest).await? {
+            read.insert(e.key(), e);
+        }
+        let entries = view
+            .keys
+            .iter()
+            .map(|k| {
+                read.remove(k).ok_or_else(|| crate::Error::Corrupt {
+                    shard: Some(k.shard),
+                    what: format!("entry seq {} epoch {} is indexed but was not read", k.seq, k.epoch),
+                })
+            })
+            .collect::<Result<Vec<Entry>>>()?;
+        Ok(ContextView {
+            entries,
+            summary: view.summary,
+            covered: view.covered,
+        })
     }
 
     fn live_key(&self, id: &str) -> Option<OrderKey> {

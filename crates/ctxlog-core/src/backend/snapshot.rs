@@ -19,8 +19,9 @@ use crate::backend::index::ProjectionIndex;
 pub const MAGIC: &[u8; 8] = b"CTXLOGPS";
 
 /// The snapshot format this build writes and reads (1: the index decoded whole, postcard;
-/// 2: the ids in fixed-width records, read in place).
-pub const FORMAT: u32 = 2;
+/// 2: the ids in fixed-width records, read in place; 3: and the summary entries). A reader
+/// skips a snapshot of another format and scans in full (rule 17).
+pub const FORMAT: u32 = 3;
 
 /// How many snapshots a store keeps: a reader still loading the older one finishes.
 pub const KEEP: usize = 2;

@@ -39,7 +39,7 @@ impl<'a> IdHistory<'a> {
         let puts: Vec<&Entry> = entries_in_order
             .iter()
             .copied()
-            .filter(|e| e.record.kind == Kind::Put)
+            .filter(|e| e.record.kind.is_value())
             .collect();
         IdHistory {
             winner: puts.first().copied(),
@@ -141,6 +141,63 @@ pub fn session_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<En
     view
 }
 
+/// The context view of one session (rule 21), written out: of the session's live summaries,
+/// the latest in contract order that (a) names no position past the highest seq the set
+/// holds of its shard, (b) does not cover itself or a later entry of its own shard, and (c)
+/// covers no live record of the session whose clock is not below its own, governs. The view
+/// is every live record that is no summary and that it does not cover, in order, with the
+/// summary in the place of the newest record it covers (its own place if it covers none).
+pub fn context_view(entries: &[Entry], bot_id: &str, session_id: &str) -> crate::context::ContextView {
+    let set = entry_set(entries);
+    let held = |shard: ShardId| {
+        set.iter()
+            .filter(|e| e.shard == shard)
+            .map(|e| e.seq)
+            .max()
+            .unwrap_or(0)
+    };
+    let live = session_view(entries, bot_id, session_id);
+    let covered_by = |s: &Entry, e: &Entry| {
+        s.record
+            .covers
+            .as_ref()
+            .is_some_and(|c| c.0.get(&e.shard).is_some_and(|seq| e.seq <= *seq))
+    };
+    let governing = live.iter().rev().filter(|s| s.record.kind == Kind::Summary).find(|s| {
+        let Some(c) = &s.record.covers else { return false };
+        let held_all = c.0.iter().all(|(shard, seq)| *seq <= held(*shard));
+        let not_itself = c.0.get(&s.shard).is_none_or(|seq| *seq < s.seq);
+        let clocks = live
+            .iter()
+            .filter(|e| e.key() != s.key() && covered_by(s, e))
+            .all(|e| e.hlc < s.hlc);
+        held_all && not_itself && clocks
+    });
+    let mut view = crate::context::ContextView {
+        entries: Vec::new(),
+        summary: governing.map(Entry::key),
+        covered: 0,
+    };
+    // Every live record that is no summary and that the governing summary does not cover,
+    // in order; the summary in the place of the newest record it covers (or its own).
+    let mut place = None;
+    for e in &live {
+        if Some(e.key()) == view.summary {
+            place = place.or(Some(view.entries.len()));
+        } else if e.record.kind == Kind::Summary {
+        } else if governing.is_some_and(|s| covered_by(s, e)) {
+            view.covered += 1;
+            place = Some(view.entries.len());
+        } else {
+            view.entries.push(e.clone());
+        }
+    }
+    if let (Some(s), Some(at)) = (governing, place) {
+        view.entries.insert(at, s.clone());
+    }
+    view
+}
+
 /// The sessions of one bot with at least one live record, sorted by session id.
 pub fn sessions(entries: &[Entry], bot_id: &str) -> Vec<crate::entry::SessionSummary> {
     let names: BTreeSet<&str> = entries
@@ -199,6 +256,33 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
                     entry_hash: p.content_hash,
                 });
             }
+        }
+    }
+
+    // Rule 21: a live summary that covers itself, a later entry of its shard, or a live
+    // record of its session whose clock is not below its own.
+    for s in set.iter().filter(|e| e.record.kind == Kind::Summary) {
+        let history = by_id(&set).remove(s.record.id.as_str()).unwrap_or_default();
+        let h = IdHistory::of(&history);
+        if !h.is_live() || h.winner.map(|w| w.key()) != Some(s.key()) {
+            continue;
+        }
+        let Some(c) = &s.record.covers else { continue };
+        let covers = |e: &Entry| c.0.get(&e.shard).is_some_and(|seq| e.seq <= *seq);
+        let entry = if c.0.get(&s.shard).is_some_and(|seq| *seq >= s.seq) {
+            Some(None)
+        } else {
+            session_view(entries, &s.record.bot_id, &s.record.session_id)
+                .iter()
+                .find(|e| e.key() != s.key() && covers(e) && e.hlc >= s.hlc)
+                .map(|e| Some(e.key()))
+        };
+        if let Some(entry) = entry {
+            out.push(Conflict::ImplausibleCoverage {
+                id: s.record.id.clone(),
+                summary: s.key(),
+                entry,
+            });
         }
     }
 
