@@ -532,9 +532,9 @@ fn coverage_conflicts(
     coverage: impl Fn(&OrderKey) -> Option<(String, Checkpoint)>,
 ) -> Vec<Conflict> {
     let mut out = Vec::new();
-    for crate::backend::index::SummarisedSession { keys, summaries } in index.sessions_with_summaries() {
-        let live: Vec<OrderKey> = keys.iter().map(|(k, _)| *k).collect();
-        for k in live.iter().filter(|k| summaries.contains(k)) {
+    for session in index.sessions_with_summaries() {
+        let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
+        for k in live.iter().filter(|k| session.is_summary(k)) {
             let Some((id, covers)) = coverage(k) else { continue };
             if let Some(why) = crate::context::implausible(k, &covers, &live) {
                 out.push(Conflict::ImplausibleCoverage {
@@ -658,8 +658,11 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
             .sessions_with_summaries()
             .into_iter()
             .flat_map(|s| {
-                let summaries = s.summaries;
-                s.keys.into_iter().filter(move |(k, _)| summaries.contains(k))
+                s.keys
+                    .iter()
+                    .filter(|(k, _)| s.is_summary(k))
+                    .copied()
+                    .collect::<Vec<_>>()
             })
             .filter(|(k, _)| !coverage.contains_key(k))
             .collect();

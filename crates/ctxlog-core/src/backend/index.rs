@@ -214,8 +214,23 @@ type Summaries = BTreeSet<(u32, OrderKey)>;
 pub struct SummarisedSession {
     /// The live records, in contract order.
     pub keys: Vec<(OrderKey, RowRef)>,
-    /// Which of the session's entries are summaries (live or not).
-    pub summaries: std::collections::HashSet<OrderKey>,
+    /// Which of the session's entries are summaries (live or not), sorted.
+    pub summaries: Vec<OrderKey>,
+}
+
+impl SummarisedSession {
+    /// Whether the entry at `key` is a summary.
+    pub fn is_summary(&self, key: &OrderKey) -> bool {
+        self.summaries.binary_search(key).is_ok()
+    }
+
+    /// Where the backend can fetch the live record at `key` (`None`: not live here).
+    pub fn row(&self, key: &OrderKey) -> Option<RowRef> {
+        self.keys
+            .binary_search_by(|(k, _)| k.cmp(key))
+            .ok()
+            .map(|i| self.keys[i].1)
+    }
 }
 
 type Positions = std::collections::HashMap<crate::ids::ShardId, crate::ids::Seq, Hasher>;

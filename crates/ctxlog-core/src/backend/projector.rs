@@ -259,18 +259,19 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
 
     async fn context(&mut self, bot_id: &str, session_id: &str) -> Result<ContextView> {
         self.ensure_scanned().await?;
-        let SummarisedSession { keys, summaries } = self.index.session_with_summaries(bot_id, session_id);
-        let live: Vec<OrderKey> = keys.iter().map(|(k, _)| *k).collect();
-        let at: std::collections::HashMap<OrderKey, RowRef> = keys.iter().copied().collect();
+        // Sorted vectors, no hashing: a long session has thousands of live records.
+        let session: SummarisedSession = self.index.session_with_summaries(bot_id, session_id);
+        let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
+        let row = |k: &OrderKey| (*k, session.row(k).unwrap_or_default());
         // The summaries, latest first, until one is trusted: usually the first. Everything
         // after a summary in the order is newer than it, so none of it is covered: it is
         // read with the summary, in one read (a round trip on object storage).
         let mut read: std::collections::HashMap<OrderKey, Entry> = std::collections::HashMap::new();
-        for (i, k) in live.iter().enumerate().rev().filter(|(_, k)| summaries.contains(k)) {
+        for (i, k) in live.iter().enumerate().rev().filter(|(_, k)| session.is_summary(k)) {
             let wanted: Vec<(OrderKey, RowRef)> = live[i..]
                 .iter()
-                .filter(|k| !read.contains_key(k) && (*k == &live[i] || !summaries.contains(k)))
-                .map(|k| (*k, at[k]))
+                .filter(|k| !read.contains_key(k) && (*k == &live[i] || !session.is_summary(k)))
+                .map(row)
                 .collect();
             for e in self.fetch(&wanted).await? {
                 read.insert(e.key(), e);
@@ -285,19 +286,14 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         }
         let (view, _) = context::select(
             &live,
-            |k| summaries.contains(k),
+            |k| session.is_summary(k),
             |s| self.index.position(s),
             |k| Ok::<_, std::convert::Infallible>(read.get(k).and_then(|e| e.record.covers.clone())),
         )
         .unwrap_or_else(|never| match never {});
         // What is still to read: uncovered records older than the summary (appended by
         // writers it had not read), or everything when no summary governs.
-        let rest: Vec<(OrderKey, RowRef)> = view
-            .keys
-            .iter()
-            .filter(|k| !read.contains_key(k))
-            .map(|k| (*k, at[k]))
-            .collect();
+        let rest: Vec<(OrderKey, RowRef)> = view.keys.iter().filter(|k| !read.contains_key(k)).map(row).collect();
         for e in self.fetch(&rest).await? {
             read.insert(e.key(), e);
         }
