@@ -4,7 +4,9 @@
 //! - every Rust source file starts with a `//!` doc saying what it is for;
 //! - every conformance case (`pub async fn …(ctx: Ctx)` under `conformance/src/`) is listed
 //!   by `case!(…)`, so that it runs;
-//! - no file points outside the repository (the contract lives in `docs/contract.md`).
+//! - no file points outside the repository (the contract lives in `docs/contract.md`);
+//! - every repository path a Markdown file names (in backticks, or as a relative link)
+//!   exists.
 
 use std::path::Path;
 use std::process::Command;
@@ -63,6 +65,11 @@ fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String
         if f != "xtask/src/tidy.rs" && (text.contains("../shared") || text.contains("DESIGN.md")) {
             problems.push(format!("{f} refers to a file outside the repository"));
         }
+        if f.ends_with(".md") {
+            for missing in missing_paths(root, f, &text) {
+                problems.push(format!("{f} names `{missing}`, which does not exist"));
+            }
+        }
         if !f.ends_with(".rs") {
             continue;
         }
@@ -98,6 +105,59 @@ fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String
     Ok(problems)
 }
 
+/// The directories at the repository's top that a path in the docs starts with.
+const TOP: [&str; 11] = [
+    "crates/",
+    "backends/",
+    "conformance/",
+    "testkits/",
+    "chaos/",
+    "benches/",
+    "xtask/",
+    "docs/",
+    "python/",
+    ".ci/",
+    ".config/",
+];
+
+/// The repository paths Markdown file `f` names that do not exist: `` `dir/…` `` spans
+/// starting with a top directory, and relative link targets. Patterns (`*`, `{…}`, `<…>`,
+/// `…`) are not paths.
+fn missing_paths(root: &Path, f: &str, text: &str) -> Vec<String> {
+    let base = Path::new(f).parent().unwrap_or(Path::new(""));
+    let mut named: Vec<(String, bool)> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| !span.contains(char::is_whitespace))
+        .map(|span| (span.to_string(), false))
+        .collect();
+    for link in text.split("](").skip(1) {
+        let target = link.split([')', '#', ' ']).next().unwrap_or("");
+        if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+            named.push((target.to_string(), true));
+        }
+    }
+    let mut missing = Vec::new();
+    for (path, relative) in named {
+        let path = path.trim_end_matches(['.', ',', ':', ';']);
+        if ["*", "{", "<", "…", "|"].iter().any(|c| path.contains(c)) {
+            continue;
+        }
+        let at = if relative {
+            root.join(base).join(path)
+        } else if TOP.iter().any(|t| path.starts_with(t)) {
+            root.join(path)
+        } else {
+            continue;
+        };
+        if !at.exists() {
+            missing.push(path.to_string());
+        }
+    }
+    missing
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,7 +174,11 @@ mod tests {
             "//! Cases.\npub fn cases() { case!(listed) }\npub async fn listed(ctx: Ctx) {}\npub async fn forgotten(ctx: Ctx) {}\n",
         )
         .unwrap();
-        std::fs::write(root.join("README.md"), "see ../shared/DESIGN.md\n").unwrap();
+        std::fs::write(
+            root.join("README.md"),
+            "see ../shared/DESIGN.md, `conformance/src/r.rs`, `docs/gone.md`, [a](a.rs), [b](docs/x.md) and `crates/*/src`\n",
+        )
+        .unwrap();
         let files: Vec<String> = ["a.rs", "b.rs", "conformance/src/r.rs", "README.md"]
             .map(String::from)
             .to_vec();
@@ -125,6 +189,8 @@ mod tests {
         assert!(all.contains("`forgotten`"), "{all}");
         assert!(!all.contains("`listed`"), "{all}");
         assert!(all.contains("README.md refers to a file outside"), "{all}");
-        assert_eq!(problems.len(), 4, "{all}");
+        assert!(all.contains("README.md names `docs/gone.md`"), "{all}");
+        assert!(all.contains("README.md names `docs/x.md`"), "{all}");
+        assert_eq!(problems.len(), 6, "{all}");
     }
 }
