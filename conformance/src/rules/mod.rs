@@ -12,6 +12,7 @@ pub mod order;
 pub mod reading;
 pub mod reclaim;
 pub mod snapshots;
+pub mod summaries;
 
 /// Every case, in the contract's order.
 pub fn all() -> Vec<crate::Case> {
@@ -29,6 +30,7 @@ pub fn all() -> Vec<crate::Case> {
         reclaim::retain_race_cases(),
         reclaim::purge_conflict_cases(),
         snapshots::cases(),
+        summaries::cases(),
         faults::cases(),
     ]
     .concat()
