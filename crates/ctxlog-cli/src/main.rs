@@ -513,18 +513,13 @@ async fn summarised(
     p.refresh().await?;
     let held = p.checkpoint();
     for (i, r) in records.iter().enumerate() {
-        if let Some((s, seq)) = r
-            .covers
-            .iter()
-            .flat_map(|c| c.0.iter())
-            .find(|(s, seq)| **seq > held.get(**s))
-        {
+        if let Some((s, seq)) = r.covers.as_ref().and_then(|c| c.first_beyond(&held)) {
             return Err(Error::invalid(
                 "covers",
                 Some(i),
                 format!(
                     "names seq {seq} of shard {s}, past what the store holds ({}): not a position of this store",
-                    held.get(*s)
+                    held.get(s)
                 ),
             ));
         }

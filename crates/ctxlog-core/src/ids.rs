@@ -95,6 +95,15 @@ impl Checkpoint {
         }
     }
 
+    /// The first position this checkpoint names past what `held` holds, if any: a
+    /// summary's coverage that a reader has not read (rule 21).
+    pub fn first_beyond(&self, held: &Checkpoint) -> Option<(ShardId, Seq)> {
+        self.0
+            .iter()
+            .find(|(s, seq)| **seq > held.get(**s))
+            .map(|(s, seq)| (*s, *seq))
+    }
+
     /// True when the entry at `(shard, seq)` is past this checkpoint.
     pub fn is_after(&self, shard: ShardId, seq: Seq) -> bool {
         seq > self.get(shard)

@@ -24,7 +24,7 @@ fn decode(field: &str, cursor: &str) -> Result<String, Problem> {
 }
 
 fn shard(s: &str) -> Option<ShardId> {
-    uuid::Uuid::parse_str(s).ok().map(ShardId)
+    ShardId::parse(s)
 }
 
 /// A page cursor for `key`.

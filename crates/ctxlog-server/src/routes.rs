@@ -206,18 +206,13 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
         let p = r.view.fresh().await?;
         let held = p.checkpoint();
         for (i, rec) in records.iter().enumerate() {
-            let past = rec
-                .covers
-                .iter()
-                .flat_map(|c| c.0.iter())
-                .find(|(s, seq)| **seq > held.get(**s));
-            if let Some((shard, seq)) = past {
+            if let Some((shard, seq)) = rec.covers.as_ref().and_then(|c| c.first_beyond(&held)) {
                 return Err(Problem::invalid(
                     "covers",
                     Some(i),
                     format!(
                         "names seq {seq} of shard {shard}, past what the store holds ({}): not a position of this store",
-                        held.get(*shard)
+                        held.get(shard)
                     ),
                 ));
             }
