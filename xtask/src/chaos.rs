@@ -65,7 +65,8 @@ pub(crate) fn short(s3: &s3_loopback::Server) -> Result<()> {
 /// The soak's verdict: the final check passed (nothing acknowledged lost or changed, no
 /// conflict the ack logs do not explain), nothing hung, no process failed (a writer, the
 /// reader, compaction, a maintenance command), and the run made progress: every writer
-/// identity had batches acknowledged, the reader refreshed, the check saw acknowledged ids.
+/// identity had batches acknowledged and could still write after the storm, the reader
+/// refreshed, the check saw acknowledged ids.
 pub(crate) fn verdict(summary: &Value) -> Result<()> {
     let (backend, seed) = (&summary["backend"], &summary["seed"]);
     ensure!(
@@ -86,6 +87,11 @@ pub(crate) fn verdict(summary: &Value) -> Result<()> {
         failures == 0,
         "chaos ({backend}): {failures} processes failed (seed {seed}): {}",
         summary["failures"]
+    );
+    ensure!(
+        summary["final_writes"] == WRITERS,
+        "chaos ({backend}): not every writer identity could write after the storm (seed {seed}): {}",
+        summary["final_writes"]
     );
     let by_identity = summary["acks_by_identity"].as_object();
     for slot in 0..WRITERS {
@@ -118,6 +124,10 @@ fn identity(slot: usize) -> String {
 /// How a writer process holds the store: its shard only, or a projector too (opened first or
 /// second), chosen per process.
 const HOLDS: [&str; 3] = ["none", "projector-first", "shard-first"];
+
+/// How long the last writer of an identity, after the storm, may take to have one batch
+/// acknowledged: a few opens through the faults, each within the writer's own deadlines.
+const FINAL_WRITE_DEADLINE: Duration = Duration::from_secs(180);
 
 /// Maintenance commands the soak runs beside the writers, each a `ctxlog` process.
 const MAINTENANCE: [&str; 4] = ["retain", "purge", "gc", "snapshot"];
@@ -176,7 +186,8 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut incarnation = 0u64;
-    let mut spawn_writer = |slot: usize, rng: &mut StdRng| -> Result<Writer> {
+    // `batches`: how many batches the writer stops after, if not drawn here.
+    let mut spawn_writer = |slot: usize, rng: &mut StdRng, batches: Option<u64>| -> Result<Writer> {
         incarnation += 1;
         let name = format!("w{slot}-{incarnation}");
         let writer_seed = rng.random::<u64>().to_string();
@@ -189,8 +200,9 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         // One writer in three stops by itself after some batches and closes its handles
         // (then its slot starts again): a process that closes the store cleanly beside the
         // others is where a lost lock shows (it may checkpoint and delete the WAL).
-        if below(rng, 3) == 0 {
-            cmd.args(["--batches", &(20 + below(rng, 300)).to_string()]);
+        let batches = batches.or_else(|| (below(rng, 3) == 0).then(|| 20 + below(rng, 300)));
+        if let Some(n) = batches {
+            cmd.args(["--batches", &n.to_string()]);
         }
         if faults {
             cmd.arg("--faults");
@@ -205,7 +217,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
     };
     let mut writers: Vec<Writer> = Vec::new();
     for slot in 0..WRITERS {
-        writers.push(spawn_writer(slot, &mut rng)?);
+        writers.push(spawn_writer(slot, &mut rng, None)?);
     }
     // Readers come and go too (a new process now and then), each with its own stats file.
     let mut readers_started = 0u64;
@@ -255,7 +267,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                         }
                     }
                     if !writers.iter().any(|o| o.slot == w.slot) {
-                        writers.push(spawn_writer(w.slot, &mut rng)?);
+                        writers.push(spawn_writer(w.slot, &mut rng, None)?);
                     }
                 }
             }
@@ -271,13 +283,13 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 let _ = w.child.kill();
                 let _ = w.child.wait_timeout(Duration::from_secs(30))?;
                 kills += 1;
-                writers.push(spawn_writer(w.slot, &mut rng)?);
+                writers.push(spawn_writer(w.slot, &mut rng, None)?);
             }
             // A second process with the same writer id: it takes the shard over; the first
             // is fenced and exits.
             2 if !writers.is_empty() => {
                 let slot = writers[below(&mut rng, writers.len() as u64) as usize].slot;
-                writers.push(spawn_writer(slot, &mut rng)?);
+                writers.push(spawn_writer(slot, &mut rng, None)?);
                 takeovers += 1;
             }
             3 => {
@@ -332,6 +344,34 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         let _ = w.child.kill();
         let _ = w.child.wait_timeout(Duration::from_secs(30))?;
     }
+    // After the storm every identity can still write: one writer per identity, none killed
+    // or taken over, each must have a batch acknowledged (through the same faults) and close.
+    // How many acks an identity got *during* the storm is luck: a seed that takes one
+    // identity over again and again on a slow store leaves it none.
+    let mut last_writers = Vec::new();
+    for slot in 0..WRITERS {
+        last_writers.push(spawn_writer(slot, &mut rng, Some(1))?);
+    }
+    let mut final_writes = 0u64;
+    for mut w in last_writers {
+        match w.child.wait_timeout(FINAL_WRITE_DEADLINE)? {
+            Some(status) if status.success() => final_writes += 1,
+            Some(status) => failures.push(format!(
+                "the last writer of slot {} exited {status}: {}",
+                w.slot,
+                read_stderr(&mut w.child).trim()
+            )),
+            None => {
+                let _ = w.child.kill();
+                let _ = w.child.wait_timeout(Duration::from_secs(30))?;
+                hangs += 1;
+                failures.push(format!(
+                    "the last writer of slot {} had nothing acknowledged within {FINAL_WRITE_DEADLINE:?}",
+                    w.slot
+                ));
+            }
+        }
+    }
     stop_reader(reader, &mut hangs, &mut failures)?;
     // The check scans the whole log (millions of entries after a long soak): its store
     // deadline is its own, inside the process's.
@@ -345,7 +385,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         .unwrap_or_else(|_| json!({"ok": false, "error": String::from_utf8_lossy(&out.stderr).trim().to_string()}));
     let mut totals: BTreeMap<String, u64> = BTreeMap::new();
     let mut faults_by_kind: BTreeMap<String, u64> = BTreeMap::new();
-    let mut acks_by_identity: BTreeMap<String, u64> = (0..WRITERS).map(|s| (identity(s), 0)).collect();
+    let acks_by_identity = acks_by_identity(&acks)?;
     let mut reader_totals: BTreeMap<String, u64> = BTreeMap::new();
     reader_totals.insert("processes".into(), readers_started);
     for entry in std::fs::read_dir(&acks)? {
@@ -365,16 +405,6 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 *reader_totals.entry(k.into()).or_default() += v[k].as_u64().unwrap_or(0);
             }
             continue;
-        }
-        // `w{slot}-{incarnation}.stats`
-        let slot = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.strip_prefix('w'))
-            .and_then(|s| s.split('-').next())
-            .and_then(|s| s.parse::<usize>().ok());
-        if let Some(slot) = slot {
-            *acks_by_identity.entry(identity(slot)).or_default() += v["acks"].as_u64().unwrap_or(0);
         }
         for k in [
             "appends",
@@ -403,7 +433,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         "seed": seed,
         "seconds": soaked.as_secs_f64(),
         "operations": totals.get("appends"),
-        "acks": totals.get("acks"),
+        "acks": acks_by_identity.values().sum::<u64>(),
         "acked_records": totals.get("acked_records"),
         "definite_errors": totals.get("definite_errors"),
         "indeterminate_errors": totals.get("indeterminate_errors"),
@@ -426,8 +456,37 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         "hangs": hangs,
         "check": check,
         "failures": failures,
+        "final_writes": final_writes,
         "store": ctxlog::redact_uri(&uri),
     }))
+}
+
+/// Acknowledgements per writer identity, counted in the ack logs (`w{slot}-{incarnation}.acks`,
+/// one line per acknowledged batch, synced before the writer goes on): a writer's stats file
+/// is saved every few appends, so a writer killed early leaves its acks only in its log.
+fn acks_by_identity(dir: &std::path::Path) -> Result<BTreeMap<String, u64>> {
+    let mut by_identity: BTreeMap<String, u64> = (0..WRITERS).map(|s| (identity(s), 0)).collect();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "acks") {
+            continue;
+        }
+        let slot = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.strip_prefix('w'))
+            .and_then(|s| s.split('-').next())
+            .and_then(|s| s.parse::<usize>().ok())
+            .with_context(|| format!("an ack log not named w{{slot}}-{{incarnation}}: {}", path.display()))?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        // A line cut short by a kill was never acknowledged to anyone.
+        let acked = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n') && !l.trim().is_empty())
+            .count();
+        *by_identity.entry(identity(slot)).or_default() += acked as u64;
+    }
+    Ok(by_identity)
 }
 
 /// Tell a reader to finish (its stdin closes) and wait for it: a non-zero exit (its view
@@ -534,7 +593,22 @@ mod tests {
             "failures": [],
             "acks_by_identity": {"chaos-w0": 3, "chaos-w1": 1, "chaos-w2": 7},
             "reader": {"refreshes": 9},
+            "final_writes": 3,
         })
+    }
+
+    /// A writer killed before it saved its stats still counts: its acks are in its log.
+    #[test]
+    fn acks_are_counted_in_the_ack_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("w0-1.acks"), "{}\n{}\n").unwrap();
+        std::fs::write(dir.path().join("w0-4.acks"), "{}\n{\"cut").unwrap();
+        std::fs::write(dir.path().join("w2-2.acks"), "{}\n").unwrap();
+        std::fs::write(dir.path().join("w2-2.stats"), r#"{"acks": 0}"#).unwrap();
+        let by = acks_by_identity(dir.path()).unwrap();
+        assert_eq!(by["chaos-w0"], 3);
+        assert_eq!(by["chaos-w1"], 0);
+        assert_eq!(by["chaos-w2"], 1);
     }
 
     #[test]
@@ -546,7 +620,7 @@ mod tests {
     #[test]
     fn every_recorded_failure_and_a_run_without_progress_fail() {
         type Breaks = fn(&mut Value);
-        let broken: [(&str, Breaks); 9] = [
+        let broken: [(&str, Breaks); 10] = [
             ("the check failed", |s| s["check"]["ok"] = json!(false)),
             ("an ack was lost", |s| s["acknowledged_records_lost"] = json!(1)),
             ("the check could not tell", |s| {
@@ -561,6 +635,9 @@ mod tests {
             }),
             ("an identity without acks", |s| {
                 s["acks_by_identity"]["chaos-w1"] = json!(0)
+            }),
+            ("an identity that could not write after the storm", |s| {
+                s["final_writes"] = json!(2)
             }),
             ("no refresh", |s| s["reader"]["refreshes"] = json!(0)),
             ("nothing checked", |s| s["check"]["acked_ids"] = json!(0)),
