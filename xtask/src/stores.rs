@@ -5,11 +5,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-/// The URI of a local store of `backend` at `path`.
-pub(crate) fn store_uri(backend: &str, path: &Path) -> String {
+/// The URI of a local store of `backend` (`sqlite` or `lance`) at `path`; any other name is
+/// an error, never a guess.
+pub(crate) fn store_uri(backend: &str, path: &Path) -> Result<String> {
     match backend {
-        "sqlite" => format!("sqlite:{}", path.display()),
-        _ => format!("lance:{}", path.display()),
+        "sqlite" => Ok(format!("sqlite:{}", path.display())),
+        "lance" => Ok(format!("lance:{}", path.display())),
+        other => anyhow::bail!("no local store of backend `{other}` (have: sqlite, lance)"),
     }
 }
 
@@ -23,8 +25,12 @@ pub(crate) fn path_of(uri: &str) -> PathBuf {
 }
 
 /// A store URI for `path` of the same backend as `uri`.
-fn store_uri_like(uri: &str, path: &Path) -> String {
-    store_uri(if uri.starts_with("sqlite:") { "sqlite" } else { "lance" }, path)
+fn store_uri_like(uri: &str, path: &Path) -> Result<String> {
+    let backend = uri
+        .split_once(':')
+        .map(|(scheme, _)| scheme)
+        .context("a local store URI names its backend (`sqlite:` or `lance:`)")?;
+    store_uri(backend, path)
 }
 
 /// Copy a local store: a SQLite file consistently (the online backup API), a dataset
@@ -33,13 +39,13 @@ pub(crate) fn copy_store(bin: &Path, uri: &str, scratch: &Path) -> Result<String
     let src = path_of(uri);
     let name = src.file_name().context("store has a name")?;
     let dst = scratch.join(format!("refresh-{}", name.to_string_lossy()));
-    remove_store(&store_uri_like(uri, &dst));
+    remove_store(&store_uri_like(uri, &dst)?);
     if src.is_dir() {
         crate::bench::restore::copy_dir(&src, &dst)?;
     } else {
         crate::bench::restore::copy_sqlite(bin, &src, &dst)?;
     }
-    Ok(store_uri_like(uri, &dst))
+    store_uri_like(uri, &dst)
 }
 
 /// Remove a local store (a SQLite file with its -wal and -shm, or a directory).
@@ -124,6 +130,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A backend name xtask does not know is an error, not a Lance store.
+    #[test]
+    fn a_store_of_an_unknown_backend_is_an_error() {
+        let p = Path::new("/tmp/x");
+        assert_eq!(store_uri("sqlite", p).unwrap(), "sqlite:/tmp/x");
+        assert_eq!(store_uri("lance", p).unwrap(), "lance:/tmp/x");
+        assert!(store_uri("sqlight", p).is_err());
+        assert_eq!(store_uri_like("lance:/a", p).unwrap(), "lance:/tmp/x");
+        assert!(store_uri_like("/a/b.db", p).is_err());
+    }
 
     /// Fails when the key ignores the store format, the generator's version or its
     /// parameters: a store generated before any of them changed would be reused.

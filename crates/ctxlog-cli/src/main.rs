@@ -300,15 +300,8 @@ async fn run(cli: Cli) -> ExitCode {
                 op: "ctxlog command",
                 after: timeout,
                 shard: None,
-                // Only maintenance writes; its commit may be in flight.
-                written: if matches!(
-                    cmd,
-                    Command::Compact { .. }
-                        | Command::Gc { .. }
-                        | Command::Retain { .. }
-                        | Command::Purge { .. }
-                        | Command::Snapshot
-                ) {
+                // A command that writes may have its commit in flight.
+                written: if cmd.writes() {
                     ctxlog::Written::Unknown
                 } else {
                     ctxlog::Written::Nothing
@@ -319,6 +312,32 @@ async fn run(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(f) => f.report(),
+    }
+}
+
+impl Command {
+    /// Whether the command may write to the store: a deadline that cuts it short then
+    /// leaves its outcome unknown. Exhaustive, so that a new command has to answer.
+    fn writes(&self) -> bool {
+        match self {
+            Command::Append { .. }
+            | Command::Summarize { .. }
+            | Command::Demo
+            | Command::Serve { .. }
+            | Command::Compact { .. }
+            | Command::Gc { .. }
+            | Command::Retain { .. }
+            | Command::Purge { .. }
+            | Command::Snapshot => true,
+            Command::Get { .. }
+            | Command::Session { .. }
+            | Command::Context { .. }
+            | Command::Sessions { .. }
+            | Command::Shards
+            | Command::Conflicts
+            | Command::Stats
+            | Command::Token { .. } => false,
+        }
     }
 }
 

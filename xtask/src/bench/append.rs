@@ -51,7 +51,7 @@ pub(crate) fn run(a: &AppendArgs) -> Result<()> {
                 } else {
                     format!("{name}.lance")
                 });
-                let uri = store_uri(backend, &path);
+                let uri = store_uri(backend, &path)?;
                 remove_store(&uri);
                 // Create the store first: creation is not what is measured.
                 probe(&bin, &uri, false, &["generate", "--entries", "1", "--writers", "1"])?;

@@ -332,7 +332,7 @@ pub(super) fn generated_store(
     } else {
         format!("{name}.lance")
     });
-    let uri = store_uri(backend, &path);
+    let uri = store_uri(backend, &path)?;
     let done = dir.join(format!("{name}.done"));
     let (entries, writers, seed) = (size.to_string(), writers.to_string(), seed.to_string());
     let mut args = vec![

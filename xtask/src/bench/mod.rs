@@ -95,8 +95,8 @@ pub(crate) fn release_binaries(common: &Common) -> Result<(PathBuf, PathBuf, Pat
     for b in &common.backends {
         match b.as_str() {
             "sqlite" => features.extend(["ctxlog-benches/sqlite", "ctxlog-cli/sqlite"]),
-            // Lance with S3 always: one feature set, one release build (Lance takes most of
-            // an hour to build), and stores on S3 can be restored and measured.
+            // Lance with S3 always: one feature set, so one release build (Lance's is the
+            // longest of all to build), and stores on S3 can be restored and measured.
             "lance" => features.extend([
                 "ctxlog-benches/lance",
                 "ctxlog-benches/s3",

@@ -6,7 +6,7 @@
 //! folded every generation into the base table. Reported per row: wall time (median of
 //! fresh processes), requests by kind, bytes read, the ratio to the local first scan, and
 //! what a session view costs after the scan. The server on loopback has costs of its own
-//! (moto answers a range read of a large object in tens of milliseconds), so each S3 figure
+//! (an emulator's time per request is not a remote store's), so each S3 figure
 //! is also taken without added latency: the difference, divided by the latency, is the
 //! number of round trips on the critical path — what a remote store's latency multiplies.
 
@@ -72,9 +72,9 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
                 size_label(size),
                 a.seed
             ));
-            remove_store(&store_uri("lance", &compacted));
+            remove_store(&store_uri("lance", &compacted)?);
             super::restore::copy_dir(&crate::stores::path_of(&raw), &compacted)?;
-            let compacted = store_uri("lance", &compacted);
+            let compacted = store_uri("lance", &compacted)?;
             probe(&bin, &compacted, false, &["compact"])?;
             for (uri, folded) in [(&raw, false), (&compacted, true)] {
                 let bucket = format!(
@@ -284,7 +284,7 @@ fn generated(bin: &Path, size: usize, writers: usize, seed: u64, out: &Path, hid
     let dir = out.join("stores");
     std::fs::create_dir_all(&dir)?;
     let name = format!("lance-{}-w{writers}-s{seed}-raw", size_label(size));
-    let uri = store_uri("lance", &dir.join(format!("{name}.lance")));
+    let uri = store_uri("lance", &dir.join(format!("{name}.lance")))?;
     let done = dir.join(format!("{name}.done"));
     let (entries, writers_arg, seed) = (size.to_string(), writers.to_string(), seed.to_string());
     let args = [

@@ -79,7 +79,7 @@ fn measure(bin: &Path, backend: &str, size: usize, a: &ReclaimArgs, dir: &Path) 
     } else {
         format!("{name}.lance")
     });
-    let uri = store_uri(backend, &path);
+    let uri = store_uri(backend, &path)?;
     remove_store(&uri);
     let pb = progress(
         a.common.json || a.common.quiet,

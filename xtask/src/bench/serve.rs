@@ -225,7 +225,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
             } else {
                 format!("serve-{name}.lance")
             });
-            let uri = store_uri(backend, &path);
+            let uri = store_uri(backend, &path)?;
             remove_store(&uri);
             probe(&bench, &uri, false, &["generate", "--entries", "1", "--writers", "1"])?;
             Ok(uri)
@@ -377,7 +377,7 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
         } else {
             format!("serve-read-{}.lance", a.read_store_size)
         });
-        let big_uri = store_uri(backend, &big);
+        let big_uri = store_uri(backend, &big)?;
         let entries = super::parse_size(&a.read_store_size)?.to_string();
         let mut args = vec!["--entries", entries.as_str()];
         if backend != "sqlite" {
