@@ -95,57 +95,129 @@ impl std::fmt::Debug for Location {
     }
 }
 
-impl Location {
-    /// `"sqlite"` or `"lance"`.
-    pub fn backend(&self) -> &'static str {
+/// A backend a URI can name. Which of them this build can open is a matter of cargo
+/// features ([`Backend::compiled`]); the URI forms are the same in every build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// One embedded SQLite file (feature `sqlite`, the default).
+    Sqlite,
+    /// A Lance dataset with MemWAL (feature `lance`).
+    Lance,
+}
+
+impl Backend {
+    /// Every backend, compiled in or not.
+    pub const ALL: [Backend; 2] = [Backend::Sqlite, Backend::Lance];
+
+    /// The backend's name, also the name of its cargo feature.
+    pub fn name(self) -> &'static str {
         match self {
-            Location::Sqlite(_) => "sqlite",
-            Location::Lance { .. } => "lance",
+            Backend::Sqlite => "sqlite",
+            Backend::Lance => "lance",
         }
     }
 
-    /// Parse a store URI (see the crate docs).
+    /// Whether this build can open stores of this backend.
+    pub fn compiled(self) -> bool {
+        match self {
+            Backend::Sqlite => cfg!(feature = "sqlite"),
+            Backend::Lance => cfg!(feature = "lance"),
+        }
+    }
+}
+
+/// How a URI names its backend.
+#[derive(Clone, Copy)]
+enum Form {
+    /// `PREFIX` then a path: `sqlite:agents.db`.
+    Prefix(&'static str),
+    /// `SCHEME://…`, an object store or Lance's in-process one.
+    Scheme(&'static str),
+    /// A path with this extension: `agents.db`.
+    Extension(&'static str),
+}
+
+/// The one table of URI forms and the backend each names (the crate docs show it).
+const URI_FORMS: &[(Form, Backend)] = &[
+    (Form::Prefix("sqlite:"), Backend::Sqlite),
+    (Form::Prefix("lance:"), Backend::Lance),
+    (Form::Scheme("s3"), Backend::Lance),
+    (Form::Scheme("s3a"), Backend::Lance),
+    (Form::Scheme("gs"), Backend::Lance),
+    (Form::Scheme("az"), Backend::Lance),
+    (Form::Scheme("abfs"), Backend::Lance),
+    (Form::Scheme("abfss"), Backend::Lance),
+    (Form::Scheme("memory"), Backend::Lance),
+    (Form::Scheme("shared-memory"), Backend::Lance),
+    (Form::Extension("db"), Backend::Sqlite),
+    (Form::Extension("sqlite"), Backend::Sqlite),
+    (Form::Extension("sqlite3"), Backend::Sqlite),
+    (Form::Extension("lance"), Backend::Lance),
+];
+
+impl Location {
+    /// `"sqlite"` or `"lance"`.
+    pub fn backend(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// The backend this location is a store of.
+    pub fn kind(&self) -> Backend {
+        match self {
+            Location::Sqlite(_) => Backend::Sqlite,
+            Location::Lance { .. } => Backend::Lance,
+        }
+    }
+
+    /// `path` (a URI without prefix or query, or a local path) as a store of `backend`.
+    fn of(backend: Backend, path: &str, uri: &str) -> Location {
+        match backend {
+            Backend::Sqlite => Location::Sqlite(PathBuf::from(path.strip_prefix("//").unwrap_or(path))),
+            Backend::Lance => lance_location(uri),
+        }
+    }
+
+    /// Parse a store URI (see the crate docs): by [`URI_FORMS`], else a `file://` URL of
+    /// one of them, else an existing store told by its contents.
     pub fn parse(uri: &str) -> Result<Self> {
         if uri.is_empty() {
             return Err(Error::invalid("uri", None, "the store URI is empty"));
         }
-        if let Some(rest) = uri.strip_prefix("sqlite:") {
-            let path = rest.strip_prefix("//").unwrap_or(rest);
-            if path.is_empty() {
-                return Err(Error::invalid("uri", None, format!("`{uri}` names no file")));
-            }
-            return Ok(Location::Sqlite(PathBuf::from(path)));
-        }
-        if let Some(rest) = uri.strip_prefix("lance:") {
-            if rest.is_empty() {
-                return Err(Error::invalid("uri", None, format!("`{uri}` names no dataset")));
-            }
-            return Ok(lance_location(rest));
-        }
-        if let Some((scheme, _)) = uri.split_once("://") {
-            return match scheme {
-                "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "memory" | "shared-memory" => Ok(lance_location(uri)),
-                "file" => {
-                    // The query (storage options) is not part of the path.
-                    let path = uri.trim_start_matches("file://");
-                    let path = path.split(['?', '#']).next().unwrap_or(path);
-                    Location::parse(path).map(|l| match l {
-                        Location::Lance { .. } => lance_location(uri),
-                        other => other,
-                    })
+        let scheme = uri.split_once("://").map(|(scheme, _)| scheme);
+        let ext = std::path::Path::new(uri).extension().and_then(|e| e.to_str());
+        for &(form, backend) in URI_FORMS {
+            match form {
+                Form::Prefix(prefix) => {
+                    if let Some(rest) = uri.strip_prefix(prefix) {
+                        if rest.strip_prefix("//").unwrap_or(rest).is_empty() {
+                            return Err(Error::invalid("uri", None, format!("`{uri}` names no store")));
+                        }
+                        return Ok(Location::of(backend, rest, rest));
+                    }
                 }
-                _ => Err(Error::UnknownScheme {
-                    uri: redact_uri(uri),
-                    scheme: scheme.to_string(),
-                }),
-            };
+                Form::Scheme(name) if scheme == Some(name) => return Ok(Location::of(backend, uri, uri)),
+                Form::Extension(e) if scheme.is_none() && ext == Some(e) => {
+                    return Ok(Location::of(backend, uri, uri));
+                }
+                Form::Scheme(_) | Form::Extension(_) => {}
+            }
         }
-        let path = PathBuf::from(uri);
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        match ext {
-            "db" | "sqlite" | "sqlite3" => Ok(Location::Sqlite(path)),
-            "lance" => Ok(lance_location(uri)),
-            _ => sniff(&path).ok_or_else(|| {
+        match scheme {
+            Some("file") => {
+                // The query (storage options) is not part of the path.
+                let path = uri.trim_start_matches("file://");
+                let path = path.split(['?', '#']).next().unwrap_or(path);
+                Location::parse(path).map(|l| match l {
+                    Location::Lance { .. } => lance_location(uri),
+                    other => other,
+                })
+            }
+            Some(scheme) => Err(Error::UnknownScheme {
+                uri: redact_uri(uri),
+                scheme: scheme.to_string(),
+            }),
+            None => sniff(std::path::Path::new(uri)).ok_or_else(|| {
                 Error::invalid(
                     "uri",
                     None,
@@ -209,67 +281,42 @@ pub async fn open(uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     open_location(Location::parse(uri)?, uri, options).await
 }
 
-/// Fail with [`Error::BackendNotCompiled`] when `location` needs a backend not in `compiled`.
-fn check_compiled(location: &Location, uri: &str, compiled: &[&str]) -> Result<()> {
-    let backend = location.backend();
-    if compiled.contains(&backend) {
-        Ok(())
-    } else {
-        Err(Error::BackendNotCompiled {
-            uri: redact_uri(uri),
-            backend,
-            feature: backend,
-        })
-    }
-}
-
 /// Open a parsed [`Location`]; `uri` is only used (redacted) in error messages.
 pub async fn open_location(location: Location, uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     options.validate()?;
-    check_compiled(&location, uri, &compiled_backends())?;
     match location {
-        Location::Sqlite(path) => open_sqlite(path, uri, options).await,
+        #[cfg(feature = "sqlite")]
+        Location::Sqlite(path) => Ok(Arc::new(ctxlog_sqlite::SqliteStore::open(path, options).await?)),
+        #[cfg(feature = "lance")]
         Location::Lance {
             uri: dataset,
             storage_options,
         } => {
             let mut options = options;
             options.storage_options.extend(storage_options);
-            open_lance(dataset, uri, options).await
+            ctxlog_lance::LanceStore::open(&dataset, options).await
         }
+        #[allow(unreachable_patterns)]
+        other => Err(not_compiled(other.kind(), uri)),
     }
 }
 
-#[cfg(feature = "sqlite")]
-async fn open_sqlite(path: PathBuf, _uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
-    Ok(Arc::new(ctxlog_sqlite::SqliteStore::open(path, options).await?))
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(path: PathBuf, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
-    check_compiled(&Location::Sqlite(path), uri, &[]).map(|_| unreachable!("checked by open_location"))
-}
-
-#[cfg(feature = "lance")]
-async fn open_lance(dataset: String, _uri: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
-    ctxlog_lance::LanceStore::open(&dataset, options).await
-}
-
-#[cfg(not(feature = "lance"))]
-async fn open_lance(dataset: String, uri: &str, _options: StoreOptions) -> Result<Arc<dyn Store>> {
-    check_compiled(&lance_location(&dataset), uri, &[]).map(|_| unreachable!("checked by open_location"))
+/// The error for a store of a backend this build does not have.
+fn not_compiled(backend: Backend, uri: &str) -> Error {
+    Error::BackendNotCompiled {
+        uri: redact_uri(uri),
+        backend: backend.name(),
+        feature: backend.name(),
+    }
 }
 
 /// The backends compiled into this build.
 pub fn compiled_backends() -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if cfg!(feature = "sqlite") {
-        out.push("sqlite");
-    }
-    if cfg!(feature = "lance") {
-        out.push("lance");
-    }
-    out
+    Backend::ALL
+        .into_iter()
+        .filter(|b| b.compiled())
+        .map(Backend::name)
+        .collect()
 }
 
 #[cfg(test)]
@@ -322,7 +369,7 @@ mod tests {
     fn errors_and_debug_output_never_show_storage_options() {
         let uri = "s3://bucket/log.lance?aws_secret_access_key=SECRET&region=eu";
         let loc = Location::parse(uri).unwrap();
-        let err = check_compiled(&loc, uri, &["sqlite"]).unwrap_err();
+        let err = not_compiled(loc.kind(), uri);
         assert!(!err.to_string().contains("SECRET"), "{err}");
         assert!(!format!("{err:?}").contains("SECRET"), "{err:?}");
         assert!(!format!("{loc:?}").contains("SECRET"), "{loc:?}");
@@ -338,12 +385,61 @@ mod tests {
     #[test]
     fn a_backend_not_compiled_in_names_its_feature() {
         let loc = Location::parse("memory://x").unwrap();
-        let err = check_compiled(&loc, "memory://x", &["sqlite"]).unwrap_err();
+        let err = not_compiled(loc.kind(), "memory://x");
         assert!(
             matches!(err, Error::BackendNotCompiled { feature: "lance", .. }),
             "{err}"
         );
         assert!(err.is_definite() && err.is_invalid_input());
-        check_compiled(&loc, "memory://x", &["sqlite", "lance"]).unwrap();
+    }
+
+    /// Every form of the table, and what is not one of them: the backend it names, or the
+    /// error. A form added to the table and not here fails the count.
+    #[test]
+    fn the_uri_table() {
+        let cases: &[(&str, Option<Backend>)] = &[
+            ("sqlite:/tmp/a", Some(Backend::Sqlite)),
+            ("sqlite://tmp/a", Some(Backend::Sqlite)),
+            ("lance:/tmp/x", Some(Backend::Lance)),
+            ("s3://b/p", Some(Backend::Lance)),
+            ("s3a://b/p", Some(Backend::Lance)),
+            ("gs://b/p", Some(Backend::Lance)),
+            ("az://c/p", Some(Backend::Lance)),
+            ("abfs://c/p", Some(Backend::Lance)),
+            ("abfss://c/p", Some(Backend::Lance)),
+            ("memory://t", Some(Backend::Lance)),
+            ("shared-memory://t", Some(Backend::Lance)),
+            ("x/y.db", Some(Backend::Sqlite)),
+            ("y.sqlite", Some(Backend::Sqlite)),
+            ("y.sqlite3", Some(Backend::Sqlite)),
+            ("/tmp/x.lance", Some(Backend::Lance)),
+            ("file:///tmp/y.db", Some(Backend::Sqlite)),
+            ("file:///tmp/x.lance?region=eu", Some(Backend::Lance)),
+            ("sqlite:", None),
+            ("lance:", None),
+            ("ftp://x/y.db", None),
+            ("/nonexistent/no-extension", None),
+            ("", None),
+        ];
+        for (uri, want) in cases {
+            let got = Location::parse(uri).ok().map(|l| l.kind());
+            assert_eq!(got, *want, "{uri}");
+        }
+        assert_eq!(
+            URI_FORMS.len(),
+            cases
+                .iter()
+                .filter(|(u, w)| w.is_some() && !u.starts_with("file:") && !u.starts_with("sqlite://"))
+                .count(),
+            "a form of the table without its case"
+        );
+        assert_eq!(
+            compiled_backends(),
+            Backend::ALL
+                .into_iter()
+                .filter(|b| b.compiled())
+                .map(Backend::name)
+                .collect::<Vec<_>>()
+        );
     }
 }
