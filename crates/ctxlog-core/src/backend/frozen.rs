@@ -27,7 +27,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::index::{Extra, IdState, Put, RowRef};
+use crate::backend::id_state::{Extra, IdState, Put, RowRef};
 use crate::entry::OrderKey;
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;

@@ -13,6 +13,7 @@
 
 mod frozen;
 pub mod history;
+mod id_state;
 pub mod index;
 pub mod projector;
 pub mod snapshot;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use crate::backend::index::CatchUp;
 use crate::backend::index::{ProjectionIndex, RowRef, SummarisedSession};
 use crate::backend::snapshot::{self, Rejected};
 use crate::context::{self, ContextView};
@@ -56,22 +57,6 @@ pub trait IndexSource: Send + Sync + 'static {
     /// The cursor `save_cursor` saved, ready for a catch-up from the snapshot's index; or
     /// why it cannot be (it names data that is gone).
     async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Self::Cursor, Rejected>;
-}
-
-/// What one catch-up did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CatchUp {
-    /// Entries read from storage.
-    pub read: u64,
-    /// Entries the index did not hold yet.
-    pub applied: u64,
-}
-
-impl std::ops::AddAssign for CatchUp {
-    fn add_assign(&mut self, other: CatchUp) {
-        self.read += other.read;
-        self.applied += other.applied;
-    }
 }
 
 /// A [`Projector`] over any [`IndexSource`].
