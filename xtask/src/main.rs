@@ -16,6 +16,7 @@ mod cargo;
 mod chaos;
 mod conformance;
 mod flags;
+mod imports;
 mod mutants;
 mod python;
 mod smoke;
