@@ -43,7 +43,7 @@ pub struct WriterTuning {
     /// How often, at most, an append first reads the shard manifest to see whether a
     /// successor has claimed the shard. Without it a writer learns it is fenced only when
     /// the successor's sentinel reaches the WAL tip, and a successor probing for the tip
-    /// chases a writer that goes on appending: measured over S3, tens of seconds.
+    /// chases a writer that goes on appending, for as long as it appends (docs/benchmarks.md).
     pub fence_check_interval: Duration,
 }
 
@@ -55,7 +55,8 @@ impl Default for WriterTuning {
             max_memtable_batches: 1_000,
             max_memtable_bytes: 64 * 1024 * 1024,
             wal_flush_interval: Duration::from_millis(500),
-            // At 20 ms per request, a takeover replays such a tail in about 1.3 s.
+            // A takeover replays the tail one dependent round trip per entry: this bounds
+            // how long a successor takes over object storage (docs/benchmarks.md).
             max_wal_tail: 64,
             fence_check_interval: Duration::from_secs(1),
         }

@@ -330,7 +330,7 @@ fn memory_uri_is_one_store_per_process() {
 /// fenced from the successor's claim, before the successor reaches the WAL tip: here the
 /// successor is held just before its WAL sentinel, and the old writer's next append is
 /// refused as fenced with nothing written. (Without the epoch check the append lands,
-/// and over S3 a successor probing for the tip chased such a writer for tens of seconds.)
+/// and a successor probing for the tip chases such a writer for as long as it appends.)
 #[test]
 fn a_writer_learns_of_a_claim_before_the_successor_reaches_the_wal() {
     use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};

@@ -354,8 +354,9 @@ fn catch_up(
     // This thread reads rows (SQLite); others apply them to the index. When there are many
     // rows to apply (a first scan, a catch-up from an old snapshot), one per core but the
     // one this thread takes (an index has a part per core); else one. Each row goes to the
-    // thread of its id. On two cores, a second applying thread made a 1m first scan
-    // slower (median of 9 runs 449.8 ms against 435.9 ms with one).
+    // thread of its id. Not one per core: reading keeps this thread busy, and an applying
+    // thread on its core competes with it for that core — on two cores a second applying
+    // thread made a first scan slower, not faster (docs/benchmarks.md).
     let behind = stored.saturating_sub(shards.iter().map(|s| s.2).sum());
     let threads = if behind >= PARALLEL_FROM { index.parts() - 1 } else { 1 };
     let router = index.router(threads);

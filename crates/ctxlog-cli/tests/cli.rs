@@ -596,3 +596,77 @@ async fn the_readme_summary_example_runs_as_written() {
         (Some("sum-1"), Some(2))
     );
 }
+
+/// Every `sh` block of the README runs as written: `bash -euo pipefail` in an empty
+/// directory, with this build's `ctxlog` first on the PATH and no `CTXLOG_STORE`, the ports
+/// 7070 and 7071 moved to free ones. Lines that run `cargo` (the two commands, build
+/// instructions) are left out: this build is what they make. A block must end by itself; its
+/// process group is killed after it, so nothing it started outlives it.
+#[tokio::test]
+async fn every_readme_sh_block_runs_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let blocks: Vec<String> = readme
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .map(|block| {
+            block
+                .lines()
+                .filter(|l| l.split_whitespace().next() != Some("cargo"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|block| {
+            block
+                .lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        })
+        .collect();
+    assert!(blocks.len() >= 3, "the README's sh blocks: {}", blocks.len());
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ctxlog"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = std::env::join_paths(
+        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .unwrap();
+    for (i, block) in blocks.iter().enumerate() {
+        let mut block = block.clone();
+        for port in ["7070", "7071"] {
+            let free = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            block = block.replace(port, &free.to_string());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &block])
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env_remove("CTXLOG_STORE")
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let group = child.id().expect("running") as libc::pid_t;
+        let out = tokio::time::timeout(DEADLINE, child.wait_with_output()).await;
+        // SAFETY: a signal to the process group this test started; no memory is touched.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let out = out
+            .unwrap_or_else(|_| panic!("README sh block {} hung:\n{block}", i + 1))
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "README sh block {} failed ({}):\n{block}\n--- stderr:\n{}",
+            i + 1,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

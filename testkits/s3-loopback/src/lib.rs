@@ -5,9 +5,9 @@
 //!
 //! Two changes to moto, made by the launcher `serve.py` when the server starts. A GET of one
 //! byte range reads that range, not the whole object: moto 5.2.5 reads and copies the whole
-//! object for every range GET (about 37 ms for a range of a 50 MB object on the build
-//! machine, 5 ms with the launcher), so a Lance scan of large files measured the emulator;
-//! S3 serves a range at the cost of the range. And a conditional write is atomic: moto checks
+//! object for every range GET, so a range costs as much as the object, and a Lance scan of
+//! large files measured the emulator (docs/benchmarks.md); S3 serves a range at the cost of
+//! the range. And a conditional write is atomic: moto checks
 //! `If-None-Match`/`If-Match` and then writes with nothing held between, so writers racing
 //! one put-if-absent could both win; the launcher runs each write of a key, check and write,
 //! under a lock of that key, and exactly one wins, as on S3.
