@@ -149,7 +149,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             let server = match s3 {
                 Some(s) => s,
                 None => {
-                    own_server = crate::test::s3_server()?;
+                    own_server = crate::s3::server()?;
                     &own_server
                 }
             };

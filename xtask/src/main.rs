@@ -19,8 +19,8 @@ mod flags;
 mod imports;
 mod mutants;
 mod python;
+mod s3;
 mod smoke;
-mod stores;
 mod test;
 mod tidy;
 

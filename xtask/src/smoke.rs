@@ -116,7 +116,7 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
     let bucket = format!("smoke-restore-{}", std::process::id());
     s3.create_bucket(&bucket)
         .map_err(|e| anyhow::anyhow!("bucket {bucket}: {e}"))?;
-    let lance_uri = crate::stores::store_uri("lance", &lance)?;
+    let lance_uri = crate::bench::stores::store_uri("lance", &lance)?;
     bench::probe::probe(
         &bin,
         &lance_uri,

@@ -23,7 +23,7 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
     )?;
     // One S3 server on loopback for the whole run (each test process would otherwise start
     // its own): the Lance cases on S3, the multi-process cases and the parity test use it.
-    let s3 = s3_server()?;
+    let s3 = crate::s3::server()?;
     let with_s3 = |cmd: &mut std::process::Command| {
         cmd.env(s3_loopback::ENDPOINT_ENV, s3.endpoint());
     };
@@ -39,20 +39,4 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
     crate::python::run(&s3)?;
     crate::smoke::run(&s3)?;
     crate::chaos::short(&s3)
-}
-
-/// The S3 server on loopback for this run: moto, installed under the target directory the
-/// first time (python3 with venv is all it needs).
-pub(crate) fn s3_server() -> Result<s3_loopback::Server> {
-    let started = std::time::Instant::now();
-    let venv = cargo::target_dir()?
-        .join("s3-loopback")
-        .join(format!("moto-{}", s3_loopback::MOTO_VERSION));
-    let server = s3_loopback::Server::start(&venv).map_err(|e| anyhow::anyhow!("the S3 server on loopback: {e}"))?;
-    eprintln!(
-        "xtask: S3 server on loopback … ok ({}, {:.1} s)",
-        server.endpoint(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(server)
 }

@@ -8,9 +8,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::probe::{PROBE_DEADLINE, output_within, probe};
+use super::stores::{remove_store, store_uri};
 use super::{bench_binary, chrono_stamp, machine, out_dir, progress};
 use crate::flags::AppendArgs;
-use crate::stores::{remove_store, store_uri};
 
 #[derive(Debug, Serialize)]
 struct AppendRow {

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use super::first_scan::generated_store;
 use super::probe::probe;
 use super::stats::Stat;
+use super::stores::copy_store;
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::ContextArgs;
-use crate::stores::copy_store;
 
 pub(crate) fn run(a: &ContextArgs) -> Result<()> {
     let bin = bench_binary(&a.common)?;
@@ -74,7 +74,7 @@ pub(crate) fn run(a: &ContextArgs) -> Result<()> {
             "context_last": context.2,
             "full_last": full.2,
         }));
-        crate::stores::remove_store(&store);
+        super::stores::remove_store(&store);
     }
     let stamp = chrono_stamp();
     let doc = json!({"kind": "context", "date": stamp, "machine": machine(), "runs": a.runs, "rows": rows});

@@ -9,12 +9,12 @@ mod append;
 mod context;
 mod first_scan;
 mod object_store;
-mod plot;
 pub(crate) mod probe;
 mod reclaim;
 pub(crate) mod restore;
 mod serve;
 mod stats;
+pub(crate) mod stores;
 
 use std::path::PathBuf;
 use std::time::Duration;

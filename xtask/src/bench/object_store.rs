@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 
 use super::probe::{probe, snapshot_then_late_writes};
 use super::stats::{Stat, fmt_secs};
+use super::stores::{generate_or_reuse, remove_store, store_uri};
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::ObjectStoreArgs;
-use crate::stores::{generate_or_reuse, remove_store, store_uri};
 
 /// The session a view is measured on (every generated log has it).
 const VIEW: (&str, &str) = ("bot-0", "s-0000");
@@ -60,7 +60,7 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
     common.backends = vec!["lance".into()];
     let bin = bench_binary(&common)?;
     let out = out_dir(&common)?;
-    let server = crate::test::s3_server()?;
+    let server = crate::s3::server()?;
     let latency = a.latency_ms.to_string();
     let hidden = common.json || common.quiet;
     let mut rows = Vec::new();
@@ -73,7 +73,7 @@ pub(crate) fn run(a: &ObjectStoreArgs) -> Result<()> {
                 a.seed
             ));
             remove_store(&store_uri("lance", &compacted)?);
-            super::restore::copy_dir(&crate::stores::path_of(&raw), &compacted)?;
+            super::restore::copy_dir(&super::stores::path_of(&raw), &compacted)?;
             let compacted = store_uri("lance", &compacted)?;
             probe(&bin, &compacted, false, &["compact"])?;
             for (uri, folded) in [(&raw, false), (&compacted, true)] {
@@ -279,7 +279,7 @@ fn runs(
 
 /// A log generated with `writers` writers and left as they wrote it (nothing folded),
 /// reused when it was generated with the same store format, generator and parameters (see
-/// [`crate::stores::generated_key`]).
+/// [`super::stores::generated_key`]).
 fn generated(bin: &Path, size: usize, writers: usize, seed: u64, out: &Path, hidden: bool) -> Result<String> {
     let dir = out.join("stores");
     std::fs::create_dir_all(&dir)?;

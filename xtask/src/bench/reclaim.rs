@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 
 use super::probe::probe;
 use super::stats::{Stat, fmt_secs};
+use super::stores::{remove_store, store_uri};
 use super::{bench_binary, chrono_stamp, machine, out_dir, parse_size, progress, size_label};
 use crate::flags::ReclaimArgs;
-use crate::stores::{remove_store, store_uri};
 
 /// The generated workload's bots and sessions per bot (`ctxlog-bench generate`).
 const BOTS: usize = 10;

@@ -29,9 +29,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::probe::{PROBE_DEADLINE, output_within, probe};
+use super::stores::{generate_or_reuse, remove_store, store_uri};
 use super::{chrono_stamp, machine, out_dir, progress};
 use crate::flags::ServeArgs;
-use crate::stores::{generate_or_reuse, remove_store, store_uri};
 
 /// A `ctxlog serve` process.
 struct Replica {

@@ -41,9 +41,9 @@ pub(crate) fn copy_store(bin: &Path, uri: &str, scratch: &Path) -> Result<String
     let dst = scratch.join(format!("refresh-{}", name.to_string_lossy()));
     remove_store(&store_uri_like(uri, &dst)?);
     if src.is_dir() {
-        crate::bench::restore::copy_dir(&src, &dst)?;
+        super::restore::copy_dir(&src, &dst)?;
     } else {
-        crate::bench::restore::copy_sqlite(bin, &src, &dst)?;
+        super::restore::copy_sqlite(bin, &src, &dst)?;
     }
     store_uri_like(uri, &dst)
 }
@@ -93,7 +93,7 @@ fn with_command<'a>(command: &'a str, args: &[&'a str]) -> Vec<&'a str> {
 /// The key of the store that `ctxlog-bench generate <args>` would build at `uri` with this
 /// binary (its `store-key`, which reads and writes nothing).
 pub(crate) fn generated_key_of(bin: &Path, uri: &str, args: &[&str]) -> Result<String> {
-    let v = crate::bench::probe::probe(bin, uri, false, &with_command("store-key", args))?;
+    let v = super::probe::probe(bin, uri, false, &with_command("store-key", args))?;
     let format = v["format"].as_str().with_context(|| format!("no format in {v}"))?;
     let generator = v["generator"]
         .as_u64()
@@ -119,7 +119,7 @@ pub(crate) fn generate_or_reuse(
     let _ = std::fs::remove_file(done);
     remove_store(uri);
     let pb = generating();
-    let v = crate::bench::probe::probe(bin, uri, false, &with_command("generate", args))?;
+    let v = super::probe::probe(bin, uri, false, &with_command("generate", args))?;
     pb.finish_and_clear();
     std::fs::write(done, marker(&key, &v)).with_context(|| format!("write {}", done.display()))?;
     Ok(())
