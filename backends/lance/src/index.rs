@@ -276,11 +276,13 @@ impl IndexSource for LanceIndex {
     }
 
     fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
-        crate::snapshots::save_cursor(cursor)
+        crate::snapshots::save_cursor(&cursor.wal_next, &cursor.sources)
     }
 
     async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
-        crate::snapshots::resume_cursor(&self.shared, saved).await
+        crate::snapshots::resume_cursor(&self.shared, saved)
+            .await
+            .map(|(wal_next, sources)| Cursor::resumed(wal_next, sources))
     }
 }
 

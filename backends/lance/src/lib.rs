@@ -55,8 +55,8 @@ use ctxlog_core::{
 
 use crate::error::BACKEND;
 use crate::faults::Faults;
-pub use crate::shard::WriterTuning;
 use crate::store::Shared;
+pub use crate::store::WriterTuning;
 
 /// The layout of a ctxlog Lance store this build writes: the entry schema, MemWAL with one
 /// shard per writer, and the `_ctxlog/` objects beside them. Bump it when any of them

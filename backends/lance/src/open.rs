@@ -22,8 +22,8 @@ use crate::error::{is_not_found, lance_err};
 use crate::faults::Faults;
 use crate::io;
 use crate::schema;
-use crate::shard::WriterTuning;
 use crate::store::Shared;
+use crate::store::WriterTuning;
 
 /// Open (or create) the store at `uri`, bounded by the store's deadline.
 pub(crate) async fn open_store(uri: &str, options: StoreOptions, faults: Option<Arc<Faults>>) -> Result<Shared> {

@@ -20,49 +20,6 @@ use crate::schema::{Stamped, to_batch};
 use crate::store::Shared;
 use crate::{tiers, writers};
 
-/// How a writer sizes its memtables. A memtable becomes a flushed generation when it
-/// reaches any limit, and on close. Smaller memtables mean shorter WAL tails for readers
-/// and more generations for `compact` to fold. Keep these fixed for a store: MemWAL
-/// refuses to replay a WAL written under larger limits.
-#[derive(Clone, Debug)]
-pub struct WriterTuning {
-    /// Rows at which a memtable is frozen into a generation.
-    pub max_memtable_rows: usize,
-    /// Record batches at which a memtable is frozen.
-    pub max_memtable_batches: usize,
-    /// Bytes at which a memtable is frozen.
-    pub max_memtable_bytes: usize,
-    /// Backstop for the WAL flush ticker; every durable put also triggers its own flush.
-    pub wal_flush_interval: Duration,
-    /// Appends after which a writer freezes its memtable (it becomes a generation in the
-    /// background), whatever its size. This bounds the WAL tail a successor replays when it
-    /// takes the shard over — one round trip per entry, one after another — and the WAL
-    /// positions it probes to find the tip. Unlike the limits above it may change between
-    /// opens.
-    pub max_wal_tail: u64,
-    /// How often, at most, an append first reads the shard manifest to see whether a
-    /// successor has claimed the shard. Without it a writer learns it is fenced only when
-    /// the successor's sentinel reaches the WAL tip, and a successor probing for the tip
-    /// chases a writer that goes on appending, for as long as it appends (docs/benchmarks.md).
-    pub fence_check_interval: Duration,
-}
-
-impl Default for WriterTuning {
-    fn default() -> Self {
-        WriterTuning {
-            // Must admit the largest batch (Limits::max_batch_records).
-            max_memtable_rows: 25_000,
-            max_memtable_batches: 1_000,
-            max_memtable_bytes: 64 * 1024 * 1024,
-            wal_flush_interval: Duration::from_millis(500),
-            // A takeover replays the tail one dependent round trip per entry: this bounds
-            // how long a successor takes over object storage (docs/benchmarks.md).
-            max_wal_tail: 64,
-            fence_check_interval: Duration::from_secs(1),
-        }
-    }
-}
-
 pub(crate) struct LanceShard {
     shared: Arc<Shared>,
     state: WriterState,

@@ -19,7 +19,6 @@ use object_store::path::Path;
 use serde_json::json;
 
 use crate::error::{is_not_found, lance_err, store_err};
-use crate::index::Cursor;
 use crate::store::Shared;
 use crate::tiers::READ_WINDOW;
 
@@ -155,19 +154,23 @@ pub(crate) async fn put(shared: &Shared, bytes: Vec<u8>) -> Result<()> {
     Ok(())
 }
 
-/// What a snapshot keeps of the projector's cursor.
-pub(crate) fn save_cursor(cursor: &Cursor) -> Vec<u8> {
-    let wal: Vec<(String, u64)> = cursor.wal_next.iter().map(|(s, n)| (s.0.to_string(), *n)).collect();
-    let sources: Vec<(String, u64)> = cursor
-        .sources
+/// What a snapshot keeps of the projector's cursor: each shard's next WAL position, and the
+/// datasets rows were scanned from, at their versions.
+pub(crate) fn save_cursor(wal_next: &HashMap<ShardId, u64>, sources: &[Dataset]) -> Vec<u8> {
+    let wal: Vec<(String, u64)> = wal_next.iter().map(|(s, n)| (s.0.to_string(), *n)).collect();
+    let sources: Vec<(String, u64)> = sources
         .iter()
         .map(|ds| (ds.uri().to_string(), ds.version().version))
         .collect();
     json!({"wal_next": wal, "sources": sources}).to_string().into_bytes()
 }
 
-/// The cursor a snapshot saved, with its datasets reopened at the versions it saved.
-pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+/// The cursor a snapshot saved (see [`save_cursor`]), with its datasets reopened at the
+/// versions it saved.
+pub(crate) async fn resume_cursor(
+    shared: &Shared,
+    saved: &[u8],
+) -> std::result::Result<(HashMap<ShardId, u64>, Vec<Dataset>), Rejected> {
     #[derive(serde::Deserialize)]
     struct Saved {
         wal_next: Vec<(String, u64)>,
@@ -212,7 +215,7 @@ pub(crate) async fn resume_cursor(shared: &Shared, saved: &[u8]) -> std::result:
         .buffered(READ_WINDOW)
         .try_collect()
         .await?;
-    Ok(Cursor::resumed(wal_next, sources))
+    Ok((wal_next, sources))
 }
 
 /// Whether `uri` names a dataset of the store at `root` (both as Lance sees them): the base
