@@ -12,14 +12,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use ctxlog_core::backend::index::{IndexRow, ProjectionIndex, RowRef};
-use ctxlog_core::backend::projector::{CatchUp, IndexSource};
+use ctxlog_core::backend::projector::{CatchUp, IndexSource, SnapshotBlobs};
 use ctxlog_core::backend::snapshot::Rejected;
-use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId, Written};
+use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId, StoreOptions, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use lance::dataset::ProjectionRequest;
@@ -251,14 +250,23 @@ impl IndexSource for LanceIndex {
         }
     }
 
-    fn timeout(&self) -> Duration {
-        self.shared.timeout()
+    fn options(&self) -> &StoreOptions {
+        &self.shared.options
     }
 
-    fn read_snapshots(&self) -> bool {
-        self.shared.options.read_snapshots
+    fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
+        crate::snapshots::save_cursor(&cursor.wal_next, &cursor.sources)
     }
 
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+        crate::snapshots::resume_cursor(&self.shared, saved)
+            .await
+            .map(|(wal_next, sources)| Cursor::resumed(wal_next, sources))
+    }
+}
+
+#[async_trait]
+impl SnapshotBlobs for LanceIndex {
     async fn store_identity(&self, create: bool) -> Result<Option<String>> {
         crate::snapshots::identity(&self.shared, create).await
     }
@@ -273,16 +281,6 @@ impl IndexSource for LanceIndex {
 
     async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()> {
         crate::snapshots::put(&self.shared, bytes).await
-    }
-
-    fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
-        crate::snapshots::save_cursor(&cursor.wal_next, &cursor.sources)
-    }
-
-    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
-        crate::snapshots::resume_cursor(&self.shared, saved)
-            .await
-            .map(|(wal_next, sources)| Cursor::resumed(wal_next, sources))
     }
 }
 

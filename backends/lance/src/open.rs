@@ -71,7 +71,7 @@ async fn open_or_create(
                 }
                 if !claimed {
                     claimed = true;
-                    create_exclusively(uri, params, session, options.timeout).await?;
+                    create_exclusively(uri, params, session, options).await?;
                 } else {
                     // Another process is creating it: wait for it, within the deadline
                     // that bounds this whole open.
@@ -119,20 +119,21 @@ async fn create_exclusively(
     uri: &str,
     params: &ObjectStoreParams,
     session: &Arc<Session>,
-    timeout: Duration,
+    options: &StoreOptions,
 ) -> Result<()> {
     let (store, base) = ObjectStore::from_uri_and_params(session.store_registry(), uri, params)
         .await
         .map_err(|e| lance_err("create", None, Written::Nothing, e))?;
     let marker = Path::from(format!("{base}/_ctxlog/creator"));
-    let claim = format!("pid {} at {}", std::process::id(), chrono::Utc::now().to_rfc3339());
+    let timeout = options.timeout;
+    let claim = format!("pid {} at {}", std::process::id(), options.clock.now().to_rfc3339());
     let won = match store.put_if_absent(&marker, claim.into_bytes().into()).await {
         Ok(()) => true,
         Err(object_store::Error::AlreadyExists { .. }) => {
             // Abandoned by a creator that died before creating?
             match store.inner.head(&marker).await {
                 Ok(meta) => {
-                    let age = chrono::Utc::now().signed_duration_since(meta.last_modified);
+                    let age = options.clock.now().signed_duration_since(meta.last_modified);
                     age.to_std().is_ok_and(|a| a > timeout)
                 }
                 Err(_) => false,

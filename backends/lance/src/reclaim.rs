@@ -155,7 +155,7 @@ pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
         base.update_config(raised).await.map_err(gc_err)?;
     }
     // 2. What the newest base version older than the grace period allows.
-    let cutoff = Utc::now() - chrono::Duration::from_std(opts.grace).unwrap_or(chrono::Duration::MAX);
+    let cutoff = shared.options.clock.now() - chrono::Duration::from_std(opts.grace).unwrap_or(chrono::Duration::MAX);
     let refs = base.version_refs().await.map_err(gc_err)?;
     let Some(old) = settled(&base, &refs, cutoff).await? else {
         return Ok(GcReport {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::DateTime;
 use ctxlog_core::backend::history::{HistoryChecker, HistorySource, StoredBody, StoredRow};
 use ctxlog_core::backend::index::{IndexRow, PartApplier, ProjectionIndex, Router, RowRef};
-use ctxlog_core::backend::projector::{CatchUp, IndexSource};
+use ctxlog_core::backend::projector::{CatchUp, IndexSource, SnapshotBlobs};
 use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{
     Checkpoint, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Result, ShardId, ShardInfo, StoreOptions, WriterId,
@@ -254,14 +254,26 @@ impl IndexSource for SqliteIndex {
             .await
     }
 
-    fn timeout(&self) -> Duration {
-        self.conn.options.timeout
+    fn options(&self) -> &StoreOptions {
+        &self.conn.options
     }
 
-    fn read_snapshots(&self) -> bool {
-        self.conn.options.read_snapshots
+    /// Nothing: a catch-up reads past the index's own per-shard positions, and the shard
+    /// and session tables whole.
+    fn save_cursor(&self, _cursor: &Cursor) -> Vec<u8> {
+        Vec::new()
     }
 
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+        if !saved.is_empty() {
+            return Err(Rejected::Corrupt(format!("a SQLite cursor of {} bytes", saved.len())));
+        }
+        Ok(Cursor::default())
+    }
+}
+
+#[async_trait]
+impl SnapshotBlobs for SqliteIndex {
     async fn store_identity(&self, create: bool) -> Result<Option<String>> {
         let reader = self.conn.get().await?;
         crate::snapshots::identity(&reader, &self.conn.path, &self.conn.options, create).await
@@ -278,19 +290,6 @@ impl IndexSource for SqliteIndex {
 
     async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()> {
         crate::snapshots::put(&self.conn.path, &self.conn.options, bytes).await
-    }
-
-    /// Nothing: a catch-up reads past the index's own per-shard positions, and the shard
-    /// and session tables whole.
-    fn save_cursor(&self, _cursor: &Cursor) -> Vec<u8> {
-        Vec::new()
-    }
-
-    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
-        if !saved.is_empty() {
-            return Err(Rejected::Corrupt(format!("a SQLite cursor of {} bytes", saved.len())));
-        }
-        Ok(Cursor::default())
     }
 }
 

@@ -25,7 +25,7 @@ pub async fn idempotent_retry_counts_once(ctx: Ctx) -> anyhow::Result<()> {
     let first = w1.append(batch.clone()).await?;
     let mut retried = batch.clone();
     for r in &mut retried {
-        r.created_at = Some(chrono::Utc::now());
+        r.created_at = chrono::DateTime::from_timestamp(1_780_000_000, 0);
     }
     w1.append(retried.clone()).await?;
     w2.observe(first.last_hlc)?;

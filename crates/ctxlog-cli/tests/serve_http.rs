@@ -68,13 +68,9 @@ async fn fixture(extra: &[&str]) -> anyhow::Result<Fixture> {
 }
 
 fn uuid_like() -> String {
-    format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-    )
+    use std::hash::BuildHasher;
+    // Randomly seeded per call: a fresh value, no clock needed.
+    format!("{:x}", std::collections::hash_map::RandomState::new().hash_one(0u8))
 }
 
 /// The hash a tokens file holds, computed the way the server's `ctxlog token` does.

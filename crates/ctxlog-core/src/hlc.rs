@@ -58,6 +58,12 @@ impl fmt::Display for Hlc {
 pub trait PhysicalClock: Send + Sync + fmt::Debug {
     /// Milliseconds since the Unix epoch.
     fn now_millis(&self) -> u64;
+
+    /// The same instant as a date (the Unix epoch if out of range).
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_millis(i64::try_from(self.now_millis()).unwrap_or(i64::MAX))
+            .unwrap_or_default()
+    }
 }
 
 /// Wall-clock time.
@@ -65,6 +71,8 @@ pub trait PhysicalClock: Send + Sync + fmt::Debug {
 pub struct SystemClock;
 
 impl PhysicalClock for SystemClock {
+    // The one place the library reads the machine's clock.
+    #[allow(clippy::disallowed_methods)]
     fn now_millis(&self) -> u64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -166,6 +174,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::disallowed_methods)] // compared with the machine's clock
     fn the_system_clock_reads_wall_time() {
         let wall = || {
             std::time::SystemTime::now()

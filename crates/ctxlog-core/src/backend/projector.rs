@@ -1,8 +1,6 @@
 //! A projector generic over how a backend reads its entries: the backend supplies the
 //! scanning ([`IndexSource`]); the projection's rules live in the index, once.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 
 pub use crate::backend::index::CatchUp;
@@ -12,13 +10,33 @@ use crate::context::{self, ContextView};
 use crate::entry::{Checkpoint, Entry, OrderKey, SessionSummary};
 use crate::error::{Result, Written, with_deadline};
 use crate::hlc::Hlc;
-use crate::options::{RefreshReport, SnapshotReport};
+use crate::options::{RefreshReport, SnapshotReport, StoreOptions};
 use crate::projection::{Projection, ProjectionStats};
 use crate::traits::Projector;
 
-/// How a backend feeds its projector.
+/// Where a backend keeps projection snapshots (rule 17): a few named blobs and the store's
+/// identity. The snapshot's format and every check it passes live in the core
+/// ([`snapshot`]); a backend only stores bytes.
 #[async_trait]
-pub trait IndexSource: Send + Sync + 'static {
+pub trait SnapshotBlobs: Send + Sync + 'static {
+    /// The identity snapshots of this store are bound to; with `create`, made (and stored)
+    /// if the store has none yet. `None`: the store has none.
+    async fn store_identity(&self, create: bool) -> Result<Option<String>>;
+
+    /// The names of the stored snapshots, newest first.
+    async fn snapshot_names(&self) -> Result<Vec<String>>;
+
+    /// The bytes of the snapshot called `name`; `None` if it is gone (a newer one replaced it).
+    async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Store a snapshot, then drop all but the newest [`snapshot::KEEP`].
+    async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()>;
+}
+
+/// How a backend feeds its projector: scanning (catch-up, fetch, the cursor a snapshot
+/// keeps), over a store that also keeps snapshot blobs.
+#[async_trait]
+pub trait IndexSource: SnapshotBlobs {
     /// Where the last catch-up stopped, beyond what the index's own checkpoint says.
     type Cursor: Default + Send + Sync + 'static;
 
@@ -32,24 +50,9 @@ pub trait IndexSource: Send + Sync + 'static {
     /// its row. `cursor` is the state the keys were indexed with.
     async fn fetch(&self, cursor: &Self::Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>>;
 
-    /// The deadline of one operation.
-    fn timeout(&self) -> Duration;
-
-    /// Whether a first scan may start from a stored snapshot (`StoreOptions::read_snapshots`).
-    fn read_snapshots(&self) -> bool;
-
-    /// The identity snapshots of this store are bound to; with `create`, made (and stored)
-    /// if the store has none yet. `None`: the store has none.
-    async fn store_identity(&self, create: bool) -> Result<Option<String>>;
-
-    /// The names of the stored snapshots, newest first.
-    async fn snapshot_names(&self) -> Result<Vec<String>>;
-
-    /// The bytes of the snapshot called `name`; `None` if it is gone (a newer one replaced it).
-    async fn read_snapshot(&self, name: &str) -> Result<Option<Vec<u8>>>;
-
-    /// Store a snapshot, then drop all but the newest [`snapshot::KEEP`].
-    async fn put_snapshot(&self, bytes: Vec<u8>) -> Result<()>;
+    /// The store's options: the deadline of one operation, whether a first scan may start
+    /// from a snapshot, the clock a snapshot is dated by.
+    fn options(&self) -> &StoreOptions;
 
     /// What a snapshot keeps of `cursor` (beyond the index's own per-shard positions).
     fn save_cursor(&self, cursor: &Self::Cursor) -> Vec<u8>;
@@ -102,7 +105,7 @@ impl<S: IndexSource> IndexedProjector<S> {
     /// only ever saves work.
     async fn load_snapshot(&mut self) -> Option<u64> {
         let source = self.source.clone();
-        let timeout = source.timeout();
+        let timeout = source.options().timeout;
         // The identity and the list at once: on an object store each is a round trip.
         let listed = with_deadline("read snapshots", timeout, None, Written::Nothing, async {
             let (id, names) = tokio::try_join!(source.store_identity(false), source.snapshot_names())?;
@@ -162,7 +165,7 @@ impl<S: IndexSource> IndexedProjector<S> {
     pub(crate) async fn fetch(&self, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
         with_deadline(
             "read entries",
-            self.source.timeout(),
+            self.source.options().timeout,
             None,
             Written::Nothing,
             self.source.fetch(&self.cursor, keys),
@@ -176,14 +179,14 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn refresh(&mut self) -> Result<RefreshReport> {
         let first_scan = !self.scanned;
         let mut from_snapshot = None;
-        if first_scan && self.index.entries() == 0 && self.source.read_snapshots() {
+        if first_scan && self.index.entries() == 0 && self.source.options().read_snapshots {
             from_snapshot = self.load_snapshot().await;
         }
         // Until this refresh completes, the projector counts as not scanned: a source may
         // reset the index when a catch-up fails or is cancelled (rather than leave it torn),
         // and the next read must then scan again instead of answering from an empty index.
         self.scanned = false;
-        let timeout = self.source.timeout();
+        let timeout = self.source.options().timeout;
         let source = self.source.clone();
         let result = with_deadline(
             "refresh",
@@ -311,14 +314,12 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn save_snapshot(&mut self) -> Result<SnapshotReport> {
         self.ensure_scanned().await?;
         let source = self.source.clone();
-        let timeout = source.timeout();
+        let timeout = source.options().timeout;
         let id = with_deadline("save a snapshot", timeout, None, Written::Nothing, async {
             Ok(source.store_identity(true).await?.unwrap_or_default())
         })
         .await?;
-        let taken_millis = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let taken_millis = source.options().clock.now_millis();
         let cursor = source.save_cursor(&self.cursor);
         let bytes = snapshot::encode(&mut self.index, &id, cursor, taken_millis);
         let report = SnapshotReport {

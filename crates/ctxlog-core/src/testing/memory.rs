@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use crate::backend::history::{HistoryChecker, HistoryConflicts, HistorySource};
 use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
-use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector};
+use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector, SnapshotBlobs};
 use crate::backend::snapshot::{self, Rejected};
 use crate::backend::with_deadline;
 use crate::backend::writer::{Staged, WriterState};
@@ -287,14 +287,38 @@ impl IndexSource for MemoryStore {
             .collect()
     }
 
-    fn timeout(&self) -> Duration {
-        self.options.timeout
+    fn options(&self) -> &StoreOptions {
+        &self.options
     }
 
-    fn read_snapshots(&self) -> bool {
-        self.options.read_snapshots
+    /// Per shard: its id and how many stored entries the cursor is past.
+    fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
+        let mut out = Vec::with_capacity(cursor.0.len() * 24);
+        for (shard, n) in &cursor.0 {
+            out.extend_from_slice(shard.as_bytes());
+            out.extend_from_slice(&(*n as u64).to_le_bytes());
+        }
+        out
     }
 
+    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
+        if !saved.len().is_multiple_of(24) {
+            return Err(Rejected::Corrupt(format!("a cursor of {} bytes", saved.len())));
+        }
+        Ok(Cursor(
+            saved
+                .chunks_exact(24)
+                .map(|c| {
+                    let shard = ShardId::from_bytes(c[..16].try_into().expect("16 bytes"));
+                    (shard, u64::from_le_bytes(c[16..].try_into().expect("8 bytes")) as usize)
+                })
+                .collect(),
+        ))
+    }
+}
+
+#[async_trait]
+impl SnapshotBlobs for MemoryStore {
     async fn store_identity(&self, create: bool) -> Result<Option<String>> {
         let mut data = self.shared.data.lock().expect("not poisoned");
         if create && data.identity.is_none() {
@@ -324,31 +348,6 @@ impl IndexSource for MemoryStore {
         let drop = data.snapshots.len().saturating_sub(snapshot::KEEP);
         data.snapshots.drain(..drop);
         Ok(())
-    }
-
-    /// Per shard: its id and how many stored entries the cursor is past.
-    fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
-        let mut out = Vec::with_capacity(cursor.0.len() * 24);
-        for (shard, n) in &cursor.0 {
-            out.extend_from_slice(shard.as_bytes());
-            out.extend_from_slice(&(*n as u64).to_le_bytes());
-        }
-        out
-    }
-
-    async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Cursor, Rejected> {
-        if !saved.len().is_multiple_of(24) {
-            return Err(Rejected::Corrupt(format!("a cursor of {} bytes", saved.len())));
-        }
-        Ok(Cursor(
-            saved
-                .chunks_exact(24)
-                .map(|c| {
-                    let shard = ShardId::from_bytes(c[..16].try_into().expect("16 bytes"));
-                    (shard, u64::from_le_bytes(c[16..].try_into().expect("8 bytes")) as usize)
-                })
-                .collect(),
-        ))
     }
 }
 

@@ -410,7 +410,7 @@ mod tests {
     #[test]
     fn rule6_created_at_does_not_make_a_retry_divergent() {
         let mut r = put("x", "hello");
-        r.created_at = Some(chrono::Utc::now());
+        r.created_at = chrono::DateTime::from_timestamp(1_780_000_000, 0);
         let a = entry(1, 1, 1, 10, put("x", "hello"));
         let b = entry(1, 2, 1, 11, r);
         assert!(conflicts(&[a, b]).is_empty());
