@@ -195,10 +195,12 @@ impl Shard for LanceShard {
         // From here until an outcome is known the handle counts as poisoned: if the caller
         // drops this future after the batch reached the memtable, the batch still becomes
         // durable, and the next append must not reuse its seqs.
-        self.state.begin();
-        let outcome = self.put(&writer, &staged).await;
+        let in_flight = self.state.begin(staged);
+        let outcome = self.put(&writer, &in_flight).await;
         let writer_dead = matches!(outcome, Err(Refusal::WriterPoisoned(_)));
-        let result = self.state.settle(outcome.map_err(Refusal::into_error).map(|()| staged));
+        let result = self
+            .state
+            .settle(outcome.map_err(Refusal::into_error).map(|()| in_flight));
         if writer_dead {
             // Refused before the memtable (nothing written), but Lance's writer itself is
             // poisoned by an earlier failure of its own and never recovers: so is the handle.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use ctxlog_core::backend::HlcClock;
-use ctxlog_core::backend::writer::{Staged, WriterState};
+use ctxlog_core::backend::writer::{InFlight, WriterState};
 use ctxlog_core::{AppendAck, Epoch, Error, Hlc, Record, Result, Shard, ShardId, StoreOptions, WriterId, Written};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
@@ -106,7 +106,6 @@ impl Shard for SqliteShard {
     ctxlog_core::shard_methods_from_writer_state!();
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
-        self.state.check_usable()?;
         let staged = self.state.stage(records)?;
         let tx = AppendTx {
             shard: self.state.shard(),
@@ -116,11 +115,11 @@ impl Shard for SqliteShard {
             sessions: self.sessions.clone(),
         };
         let path = self.path.clone();
-        self.state.begin();
+        let in_flight = self.state.begin(staged);
         let outcome = self
             .conn
             .run("append", Some(tx.shard), Written::Unknown, move |c| {
-                let (staged, sessions) = tx.run(c, staged)?;
+                let (staged, sessions) = tx.run(c, in_flight)?;
                 crate::stall::after_commit(&path);
                 Ok((staged, sessions))
             })
@@ -170,7 +169,7 @@ struct AppendTx {
 impl AppendTx {
     /// Write the staged batch in one transaction that first checks the epoch (rule 3) and
     /// that the shard is where this handle left it. Everything before COMMIT is definite.
-    fn run(mut self, c: &mut Connection, staged: Staged) -> Result<(Staged, Sessions)> {
+    fn run(mut self, c: &mut Connection, staged: InFlight) -> Result<(InFlight, Sessions)> {
         let shard = self.shard;
         let before = |e: rusqlite::Error| sql_error("append", Some(shard), Written::Nothing, e);
         let tx = c

@@ -2,14 +2,17 @@
 //! for every backend: rules 3 (typed fencing) and 4 (poisoning) are implemented here once.
 //!
 //! ```text
-//! check_usable → stage (validate, seqs, clock, hashes) → begin → write (the backend) → settle
+//! stage (usable? validate, seqs, clock, hashes) → begin → write (the backend) → settle
 //! ```
 //!
-//! `begin` marks the handle poisoned until `settle` says otherwise: if the caller drops the
-//! append's future while the write is in flight, the batch may still land, and the next
-//! append must not reuse its seqs. `settle` turns the backend's outcome into the ack, or
-//! into the error with the handle's state updated (poisoned after an indeterminate error,
-//! fenced after a `Fenced` one).
+//! The types keep the order: only [`WriterState::stage`] makes a [`Staged`] batch (and it
+//! refuses a closed, poisoned or fenced handle first), only [`WriterState::begin`] turns it
+//! into the [`InFlight`] batch the backend writes, and only an `InFlight` batch settles
+//! into an ack. `begin` marks the handle poisoned until `settle` says otherwise: if the
+//! caller drops the append's future while the write is in flight, the batch may still
+//! land, and the next append must not reuse its seqs. `settle` turns the backend's outcome
+//! into the ack, or into the error with the handle's state updated (poisoned after an
+//! indeterminate error, fenced after a `Fenced` one).
 
 use crate::entry::AppendAck;
 use crate::error::{Error, Result, Written};
@@ -77,6 +80,20 @@ pub struct StagedEntry {
     pub hash: ContentHash,
     /// The record as given.
     pub record: Record,
+}
+
+/// A batch being written: what [`WriterState::begin`] hands the backend, and what the
+/// backend hands back to [`WriterState::settle`] once it is written.
+#[derive(Debug)]
+#[must_use = "a batch in flight is settled, or the handle stays poisoned"]
+pub struct InFlight(Staged);
+
+impl std::ops::Deref for InFlight {
+    type Target = Staged;
+
+    fn deref(&self) -> &Staged {
+        &self.0
+    }
 }
 
 impl Staged {
@@ -165,9 +182,11 @@ impl WriterState {
         self.clock.observe(hlc)
     }
 
-    /// Validate the batch (rule 11) and stamp every record: the next seqs, strictly
-    /// increasing HLCs, content hashes. Changes nothing of the handle.
+    /// Refuse a closed, poisoned or fenced handle, validate the batch (rule 11) and stamp
+    /// every record: the next seqs, strictly increasing HLCs, content hashes. Changes
+    /// nothing of the handle.
     pub fn stage(&self, records: Vec<Record>) -> Result<Staged> {
+        self.check_usable()?;
         self.limits.validate_batch(&records)?;
         let mut clock = self.clock.clone();
         let mut entries = Vec::with_capacity(records.len());
@@ -192,16 +211,17 @@ impl WriterState {
     }
 
     /// The write starts: until [`WriterState::settle`], the handle counts as poisoned.
-    pub fn begin(&mut self) {
+    pub fn begin(&mut self, staged: Staged) -> InFlight {
         self.poisoned = true;
+        InFlight(staged)
     }
 
     /// The write's outcome: the batch it wrote, or why not. Ok: the handle moves past the
     /// batch and the ack is built. An error: a `Fenced` one marks the handle fenced, an
     /// indeterminate one leaves it poisoned, a definite one frees the batch's seqs again.
-    pub fn settle(&mut self, outcome: Result<Staged>) -> Result<AppendAck> {
+    pub fn settle(&mut self, outcome: Result<InFlight>) -> Result<AppendAck> {
         match outcome {
-            Ok(staged) => {
+            Ok(InFlight(staged)) => {
                 self.poisoned = false;
                 let (first_seq, last_seq) = (staged.first_seq(), staged.last_seq());
                 self.last_seq = last_seq;
@@ -300,8 +320,8 @@ mod tests {
             "past the recovered clock"
         );
         assert!(staged.entries.windows(2).all(|w| w[0].hlc < w[1].hlc));
-        s.begin();
-        let ack = s.settle(Ok(staged)).unwrap();
+        let in_flight = s.begin(staged);
+        let ack = s.settle(Ok(in_flight)).unwrap();
         assert_eq!((ack.first_seq, ack.last_seq, ack.epoch), (11, 13, 3));
         assert_eq!(ack.ids, ["r0", "r1", "r2"]);
         assert!(!s.is_poisoned());
@@ -315,16 +335,16 @@ mod tests {
     fn outcomes_set_the_state() {
         let mut s = state();
         // A definite failure frees the seqs again.
-        let _staged = s.stage(batch(2)).unwrap();
-        s.begin();
+        let staged = s.stage(batch(2)).unwrap();
+        let _in_flight = s.begin(staged);
         assert!(s.is_poisoned(), "in flight counts as poisoned");
         let _ = s.settle(Err(Error::invalid("x", None, "no")));
         assert!(!s.is_poisoned());
         assert_eq!(s.stage(batch(1)).unwrap().first_seq(), 11);
 
         // An indeterminate one poisons.
-        let _staged = s.stage(batch(1)).unwrap();
-        s.begin();
+        let staged = s.stage(batch(1)).unwrap();
+        let _in_flight = s.begin(staged);
         let err = Error::Timeout {
             op: "append",
             after: std::time::Duration::from_secs(1),
@@ -336,8 +356,8 @@ mod tests {
 
         // A fence is remembered: every later append fails at once, definitely.
         let mut s = state();
-        let _staged = s.stage(batch(1)).unwrap();
-        s.begin();
+        let staged = s.stage(batch(1)).unwrap();
+        let _in_flight = s.begin(staged);
         let fenced = s.fenced(Some(4), Written::Nothing);
         assert!(s.settle(Err(fenced)).is_err());
         match s.check_usable() {
@@ -365,8 +385,8 @@ mod tests {
         assert!(matches!(s.check_usable(), Err(Error::Fenced { current: Some(7), .. })));
 
         let mut s = state();
-        let _staged = s.stage(batch(1)).unwrap();
-        s.begin();
+        let staged = s.stage(batch(1)).unwrap();
+        let _in_flight = s.begin(staged);
         let _ = s.settle(Err(Error::invalid("x", None, "no")));
         assert!(s.check_usable().is_ok(), "a definite error leaves the handle usable");
         s.poison();
@@ -377,8 +397,8 @@ mod tests {
     #[test]
     fn a_dropped_append_leaves_the_handle_poisoned() {
         let mut s = state();
-        let _staged = s.stage(batch(1)).unwrap();
-        s.begin();
+        let staged = s.stage(batch(1)).unwrap();
+        let _in_flight = s.begin(staged);
         // The future was dropped here: settle never ran.
         assert!(matches!(s.check_usable(), Err(Error::Poisoned { .. })));
     }

@@ -17,7 +17,7 @@ use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector, SnapshotBlobs};
 use crate::backend::snapshot::{self, Rejected};
 use crate::backend::with_deadline;
-use crate::backend::writer::{Staged, WriterState};
+use crate::backend::writer::{InFlight, WriterState};
 use crate::entry::{AppendAck, Checkpoint, Entry, OrderKey, ShardInfo};
 use crate::error::{Error, Result, Written};
 use crate::hlc::{Hlc, HlcClock};
@@ -402,7 +402,7 @@ struct MemoryShard {
 
 impl MemoryShard {
     /// The append's write: under one lock, check the epoch and store every entry.
-    async fn write(&self, staged: Staged) -> Result<Staged> {
+    async fn write(&self, staged: InFlight) -> Result<InFlight> {
         let (shard_id, epoch) = (self.state.shard(), self.state.epoch());
         let entries = staged.entries.iter().map(|e| Entry {
             shard: shard_id,
@@ -436,15 +436,14 @@ impl Shard for MemoryShard {
     crate::shard_methods_from_writer_state!();
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
-        self.state.check_usable()?;
         let staged = self.state.stage(records)?;
-        self.state.begin();
+        let in_flight = self.state.begin(staged);
         let outcome = with_deadline(
             "append",
             self.store.timeout(),
             Some(self.state.shard()),
             Written::Unknown,
-            self.write(staged),
+            self.write(in_flight),
         )
         .await;
         self.state.settle(outcome)
