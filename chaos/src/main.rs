@@ -132,10 +132,7 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<u8> {
-    let options = StoreOptions {
-        timeout: Duration::from_secs_f64(cli.timeout),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_timeout(Duration::from_secs_f64(cli.timeout));
     match cli.cmd {
         Cmd::Write {
             writer,
@@ -226,10 +223,7 @@ async fn open(uri: &str, options: StoreOptions, faults: Option<&Faults>) -> ctxl
                 ctxlog::Location::Lance { uri, storage_options } => (uri, storage_options),
                 _ => return ctxlog::open(uri, options).await,
             };
-            let options = StoreOptions {
-                storage_options,
-                ..options
-            };
+            let options = options.with_storage_options(storage_options);
             Ok(Arc::new(
                 ctxlog_lance::LanceStore::open_with_faults(&base, options, Some(f.0.clone())).await?,
             ))

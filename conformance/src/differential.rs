@@ -179,10 +179,7 @@ pub async fn write_history(
                 store.compact(&ctxlog_core::CompactOptions::default()).await?;
                 // Purge erases tombstoned ids (summaries too) and changes no view (rule 16).
                 store.purge(&ctxlog_core::PurgeOptions::default()).await?;
-                let now = ctxlog_core::GcOptions {
-                    grace: std::time::Duration::ZERO,
-                    ..ctxlog_core::GcOptions::default()
-                };
+                let now = ctxlog_core::GcOptions::default().with_grace(std::time::Duration::ZERO);
                 store.gc(&now).await?;
             }
         }
@@ -346,15 +343,7 @@ pub async fn differential_against_reference_model(ctx: Ctx) -> anyhow::Result<()
             handle
                 .block_on(async {
                     let store = ctx.open(&uri, ctx.options()).await?;
-                    let full = ctx
-                        .open(
-                            &uri,
-                            ctxlog_core::StoreOptions {
-                                read_snapshots: false,
-                                ..ctx.options()
-                            },
-                        )
-                        .await?;
+                    let full = ctx.open(&uri, ctx.options().with_read_snapshots(false)).await?;
                     check_history(store.as_ref(), full.as_ref(), &history).await
                 })
                 .map_err(|e| TestCaseError::fail(format!("{e:#}")))

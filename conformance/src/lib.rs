@@ -220,10 +220,7 @@ impl Ctx {
 
     /// The options the case's stores open with: the backend's deadline.
     pub fn options(&self) -> StoreOptions {
-        StoreOptions {
-            timeout: self.backend.op_timeout,
-            ..StoreOptions::default()
-        }
+        StoreOptions::default().with_timeout(self.backend.op_timeout)
     }
 
     /// Open (creating) the case's store.
@@ -475,27 +472,23 @@ pub async fn all_entries(store: &dyn Store) -> anyhow::Result<Vec<Entry>> {
     Ok(out)
 }
 
-/// The suite on the in-memory reference store: a backend descriptor for it.
-pub mod memory {
+/// The suite on the reference store: a backend descriptor for it.
+pub mod reference {
     use super::*;
-    use ctxlog_core::testing::MemoryStore;
+    use ctxlog_core::testing::ReferenceStore;
 
     /// The case's store, which must exist.
-    fn existing(uri: &str) -> ctxlog_core::Result<MemoryStore> {
-        MemoryStore::open(
-            uri,
-            StoreOptions {
-                create_if_missing: false,
-                ..StoreOptions::default()
-            },
-        )
+    fn existing(uri: &str) -> ctxlog_core::Result<ReferenceStore> {
+        ReferenceStore::open(uri, StoreOptions::default().with_create_if_missing(false))
     }
 
-    /// The in-memory store of `ctxlog-core`'s `testing` module, named by the case's root.
-    pub const MEMORY: Backend = Backend {
-        name: "memory",
+    /// The reference store of `ctxlog-core`'s `testing` module, named by the case's root.
+    pub const REFERENCE: Backend = Backend {
+        name: "reference",
         store_uri: |root| root.display().to_string(),
-        open: |uri, options| Box::pin(async move { Ok(Arc::new(MemoryStore::open(&uri, options)?) as Arc<dyn Store>) }),
+        open: |uri, options| {
+            Box::pin(async move { Ok(Arc::new(ReferenceStore::open(&uri, options)?) as Arc<dyn Store>) })
+        },
         op_timeout: Duration::from_secs(5),
         case_timeout: Duration::from_secs(60),
         proptest_cases: 32,
@@ -507,7 +500,7 @@ pub mod memory {
         },
         stall_writes: |uri| {
             Box::pin(async move {
-                let store = MemoryStore::open(&uri, StoreOptions::default())?;
+                let store = ReferenceStore::open(&uri, StoreOptions::default())?;
                 Ok(Box::new(store.stall_writes()) as FaultGuard)
             })
         },

@@ -1,7 +1,7 @@
-//! The conformance suite on the in-memory reference store (`ctxlog-core`'s `testing`
-//! feature): every case, named `memory::<case>`. It checks the suite itself without
+//! The conformance suite on the reference store (`ctxlog-core`'s `testing`
+//! feature): every case, named `reference::<case>`. It checks the suite itself without
 //! building a storage engine.
 
 fn main() -> std::process::ExitCode {
-    ctxlog_conformance::main(&[ctxlog_conformance::memory::MEMORY])
+    ctxlog_conformance::main(&[ctxlog_conformance::reference::REFERENCE])
 }

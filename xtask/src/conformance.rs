@@ -1,5 +1,5 @@
 //! `cargo xtask conformance`: the conformance suite on every backend (each backend crate's
-//! `tests/conformance.rs`, the in-memory reference store's, and the multi-process cases of
+//! `tests/conformance.rs`, the reference store's, and the multi-process cases of
 //! the CLI), as one table grouped by rule. Each test run appends its result to a report
 //! (`CTXLOG_CONFORMANCE_REPORT`), which this task reads back.
 

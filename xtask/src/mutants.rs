@@ -1,6 +1,6 @@
 //! `cargo xtask mutants`: mutation testing (cargo-mutants) of `ctxlog-core` and the SQLite
 //! backend against the fast suite — the core's own tests, the conformance suite on the
-//! in-memory reference store and on SQLite. No Lance build. cargo-mutants is installed into
+//! reference store and on SQLite. No Lance build. cargo-mutants is installed into
 //! the target directory the first time; its report lands in `<target>/mutants/`. Mutants build in
 //! cargo-mutants' scratch copies, each with a target directory of its own.
 
@@ -23,7 +23,7 @@ struct Pass {
     features: &'static str,
 }
 
-/// Core mutants are judged by the core's tests and the suite on the in-memory store (no
+/// Core mutants are judged by the core's tests and the suite on the reference store (no
 /// storage engine to rebuild); SQLite's by its own tests and the suite on SQLite.
 const PASSES: [Pass; 2] = [
     Pass {

@@ -116,11 +116,9 @@ pub async fn copy_to_local(
     use object_store::ObjectStoreExt as _;
     let io = |e: std::io::Error| ctxlog_core::Error::backend("lance", "copy", None, Written::Nothing, e);
     let os = |e: object_store::Error| ctxlog_core::Error::backend("lance", "copy", None, Written::Nothing, e);
-    let options = StoreOptions {
-        create_if_missing: false,
-        storage_options,
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default()
+        .with_create_if_missing(false)
+        .with_storage_options(storage_options);
     let store = LanceStore::open_store(uri, options).await?;
     let ds = store.shared.latest().await?;
     let (objects, base) = store.shared.io(&ds).await?;

@@ -143,11 +143,11 @@ async fn pass(
         }
     }
     if chosen.is_empty() {
-        return Ok(Pass::Done(CompactReport {
-            generations_remaining: pending as u64,
-            note: "nothing to fold".into(),
-            ..Default::default()
-        }));
+        return Ok(Pass::Done(
+            CompactReport::default()
+                .with_generations_remaining(pending as u64)
+                .with_note("nothing to fold"),
+        ));
     }
     // Read the chosen generations, as rows of the base table's schema.
     let mut batches: Vec<RecordBatch> = Vec::new();
@@ -212,12 +212,13 @@ async fn pass(
             Err(compact_err(e))
         };
     }
-    Ok(Pass::Done(CompactReport {
-        generations_merged: chosen.len() as u64,
-        entries_merged: entries,
-        generations_remaining: (pending - chosen.len()) as u64,
-        note: format!("folded {} generation(s), {bytes} bytes", chosen.len()),
-    }))
+    Ok(Pass::Done(
+        CompactReport::default()
+            .with_generations_merged(chosen.len() as u64)
+            .with_entries_merged(entries)
+            .with_generations_remaining((pending - chosen.len()) as u64)
+            .with_note(format!("folded {} generation(s), {bytes} bytes", chosen.len())),
+    ))
 }
 
 /// The rows of one pass in one batch, sorted by bot, session and order key: a session's rows

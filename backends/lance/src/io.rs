@@ -21,6 +21,16 @@ use object_store::local::LocalFileSystem;
 
 use crate::faults::Faults;
 
+/// The machine's clock, for what is compared with times the storage records itself
+/// (Lance's version timestamps, an object's `last_modified`) and for names that sort by when
+/// they were stored. Not the store's injected clock (`StoreOptions::clock`): that one drives
+/// the writers' hybrid logical clocks, and a test may hold it still, while the storage's own
+/// times go on.
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn storage_now() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now()
+}
+
 /// The scheme under which lance-io sends every request of a local store through the
 /// object-store API (and so through our wrappers).
 const LOCAL_SCHEME: &str = "file-object-store://";

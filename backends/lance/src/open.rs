@@ -126,14 +126,18 @@ async fn create_exclusively(
         .map_err(|e| lance_err("create", None, Written::Nothing, e))?;
     let marker = Path::from(format!("{base}/_ctxlog/creator"));
     let timeout = options.timeout;
-    let claim = format!("pid {} at {}", std::process::id(), options.clock.now().to_rfc3339());
+    let claim = format!(
+        "pid {} at {}",
+        std::process::id(),
+        crate::io::storage_now().to_rfc3339()
+    );
     let won = match store.put_if_absent(&marker, claim.into_bytes().into()).await {
         Ok(()) => true,
         Err(object_store::Error::AlreadyExists { .. }) => {
             // Abandoned by a creator that died before creating?
             match store.inner.head(&marker).await {
                 Ok(meta) => {
-                    let age = options.clock.now().signed_duration_since(meta.last_modified);
+                    let age = crate::io::storage_now().signed_duration_since(meta.last_modified);
                     age.to_std().is_ok_and(|a| a > timeout)
                 }
                 Err(_) => false,

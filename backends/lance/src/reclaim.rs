@@ -155,13 +155,10 @@ pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
         base.update_config(raised).await.map_err(gc_err)?;
     }
     // 2. What the newest base version older than the grace period allows.
-    let cutoff = shared.options.clock.now() - chrono::Duration::from_std(opts.grace).unwrap_or(chrono::Duration::MAX);
+    let cutoff = crate::io::storage_now() - chrono::Duration::from_std(opts.grace).unwrap_or(chrono::Duration::MAX);
     let refs = base.version_refs().await.map_err(gc_err)?;
     let Some(old) = settled(&base, &refs, cutoff).await? else {
-        return Ok(GcReport {
-            note: "lance: nothing older than the grace period yet".into(),
-            ..GcReport::default()
-        });
+        return Ok(GcReport::default().with_note("lance: nothing older than the grace period yet"));
     };
     let settled_version = old.version().version;
     let (floors, folded) = (floors(&old), crate::tiers::folded(&old).await?);
@@ -211,11 +208,9 @@ pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
         Ok::<_, Error>(())
     };
     let outcome = tokio::time::timeout_at(work_until, steps).await;
-    let mut report = GcReport {
-        objects_deleted: work.deleted,
-        bytes_reclaimed: work.bytes,
-        ..GcReport::default()
-    };
+    let mut report = GcReport::default()
+        .with_objects_deleted(work.deleted)
+        .with_bytes_reclaimed(work.bytes);
     // Record how far each shard got, in one commit, also when the steps failed or ran out
     // of time: the next pass starts there.
     let mut progress: Vec<(String, String)> = Vec::new();
@@ -511,11 +506,9 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
     let base = shared.latest().await?;
     let tombstoned = column_values(&base, ID, &format!("{KIND} = 1")).await?;
     if tombstoned.is_empty() {
-        return Ok(PurgeReport {
-            erased: true,
-            note: "lance: no tombstoned id".into(),
-            ..PurgeReport::default()
-        });
+        return Ok(PurgeReport::default()
+            .with_erased(true)
+            .with_note("lance: no tombstoned id"));
     }
     let mut pending = Vec::new();
     for chunk in tombstoned.chunks(IDS_PER_STATEMENT) {
@@ -549,15 +542,15 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
         ..CompactionOptions::default()
     };
     compact_files(&mut ds, options, None).await.map_err(purge_err)?;
-    Ok(PurgeReport {
-        ids_purged: take as u64,
-        entries_purged: erased_entries,
-        ids_remaining: (pending.len() - take) as u64,
-        erased: false,
-        note: "lance: base-table rows erased and their fragments rewritten; older copies (superseded \
-               versions, folded generations, WAL entries) go with `gc` after its grace period"
-            .into(),
-    })
+    Ok(PurgeReport::default()
+        .with_ids_purged(take as u64)
+        .with_entries_purged(erased_entries)
+        .with_ids_remaining((pending.len() - take) as u64)
+        .with_erased(false)
+        .with_note(
+            "lance: base-table rows erased and their fragments rewritten; older copies (superseded \
+               versions, folded generations, WAL entries) go with `gc` after its grace period",
+        ))
 }
 
 /// The values of string column `column` of the rows matching `filter`.

@@ -135,7 +135,11 @@ async fn read_local_file(path: std::path::PathBuf) -> Result<Option<Vec<u8>>> {
 /// Store a snapshot, then delete all but the newest [`KEEP`].
 pub(crate) async fn put(shared: &Shared, bytes: Vec<u8>) -> Result<()> {
     let (store, base_path) = shared.objects().await?;
-    let name = format!("{:020}-{}", shared.options.clock.now_millis(), uuid::Uuid::new_v4());
+    let name = format!(
+        "{:020}-{}",
+        crate::io::storage_now().timestamp_millis().max(0),
+        uuid::Uuid::new_v4()
+    );
     store
         .inner
         .put(&snapshot_path(&base_path, &name), bytes.into())

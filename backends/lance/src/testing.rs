@@ -276,11 +276,9 @@ pub fn generation_dirs(uri: &str) -> Result<Vec<std::path::PathBuf>> {
 /// The existing store at `uri` (storage options in its query), never created.
 async fn open_existing(uri: &str) -> Result<LanceStore> {
     let (base, storage) = split_uri(uri);
-    let options = StoreOptions {
-        create_if_missing: false,
-        storage_options: storage.into_iter().collect(),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default()
+        .with_create_if_missing(false)
+        .with_storage_options(storage.into_iter().collect());
     LanceStore::open_store(&base, options).await
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use ctxlog_conformance::w;
 use ctxlog_conformance::{Ctx, recs};
-use ctxlog_core::{CompactOptions, Error, Store, StoreOptions};
+use ctxlog_core::{CompactOptions, Error, Store};
 use ctxlog_lance::testing::{StopPoint, base_keys, compact_interrupted, compact_overtaken};
 use ctxlog_lance::{LanceStore, WriterTuning};
 
@@ -90,10 +90,7 @@ fn compaction_while_four_writers_append() {
             let mut folded_while_live = 0;
             while !writers.iter().all(|t| t.is_finished()) {
                 let r = compactor
-                    .compact(&CompactOptions {
-                        max_generations: 3,
-                        ..CompactOptions::default()
-                    })
+                    .compact(&CompactOptions::default().with_max_generations(3))
                     .await?;
                 folded_while_live += r.generations_merged;
                 if folded_while_live > 0 {
@@ -158,10 +155,7 @@ fn overtaken_compaction_plans_again() {
             let s = two_writers_of_generations(&ctx).await?;
             let before = canonical(&ctx).await?;
             // Each pass folds two generations: the overtaken one has more left to fold.
-            let opts = CompactOptions {
-                max_generations: 2,
-                ..CompactOptions::default()
-            };
+            let opts = CompactOptions::default().with_max_generations(2);
             let (mine, theirs) = compact_overtaken(&ctx.uri, ctx.options(), &opts).await?;
             ensure!(theirs.generations_merged == 2, "the overtaking pass: {theirs:?}");
             ensure!(
@@ -233,10 +227,7 @@ fn fenced_during_close_returns_within_deadline() {
     run("fenced_during_close_returns_within_deadline", |ctx| {
         Box::pin(async move {
             let deadline = Duration::from_secs(10);
-            let options = StoreOptions {
-                timeout: deadline,
-                ..ctx.options()
-            };
+            let options = ctx.options().with_timeout(deadline);
             let baseline = tokio::runtime::Handle::current().metrics().num_alive_tasks();
             for round in 0..4u64 {
                 let a_store = ctxlog_lance::LanceStore::open(&ctx.uri, options.clone()).await?;
@@ -300,7 +291,7 @@ fn fenced_during_close_returns_within_deadline() {
 fn memory_uri_is_one_store_per_process() {
     run("memory_uri_is_one_store_per_process", |ctx| {
         Box::pin(async move {
-            // Unique per case: the in-memory stores live as long as the process.
+            // Unique per case: the reference stores live as long as the process.
             let name = ctx
                 .root
                 .file_name()

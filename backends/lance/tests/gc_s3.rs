@@ -72,10 +72,7 @@ fn fresh_bucket() -> anyhow::Result<Bucket> {
     Ok(Bucket {
         s3: builder.build()?,
         uri: format!("s3://{bucket}/store.lance"),
-        options: StoreOptions {
-            storage_options: server.storage_options(),
-            ..StoreOptions::default()
-        },
+        options: StoreOptions::default().with_storage_options(server.storage_options()),
         _root: root,
     })
 }
@@ -211,10 +208,7 @@ async fn write_history(b: &Bucket) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     let started = Instant::now();
-    let fold = CompactOptions {
-        max_generations: 64,
-        ..CompactOptions::default()
-    };
+    let fold = CompactOptions::default().with_max_generations(64);
     for _ in 0..32 {
         if store.compact(&fold).await?.generations_remaining == 0 {
             println!("compacted in {:.1} s", started.elapsed().as_secs_f64());
@@ -265,10 +259,7 @@ async fn run() -> anyhow::Result<()> {
     let faults = Faults::new(23);
     let gc_store = LanceStore::open_with_faults(&b.uri, b.options.clone(), Some(faults.clone())).await?;
     faults.add(Rule::new(&[], Action::Delay(Latency::Fixed(LATENCY))));
-    let opts = GcOptions {
-        grace: Duration::ZERO,
-        max_objects: BUDGET,
-    };
+    let opts = GcOptions::default().with_grace(Duration::ZERO).with_max_objects(BUDGET);
     let shards = WRITERS as u64;
     let bound = FIXED + PER_SHARD * shards + 3 * BUDGET;
     let idle_bound = IDLE_FIXED + IDLE_PER_SHARD * shards;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail, ensure};
 use ctxlog_conformance::w;
 use ctxlog_conformance::{Ctx, recs};
-use ctxlog_core::{CompactOptions, Conflict, Error, Shard, Store, Written};
+use ctxlog_core::{CompactOptions, Conflict, Error, GcOptions, Shard, Store, Written};
 use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
 use ctxlog_lance::{LanceStore, WriterTuning};
 
@@ -137,10 +137,7 @@ fn a_paused_writer_cannot_land_in_a_reclaimed_wal() {
             b.append(recs("b", "s", 2)).await?;
             b.close().await?;
             compact_all(store.as_ref()).await?;
-            let now = ctxlog_core::GcOptions {
-                grace: Duration::ZERO,
-                ..Default::default()
-            };
+            let now = GcOptions::default().with_grace(Duration::ZERO);
             let report = store.gc(&now).await?;
             ensure!(report.objects_deleted > 0, "gc deleted nothing: {report:?}");
             gate.release(Verdict::Proceed);
@@ -174,10 +171,7 @@ fn a_crashed_writers_wal_tail_survives_gc() {
             // Flushed (and folded) up to here; what follows is only in the WAL.
             compact_all(store.as_ref()).await?;
             let last = a.append(recs("tail", "s", 3)).await?;
-            let now = ctxlog_core::GcOptions {
-                grace: Duration::ZERO,
-                ..Default::default()
-            };
+            let now = GcOptions::default().with_grace(Duration::ZERO);
             for _ in 0..2 {
                 store.gc(&now).await?;
             }
@@ -441,10 +435,7 @@ async fn scan_paused_at(ctx: &Ctx, path: &str) -> anyhow::Result<(Arc<Gate>, Sca
 /// Compaction folds everything, then gc reclaims at once (no grace period).
 async fn fold_and_reclaim(store: &dyn Store) -> anyhow::Result<()> {
     compact_all(store).await?;
-    let now = ctxlog_core::GcOptions {
-        grace: Duration::ZERO,
-        ..Default::default()
-    };
+    let now = GcOptions::default().with_grace(Duration::ZERO);
     let report = store.gc(&now).await?;
     ensure!(report.objects_deleted > 0, "gc deleted nothing: {report:?}");
     Ok(())

@@ -206,10 +206,7 @@ impl Store for SqliteStore {
             } else {
                 format!("sqlite WAL checkpoint: {done} of {log} pages copied; readers still use the rest (run again)")
             };
-            Ok(CompactReport {
-                note,
-                ..Default::default()
-            })
+            Ok(CompactReport::default().with_note(note))
         })
         .await
     }

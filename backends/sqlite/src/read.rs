@@ -709,10 +709,7 @@ mod tests {
 
     /// A store of `writers` shards of `each` entries, every id written once.
     async fn store_of(path: &std::path::Path, writers: u64, each: u64) -> crate::SqliteStore {
-        let options = StoreOptions {
-            timeout: Duration::from_secs(10),
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default().with_timeout(Duration::from_secs(10));
         let store = crate::SqliteStore::open(path, options).await.unwrap();
         for w in 0..writers {
             let mut shard = store
@@ -734,12 +731,10 @@ mod tests {
     /// threads whatever the machine's cores; its first catch-up's reading thread waits out
     /// the deadline after `stall_after` rows (0: never).
     fn four_part_reader(path: &std::path::Path, timeout: Duration, stall_after: u64) -> IndexedProjector<SqliteIndex> {
-        let options = StoreOptions {
-            create_if_missing: false,
-            timeout,
-            read_snapshots: false,
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default()
+            .with_create_if_missing(false)
+            .with_timeout(timeout)
+            .with_read_snapshots(false);
         IndexedProjector::new(Arc::new(SqliteIndex {
             conn: Arc::new(ReadConn::new(path.to_path_buf(), options)),
             forced: Forced {

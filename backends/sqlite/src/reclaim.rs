@@ -89,12 +89,11 @@ pub(crate) fn gc(c: &mut Connection, path: &Path, options: &GcOptions) -> Result
              auto-vacuum, and only a VACUUM (which blocks writers) returns them"
         ));
     }
-    Ok(GcReport {
-        objects_deleted: free_before - free_after,
-        bytes_reclaimed: bytes_before.saturating_sub(bytes_after),
-        objects_pending: free_after + u64::from(!truncated),
-        note,
-    })
+    Ok(GcReport::default()
+        .with_objects_deleted(free_before - free_after)
+        .with_bytes_reclaimed(bytes_before.saturating_sub(bytes_after))
+        .with_objects_pending(free_after + u64::from(!truncated))
+        .with_note(note))
 }
 
 /// Ids that have a tombstone and entries whose body or metadata is still stored, each with
@@ -153,17 +152,15 @@ pub(crate) fn purge(c: &mut Connection, options: &PurgeOptions) -> Result<PurgeR
         tx.commit().map_err(sql)?;
     }
     let truncated = checkpoint_and_truncate(c).map_err(|e| sql_error("purge", None, Written::Unknown, e))?;
-    Ok(PurgeReport {
-        ids_purged: take as u64,
-        entries_purged: erased,
-        ids_remaining: (pending.len() - take) as u64,
-        erased: truncated,
-        note: if truncated {
-            "sqlite: rows erased (freed bytes zeroed), WAL truncated".into()
+    Ok(PurgeReport::default()
+        .with_ids_purged(take as u64)
+        .with_entries_purged(erased)
+        .with_ids_remaining((pending.len() - take) as u64)
+        .with_erased(truncated)
+        .with_note(if truncated {
+            "sqlite: rows erased (freed bytes zeroed), WAL truncated"
         } else {
             "sqlite: rows erased (freed bytes zeroed); the WAL is in use by a reader and still holds \
              older frames: run `gc` again"
-                .into()
-        },
-    })
+        }))
 }

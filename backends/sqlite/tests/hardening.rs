@@ -12,17 +12,11 @@ use ctxlog_sqlite::SqliteStore;
 use rusqlite::Connection;
 
 fn options(timeout: Duration) -> StoreOptions {
-    StoreOptions {
-        timeout,
-        ..StoreOptions::default()
-    }
+    StoreOptions::default().with_timeout(timeout)
 }
 
 fn reading() -> StoreOptions {
-    StoreOptions {
-        create_if_missing: false,
-        ..options(Duration::from_secs(10))
-    }
+    options(Duration::from_secs(10)).with_create_if_missing(false)
 }
 
 fn recs(prefix: &str, n: usize) -> Vec<Record> {
@@ -146,10 +140,7 @@ async fn foreign_files_are_refused_and_left_unchanged() {
 
     for path in [&rollback, &junk] {
         for create in [true, false] {
-            let opts = StoreOptions {
-                create_if_missing: create,
-                ..options(Duration::from_secs(5))
-            };
+            let opts = options(Duration::from_secs(5)).with_create_if_missing(create);
             match SqliteStore::open(path, opts).await {
                 Err(Error::NotAStore { location, .. }) => {
                     assert!(
@@ -177,10 +168,7 @@ async fn foreign_files_are_refused_and_left_unchanged() {
     drop(c);
     let bytes = outside::read_file(&wal).unwrap();
     for create in [true, false] {
-        let opts = StoreOptions {
-            create_if_missing: create,
-            ..options(Duration::from_secs(5))
-        };
+        let opts = options(Duration::from_secs(5)).with_create_if_missing(create);
         assert!(matches!(
             SqliteStore::open(&wal, opts).await,
             Err(Error::NotAStore { .. })

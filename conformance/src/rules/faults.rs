@@ -33,10 +33,7 @@ async fn inject(ctx: &Ctx, fault: Fault) -> anyhow::Result<crate::FaultGuard> {
 
 /// A short deadline, so that faulted operations end quickly.
 fn short(ctx: &Ctx) -> StoreOptions {
-    StoreOptions {
-        timeout: Duration::from_secs(5),
-        ..ctx.options()
-    }
+    ctx.options().with_timeout(Duration::from_secs(5))
 }
 
 /// After a failed append: either it was definite and nothing of it is visible, or it was
@@ -127,10 +124,7 @@ pub async fn append_landing_unanswered_is_indeterminate(ctx: Ctx) -> anyhow::Res
 /// An append whose write never answers ends at its deadline, indeterminate; once the stall
 /// ends, the handle's tasks stop and a reopened writer goes on.
 pub async fn stalled_append_ends_at_its_deadline(ctx: Ctx) -> anyhow::Result<()> {
-    let options = StoreOptions {
-        timeout: Duration::from_secs(2),
-        ..ctx.options()
-    };
+    let options = ctx.options().with_timeout(Duration::from_secs(2));
     let store = ctx.store_with(options).await?;
     let mut shard = store.open_shard(&w("w1")).await?;
     shard.append(recs("a", "s", 2)).await?;

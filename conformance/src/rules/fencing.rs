@@ -159,10 +159,7 @@ pub async fn fencing_close_of_fenced_handle_returns(ctx: Ctx) -> anyhow::Result<
 /// An indeterminate failure poisons the handle; reopening and retrying the same ids yields
 /// each record exactly once, with no seq gap.
 pub async fn indeterminate_error_poisons_until_reopen(ctx: Ctx) -> anyhow::Result<()> {
-    let short = StoreOptions {
-        timeout: Duration::from_secs(2),
-        ..ctx.options()
-    };
+    let short = ctx.options().with_timeout(Duration::from_secs(2));
     let store = ctx.store_with(short).await?;
     let mut shard = store.open_shard(&w("w1")).await?;
     shard.append(recs("a", "s", 3)).await?;

@@ -21,10 +21,7 @@ pub fn cases() -> Vec<Case> {
 pub async fn session_order_follows_hlc_across_skew(ctx: Ctx) -> anyhow::Result<()> {
     let store = ctx.store().await?;
     let behind = ctx
-        .store_with(StoreOptions {
-            clock: SkewedClock::new(-3_600_000),
-            ..ctx.options()
-        })
+        .store_with(ctx.options().with_clock(SkewedClock::new(-3_600_000)))
         .await?;
     let mut a = store.open_shard(&w("fast")).await?;
     let mut b = behind.open_shard(&w("slow")).await?;
@@ -56,19 +53,13 @@ pub async fn session_order_follows_hlc_across_skew(ctx: Ctx) -> anyhow::Result<(
 /// A writer's HLC never goes backwards, also across a reopen with a clock in the past.
 pub async fn hlc_never_goes_backwards_across_reopen(ctx: Ctx) -> anyhow::Result<()> {
     let ahead = ctx
-        .store_with(StoreOptions {
-            clock: SkewedClock::new(3_600_000),
-            ..ctx.options()
-        })
+        .store_with(ctx.options().with_clock(SkewedClock::new(3_600_000)))
         .await?;
     let mut s = ahead.open_shard(&w("w1")).await?;
     let before = s.append(recs("a", "s", 5)).await?;
     s.close().await?;
     let behind = ctx
-        .store_with(StoreOptions {
-            clock: SkewedClock::new(-3_600_000),
-            ..ctx.options()
-        })
+        .store_with(ctx.options().with_clock(SkewedClock::new(-3_600_000)))
         .await?;
     let mut s = behind.open_shard(&w("w1")).await?;
     let after = s.append(recs("b", "s", 5)).await?;

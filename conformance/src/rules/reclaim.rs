@@ -32,10 +32,7 @@ async fn views(store: &dyn Store) -> anyhow::Result<(String, String)> {
 
 /// A gc with no grace period: everything reclaimable is reclaimed now.
 fn now() -> GcOptions {
-    GcOptions {
-        grace: Duration::ZERO,
-        ..GcOptions::default()
-    }
+    GcOptions::default().with_grace(Duration::ZERO)
 }
 
 /// Passes of compaction and gc (no grace period) run while a writer appends and a reader
@@ -232,12 +229,12 @@ pub async fn purge_erases_tombstoned_bodies_and_changes_no_view(ctx: Ctx) -> any
 /// A purge bounded to one id per pass reports what is left, and passes converge.
 pub async fn purge_is_bounded_and_converges(ctx: Ctx) -> anyhow::Result<()> {
     let store = history_with_a_forgotten_id(&ctx).await?;
-    let first = store.purge(&PurgeOptions { max_ids: 1 }).await?;
+    let first = store.purge(&PurgeOptions::default().with_max_ids(1)).await?;
     ensure!(
         (first.ids_purged, first.ids_remaining) == (1, 1),
         "expected 1 id purged and 1 remaining, got {first:?}"
     );
-    let second = store.purge(&PurgeOptions { max_ids: 1 }).await?;
+    let second = store.purge(&PurgeOptions::default().with_max_ids(1)).await?;
     ensure!(
         (second.ids_purged, second.ids_remaining) == (1, 0),
         "expected the last id purged, got {second:?}"
@@ -254,12 +251,7 @@ pub async fn retain_ends_idle_sessions_with_ordinary_tombstones(ctx: Ctx) -> any
     const HOUR: u64 = 3_600_000;
     let t0 = 1_800_000_000_000;
     let clock = ManualClock::new(t0);
-    let store = ctx
-        .store_with(StoreOptions {
-            clock: clock.clone(),
-            ..ctx.options()
-        })
-        .await?;
+    let store = ctx.store_with(ctx.options().with_clock(clock.clone())).await?;
     let mut shard = store.open_shard(&w("app")).await?;
     let mut other_bot = rec("x-1", "old", "another bot's old session");
     other_bot.bot_id = "other".into();
@@ -271,10 +263,7 @@ pub async fn retain_ends_idle_sessions_with_ordinary_tombstones(ctx: Ctx) -> any
     shard.close().await?;
     clock.set(t0 + 3 * HOUR);
 
-    let options = RetainOptions {
-        bot_id: Some("bot".into()),
-        ..RetainOptions::older_than(Duration::from_millis(2 * HOUR - 1))
-    };
+    let options = RetainOptions::older_than(Duration::from_millis(2 * HOUR - 1)).with_bot_id(Some("bot".into()));
     let report = ctxlog_core::retain(store.as_ref(), &options).await?;
     ensure!(
         report.sessions_ended == vec![("bot".to_string(), "old".to_string())] && report.tombstones == 3,
@@ -296,21 +285,16 @@ pub async fn retain_ends_idle_sessions_with_ordinary_tombstones(ctx: Ctx) -> any
     expect_maintenance_entries(store.as_ref(), 3).await?;
 
     // Exactly `older_than` old is not older: bot/mixed and bot/new (newest at t0 + 2h) stay.
-    let at_cutoff = RetainOptions {
-        bot_id: Some("bot".into()),
-        ..RetainOptions::older_than(Duration::from_millis(HOUR))
-    };
+    let at_cutoff = RetainOptions::older_than(Duration::from_millis(HOUR)).with_bot_id(Some("bot".into()));
     let r = ctxlog_core::retain(store.as_ref(), &at_cutoff).await?;
     ensure!(
         r.sessions_ended.is_empty(),
         "expected nothing ended at exactly the cutoff, got {r:?}"
     );
     // A bounded pass ends the longest-idle first and says how many it left.
-    let bounded = RetainOptions {
-        bot_id: Some("bot".into()),
-        max_sessions: 1,
-        ..RetainOptions::older_than(Duration::from_millis(HOUR - 1))
-    };
+    let bounded = RetainOptions::older_than(Duration::from_millis(HOUR - 1))
+        .with_bot_id(Some("bot".into()))
+        .with_max_sessions(1);
     let r = ctxlog_core::retain(store.as_ref(), &bounded).await?;
     ensure!(
         r.sessions_ended == vec![("bot".to_string(), "mixed".to_string())] && r.sessions_remaining == 1,
@@ -454,12 +438,7 @@ pub async fn retain_leaves_alone_a_session_written_to_after_it_was_found_idle(ct
     const HOUR: u64 = 3_600_000;
     let t0 = 1_800_000_000_000;
     let clock = ManualClock::new(t0);
-    let store = ctx
-        .store_with(StoreOptions {
-            clock: clock.clone(),
-            ..ctx.options()
-        })
-        .await?;
+    let store = ctx.store_with(ctx.options().with_clock(clock.clone())).await?;
     let mut shard = store.open_shard(&w("app")).await?;
     shard.append(recs("a", "idle-a", 2)).await?;
     shard.append(recs("busy", "busy", 3)).await?;

@@ -46,12 +46,7 @@ async fn history(store: &dyn Store, tag: &str) -> anyhow::Result<u64> {
 
 /// A projector that never starts from a snapshot (the reference a snapshot is held to).
 async fn full_scan(ctx: &Ctx) -> anyhow::Result<Box<dyn Projector>> {
-    let store = ctx
-        .store_with(StoreOptions {
-            read_snapshots: false,
-            ..ctx.options()
-        })
-        .await?;
+    let store = ctx.store_with(ctx.options().with_read_snapshots(false)).await?;
     let mut p = store.projector();
     let r = p.refresh().await?;
     ensure!(
@@ -195,12 +190,7 @@ pub async fn compaction_and_gc_after_a_snapshot_change_no_answer(ctx: Ctx) -> an
     history(store.as_ref(), "2").await?;
     for _ in 0..3 {
         store.compact(&CompactOptions::default()).await?;
-        store
-            .gc(&GcOptions {
-                grace: Duration::ZERO,
-                ..GcOptions::default()
-            })
-            .await?;
+        store.gc(&GcOptions::default().with_grace(Duration::ZERO)).await?;
     }
     let mut from = ctx.store().await?.projector();
     from.refresh().await?;

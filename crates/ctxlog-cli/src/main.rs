@@ -240,11 +240,11 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> ExitCode {
     let timeout = cli.timeout;
-    let options = |create: bool| StoreOptions {
-        create_if_missing: create,
-        timeout,
-        storage_options: cli.storage_options.clone(),
-        ..StoreOptions::default()
+    let options = |create: bool| {
+        StoreOptions::default()
+            .with_create_if_missing(create)
+            .with_timeout(timeout)
+            .with_storage_options(cli.storage_options.clone())
     };
     let store = cli.store.as_deref().unwrap_or("./ctxlog.db");
     let result = match &cli.command {
@@ -426,6 +426,8 @@ fn exit_code(e: &Error) -> u8 {
         | Error::Corrupt { .. }
         | Error::AccessDenied { .. }
         | Error::Unavailable { .. } => 4,
+        // A kind of a newer core: a storage error.
+        _ => 4,
     }
 }
 
@@ -702,19 +704,17 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             max_bytes,
         } => {
             let report = store
-                .compact(&CompactOptions {
-                    max_generations: *max_generations,
-                    max_bytes: *max_bytes,
-                })
+                .compact(
+                    &CompactOptions::default()
+                        .with_max_generations(*max_generations)
+                        .with_max_bytes(*max_bytes),
+                )
                 .await?;
             print(json::compact_json(&report));
         }
         Command::Gc { grace, max_objects } => {
             let report = store
-                .gc(&GcOptions {
-                    grace: *grace,
-                    max_objects: *max_objects,
-                })
+                .gc(&GcOptions::default().with_grace(*grace).with_max_objects(*max_objects))
                 .await?;
             print(json::gc_json(&report));
         }
@@ -723,15 +723,13 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             bot,
             max_sessions,
         } => {
-            let options = RetainOptions {
-                older_than: *older_than,
-                bot_id: bot.clone(),
-                max_sessions: *max_sessions,
-            };
+            let options = RetainOptions::older_than(*older_than)
+                .with_bot_id(bot.clone())
+                .with_max_sessions(*max_sessions);
             print(json::retain_json(&ctxlog::retain(store.as_ref(), &options).await?));
         }
         Command::Purge { max_ids } => {
-            let report = store.purge(&PurgeOptions { max_ids: *max_ids }).await?;
+            let report = store.purge(&PurgeOptions::default().with_max_ids(*max_ids)).await?;
             print(json::purge_json(&report));
         }
         Command::Snapshot => {

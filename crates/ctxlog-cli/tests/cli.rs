@@ -560,28 +560,7 @@ async fn the_readme_summary_example_runs_as_written() {
         .and_then(|(_, rest)| rest.split_once("```"))
         .expect("an sh block")
         .0;
-    let dir = tempfile::tempdir().unwrap();
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ctxlog"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let path = std::env::join_paths(
-        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
-    .unwrap();
-    let child = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", block])
-        .current_dir(dir.path())
-        .env("PATH", path)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
-        .await
-        .expect("the README example hung")
-        .unwrap();
+    let out = run_sh_block(block).await.expect("the README example hung");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let last = lines(&out).pop().expect("the context view printed last");
     let ids: Vec<&str> = last["records"]
@@ -623,14 +602,6 @@ async fn every_readme_sh_block_runs_as_written() {
         })
         .collect();
     assert!(blocks.len() >= 3, "the README's sh blocks: {}", blocks.len());
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ctxlog"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let path = std::env::join_paths(
-        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
-    .unwrap();
     for (i, block) in blocks.iter().enumerate() {
         let mut block = block.clone();
         for port in ["7070", "7071"] {
@@ -641,26 +612,9 @@ async fn every_readme_sh_block_runs_as_written() {
                 .port();
             block = block.replace(port, &free.to_string());
         }
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("bash")
-            .args(["-euo", "pipefail", "-c", &block])
-            .current_dir(dir.path())
-            .env("PATH", &path)
-            .env_remove("CTXLOG_STORE")
-            .process_group(0)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let group = child.id().expect("running") as libc::pid_t;
-        let out = tokio::time::timeout(DEADLINE, child.wait_with_output()).await;
-        // SAFETY: a signal to the process group this test started; no memory is touched.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
-        let out = out
-            .unwrap_or_else(|_| panic!("README sh block {} hung:\n{block}", i + 1))
-            .unwrap();
+        let out = run_sh_block(&block)
+            .await
+            .unwrap_or_else(|| panic!("README sh block {} hung:\n{block}", i + 1));
         assert!(
             out.status.success(),
             "README sh block {} failed ({}):\n{block}\n--- stderr:\n{}",
@@ -669,4 +623,36 @@ async fn every_readme_sh_block_runs_as_written() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// Run a README `sh` block as written: `bash -euo pipefail` in an empty directory, with
+/// this build's `ctxlog` first on the PATH and no `CTXLOG_STORE`; its process group is
+/// killed after it, so nothing it started outlives it. `None`: it did not end in time.
+async fn run_sh_block(block: &str) -> Option<Output> {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ctxlog"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = std::env::join_paths(
+        std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .env_remove("CTXLOG_STORE")
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let group = child.id().expect("running") as libc::pid_t;
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output()).await;
+    // SAFETY: a signal to the process group this test started; no memory is touched.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    out.ok().map(|o| o.unwrap())
 }

@@ -397,10 +397,7 @@ mod holder {
         let timeout: f64 = std::env::var(TIMEOUT_ENV).context("the timeout")?.parse()?;
         let timeout = Duration::from_secs_f64(timeout);
         let within = |what: &'static str| move |_| anyhow::anyhow!("holder: {what} outlived {timeout:?}");
-        let options = StoreOptions {
-            timeout,
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default().with_timeout(timeout);
         let store = tokio::time::timeout(timeout, ctxlog::open(uri, options))
             .await
             .map_err(within("open"))??;

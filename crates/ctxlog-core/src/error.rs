@@ -33,6 +33,7 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
 /// Every failure of a ctxlog operation, by kind (rule 5).
+#[non_exhaustive]
 pub enum Error {
     /// Bad input, rejected before anything was written (rule 11).
     #[error("invalid input: `{field}`{}: {reason}; nothing was written", at(*.index))]

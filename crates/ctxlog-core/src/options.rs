@@ -9,6 +9,7 @@ use crate::validate::Limits;
 
 /// How a store is opened. Every field has a sensible default.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct StoreOptions {
     /// Create the store when it does not exist (safe when many processes race, rule 12).
     pub create_if_missing: bool,
@@ -79,6 +80,7 @@ impl Default for StoreOptions {
 
 /// Bounds of one compaction pass.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CompactOptions {
     /// Most flushed generations folded into the base table in one pass.
     pub max_generations: usize,
@@ -97,6 +99,7 @@ impl Default for CompactOptions {
 
 /// What a compaction pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompactReport {
     /// Generations folded into the base table by this pass.
     pub generations_merged: u64,
@@ -110,6 +113,7 @@ pub struct CompactReport {
 
 /// What a refresh read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RefreshReport {
     /// Entries the backend read from storage for this refresh.
     pub entries_read: u64,
@@ -124,6 +128,7 @@ pub struct RefreshReport {
 
 /// What saving a projection snapshot stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SnapshotReport {
     /// Entries the snapshot's index holds.
     pub entries: u64,
@@ -135,6 +140,7 @@ pub struct SnapshotReport {
 
 /// Bounds of one reclaim pass (`Store::gc`, rule 15).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct GcOptions {
     /// Nothing younger than this is deleted, so that a reader still on an older version of
     /// the store finishes what it reads. Ten minutes by default.
@@ -154,6 +160,7 @@ impl Default for GcOptions {
 
 /// What a reclaim pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GcReport {
     /// Objects deleted by this pass (files, WAL entries, generations, SQLite pages).
     pub objects_deleted: u64,
@@ -168,6 +175,7 @@ pub struct GcReport {
 
 /// Bounds of one purge pass (`Store::purge`, rule 16).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct PurgeOptions {
     /// Most tombstoned ids purged in one pass; run again for the rest.
     pub max_ids: u64,
@@ -181,6 +189,7 @@ impl Default for PurgeOptions {
 
 /// What a purge pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PurgeReport {
     /// Tombstoned ids whose entries this pass erased.
     pub ids_purged: u64,
@@ -197,6 +206,7 @@ pub struct PurgeReport {
 
 /// Which sessions a retention pass ends (`ctxlog_core::retain`).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RetainOptions {
     /// Sessions whose newest live record is older than this (by its HLC's wall-clock part,
     /// against the store's clock) are ended.
@@ -220,6 +230,7 @@ impl RetainOptions {
 
 /// What a retention pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetainReport {
     /// The sessions ended by this pass, `(bot_id, session_id)`, sorted.
     pub sessions_ended: Vec<(String, String)>,
@@ -230,6 +241,197 @@ pub struct RetainReport {
     /// Sessions found idle but written to before they were ended: the re-read just before
     /// their tombstones saw a record at or after the cutoff, so they were left alone.
     pub sessions_skipped_active: u64,
+}
+
+/// Builders: each sets one field (the struct is `#[non_exhaustive]`, so that a new option
+/// is no breaking change).
+impl StoreOptions {
+    /// With `create_if_missing` set to `value`.
+    pub fn with_create_if_missing(mut self, value: bool) -> Self {
+        self.create_if_missing = value;
+        self
+    }
+
+    /// With `timeout` set to `value`.
+    pub fn with_timeout(mut self, value: Duration) -> Self {
+        self.timeout = value;
+        self
+    }
+
+    /// With `limits` set to `value`.
+    pub fn with_limits(mut self, value: Limits) -> Self {
+        self.limits = value;
+        self
+    }
+
+    /// With `clock` set to `value`.
+    pub fn with_clock(mut self, value: Arc<dyn PhysicalClock>) -> Self {
+        self.clock = value;
+        self
+    }
+
+    /// With `storage_options` set to `value`.
+    pub fn with_storage_options(mut self, value: Vec<(String, String)>) -> Self {
+        self.storage_options = value;
+        self
+    }
+
+    /// With `read_snapshots` set to `value`.
+    pub fn with_read_snapshots(mut self, value: bool) -> Self {
+        self.read_snapshots = value;
+        self
+    }
+}
+
+/// Builders: each sets one field (the struct is `#[non_exhaustive]`, so that a new option
+/// is no breaking change).
+impl CompactOptions {
+    /// With `max_generations` set to `value`.
+    pub fn with_max_generations(mut self, value: usize) -> Self {
+        self.max_generations = value;
+        self
+    }
+
+    /// With `max_bytes` set to `value`.
+    pub fn with_max_bytes(mut self, value: u64) -> Self {
+        self.max_bytes = value;
+        self
+    }
+}
+
+/// Builders: each sets one field (the struct is `#[non_exhaustive]`, so that a new option
+/// is no breaking change).
+impl GcOptions {
+    /// With `grace` set to `value`.
+    pub fn with_grace(mut self, value: Duration) -> Self {
+        self.grace = value;
+        self
+    }
+
+    /// With `max_objects` set to `value`.
+    pub fn with_max_objects(mut self, value: u64) -> Self {
+        self.max_objects = value;
+        self
+    }
+}
+
+/// Builders: each sets one field (the struct is `#[non_exhaustive]`, so that a new option
+/// is no breaking change).
+impl PurgeOptions {
+    /// With `max_ids` set to `value`.
+    pub fn with_max_ids(mut self, value: u64) -> Self {
+        self.max_ids = value;
+        self
+    }
+}
+
+/// Builders: each sets one field (the struct is `#[non_exhaustive]`, so that a new option
+/// is no breaking change).
+impl RetainOptions {
+    /// With `older_than` set to `value`.
+    pub fn with_older_than(mut self, value: Duration) -> Self {
+        self.older_than = value;
+        self
+    }
+
+    /// With `bot_id` set to `value`.
+    pub fn with_bot_id(mut self, value: Option<String>) -> Self {
+        self.bot_id = value;
+        self
+    }
+
+    /// With `max_sessions` set to `value`.
+    pub fn with_max_sessions(mut self, value: usize) -> Self {
+        self.max_sessions = value;
+        self
+    }
+}
+
+/// Builders for the backends that make this report (it is `#[non_exhaustive]`).
+impl CompactReport {
+    /// With `generations_merged` set to `value`.
+    pub fn with_generations_merged(mut self, value: u64) -> Self {
+        self.generations_merged = value;
+        self
+    }
+
+    /// With `entries_merged` set to `value`.
+    pub fn with_entries_merged(mut self, value: u64) -> Self {
+        self.entries_merged = value;
+        self
+    }
+
+    /// With `generations_remaining` set to `value`.
+    pub fn with_generations_remaining(mut self, value: u64) -> Self {
+        self.generations_remaining = value;
+        self
+    }
+
+    /// With `note` set to `value`.
+    pub fn with_note(mut self, value: impl Into<String>) -> Self {
+        self.note = value.into();
+        self
+    }
+}
+
+/// Builders for the backends that make this report (it is `#[non_exhaustive]`).
+impl GcReport {
+    /// With `objects_deleted` set to `value`.
+    pub fn with_objects_deleted(mut self, value: u64) -> Self {
+        self.objects_deleted = value;
+        self
+    }
+
+    /// With `bytes_reclaimed` set to `value`.
+    pub fn with_bytes_reclaimed(mut self, value: u64) -> Self {
+        self.bytes_reclaimed = value;
+        self
+    }
+
+    /// With `objects_pending` set to `value`.
+    pub fn with_objects_pending(mut self, value: u64) -> Self {
+        self.objects_pending = value;
+        self
+    }
+
+    /// With `note` set to `value`.
+    pub fn with_note(mut self, value: impl Into<String>) -> Self {
+        self.note = value.into();
+        self
+    }
+}
+
+/// Builders for the backends that make this report (it is `#[non_exhaustive]`).
+impl PurgeReport {
+    /// With `ids_purged` set to `value`.
+    pub fn with_ids_purged(mut self, value: u64) -> Self {
+        self.ids_purged = value;
+        self
+    }
+
+    /// With `entries_purged` set to `value`.
+    pub fn with_entries_purged(mut self, value: u64) -> Self {
+        self.entries_purged = value;
+        self
+    }
+
+    /// With `ids_remaining` set to `value`.
+    pub fn with_ids_remaining(mut self, value: u64) -> Self {
+        self.ids_remaining = value;
+        self
+    }
+
+    /// With `erased` set to `value`.
+    pub fn with_erased(mut self, value: bool) -> Self {
+        self.erased = value;
+        self
+    }
+
+    /// With `note` set to `value`.
+    pub fn with_note(mut self, value: impl Into<String>) -> Self {
+        self.note = value.into();
+        self
+    }
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use crate::record::Record;
 ///   fault; none shows a storage option's value.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// `"sqlite"`, `"lance"`, `"memory"`.
+    /// `"sqlite"`, `"lance"`, `"reference"`.
     fn backend(&self) -> &'static str;
 
     /// The options the store was opened with.

@@ -123,10 +123,7 @@ impl ServeOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             tokens: None,
             tls: None,
-            store_options: StoreOptions {
-                create_if_missing: true,
-                ..StoreOptions::default()
-            },
+            store_options: StoreOptions::default().with_create_if_missing(true),
             group_commit: true,
             max_body_bytes: 80 << 20,
             max_concurrent_requests: 512,

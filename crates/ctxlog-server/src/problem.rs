@@ -198,6 +198,8 @@ impl From<&Error> for Problem {
             Error::UnknownScheme { .. } | Error::BackendNotCompiled { .. } | Error::NotAStore { .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, types::UNUSABLE, "Store unusable", None)
             }
+            // A kind of a newer core: a storage error that says whether anything was written.
+            _ => (StatusCode::BAD_GATEWAY, types::STORAGE, "Storage error", None),
         };
         Problem {
             written,

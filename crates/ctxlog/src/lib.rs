@@ -56,15 +56,16 @@ pub use ctxlog_core::{
     SystemClock, Unavailability, WriterId, Written, conflicts_json, redact_uri, retain,
 };
 
-/// Test doubles for applications' own tests (feature `testing`): the in-memory
-/// [`testing::MemoryStore`], clocks a test can steer, and the reference model.
+/// Test doubles for applications' own tests (feature `testing`): the reference store
+/// [`testing::ReferenceStore`] (in the process's memory), clocks a test can steer, and the reference model.
 #[cfg(feature = "testing")]
 pub mod testing {
-    pub use ctxlog_core::testing::{ManualClock, MemoryStore, SkewedClock, model};
+    pub use ctxlog_core::testing::{ManualClock, ReferenceStore, SkewedClock, model};
 }
 
 /// Which backend a URI names, and where.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Location {
     /// A SQLite file.
     Sqlite(PathBuf),
@@ -125,6 +126,20 @@ impl Backend {
             Backend::Lance => cfg!(feature = "lance"),
         }
     }
+
+    /// The backends this build can open.
+    pub fn compiled_in() -> impl Iterator<Item = Backend> {
+        Backend::ALL.into_iter().filter(|b| b.compiled())
+    }
+
+    /// The URI of a store of this backend called `name` in the local directory `dir`
+    /// (`dir/name.db`, `dir/name.lance`).
+    pub fn local_uri(self, dir: &std::path::Path, name: &str) -> String {
+        match self {
+            Backend::Sqlite => format!("sqlite:{}", dir.join(format!("{name}.db")).display()),
+            Backend::Lance => format!("lance:{}", dir.join(format!("{name}.lance")).display()),
+        }
+    }
 }
 
 /// How a URI names its backend.
@@ -160,6 +175,14 @@ impl Location {
     /// `"sqlite"` or `"lance"`.
     pub fn backend(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// A URI naming this location (without its storage options).
+    pub fn uri(&self) -> String {
+        match self {
+            Location::Sqlite(p) => format!("sqlite:{}", p.display()),
+            Location::Lance { uri, .. } => format!("lance:{uri}"),
+        }
     }
 
     /// The backend this location is a store of.
@@ -312,11 +335,7 @@ fn not_compiled(backend: Backend, uri: &str) -> Error {
 
 /// The backends compiled into this build.
 pub fn compiled_backends() -> Vec<&'static str> {
-    Backend::ALL
-        .into_iter()
-        .filter(|b| b.compiled())
-        .map(Backend::name)
-        .collect()
+    Backend::compiled_in().map(Backend::name).collect()
 }
 
 #[cfg(test)]
@@ -375,10 +394,8 @@ mod tests {
         assert!(!format!("{loc:?}").contains("SECRET"), "{loc:?}");
         let err = Location::parse("ftp://user:SECRET@host/x?token=SECRET").unwrap_err();
         assert!(!err.to_string().contains("SECRET"), "{err}");
-        let options = StoreOptions {
-            storage_options: vec![("aws_secret_access_key".into(), "SECRET".into())],
-            ..StoreOptions::default()
-        };
+        let options =
+            StoreOptions::default().with_storage_options(vec![("aws_secret_access_key".into(), "SECRET".into())]);
         assert!(!format!("{options:?}").contains("SECRET"));
     }
 
@@ -433,13 +450,9 @@ mod tests {
                 .count(),
             "a form of the table without its case"
         );
-        assert_eq!(
-            compiled_backends(),
-            Backend::ALL
-                .into_iter()
-                .filter(|b| b.compiled())
-                .map(Backend::name)
-                .collect::<Vec<_>>()
-        );
+        for b in Backend::ALL {
+            let uri = b.local_uri(std::path::Path::new("/tmp/d"), "store");
+            assert_eq!(Location::parse(&uri).unwrap().kind(), b, "{uri}");
+        }
     }
 }

@@ -11,13 +11,16 @@ use ctxlog::{Store, StoreOptions};
 use ctxlog_conformance::differential::{histories, write_history};
 use ctxlog_conformance::{Backend, Ctx, FaultGuard, run_case};
 
-/// The two backends as the facade opens them (the parity test injects no faults).
+/// The deadline of one store operation.
+const OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A backend as the facade opens it (the parity test injects no faults).
 fn backend(name: &'static str, store_uri: fn(&std::path::Path) -> String) -> Backend {
     Backend {
         name,
         store_uri,
         open: |uri, options| Box::pin(async move { ctxlog::open(&uri, options).await }),
-        op_timeout: std::time::Duration::from_secs(30),
+        op_timeout: OP_TIMEOUT,
         case_timeout: std::time::Duration::from_secs(170),
         proptest_cases: 6,
         inject_raw_entry: |_, _| Box::pin(async { anyhow::bail!("parity injects nothing") }),
@@ -82,34 +85,38 @@ fn sqlite_and_lance_agree_byte_for_byte() {
                     handle
                         .block_on(async {
                             let mut outputs = Vec::new();
-                            let sqlite = backend("sqlite", |r| format!("sqlite:{}", r.join("store.db").display()));
-                            let lance = backend("lance", |r| r.join("store.lance").display().to_string());
-                            #[allow(unused_mut)]
-                            let mut backends = vec![sqlite, lance];
-                            // And Lance on the loopback S3 server.
+                            // Every backend this build has, and Lance on the loopback S3 server.
+                            let mut stores: Vec<(String, String)> = ctxlog::Backend::compiled_in()
+                                .map(|b| (b.name().to_string(), b.local_uri(&sub, "store")))
+                                .collect();
+                            ensure!(stores.len() >= 2, "parity needs two backends: {stores:?}");
                             #[cfg(feature = "s3")]
-                            backends.push(backend("lance_s3", s3_loopback::store_uri_for));
-                            for backend in backends {
-                                // One fixed physical clock: both stores get the same HLCs.
-                                let options = StoreOptions {
-                                    clock: ManualClock::new(1_780_000_000_000),
-                                    timeout: backend.op_timeout,
-                                    ..StoreOptions::default()
-                                };
-                                let store = ctxlog::open(&(backend.store_uri)(&sub), options).await?;
+                            stores.push(("lance_s3".into(), s3_loopback::store_uri_for(&sub)));
+                            for (name, uri) in stores {
+                                // One fixed physical clock: every store gets the same HLCs.
+                                let options = StoreOptions::default()
+                                    .with_clock(ManualClock::new(1_780_000_000_000))
+                                    .with_timeout(OP_TIMEOUT);
+                                let store = ctxlog::open(&uri, options).await?;
                                 let mut observer = store.projector();
                                 write_history(store.as_ref(), &history, observer.as_mut()).await?;
                                 // Purged (rule 16), every view stays as it was.
                                 let before = observe(store.as_ref()).await?;
                                 purge_all(store.as_ref()).await?;
                                 let after = observe(store.as_ref()).await?;
-                                ensure!(before == after, "{}: purge changed a view", backend.name);
+                                ensure!(before == after, "{name}: purge changed a view");
                                 outputs.push(after);
                             }
                             for (i, o) in outputs.iter().enumerate().skip(1) {
-                                ensure!(outputs[0].0 == o.0, "canonical projections differ (sqlite vs #{i})");
-                                ensure!(outputs[0].1 == o.1, "canonical conflict lists differ (sqlite vs #{i})");
-                                ensure!(outputs[0].2 == o.2, "session views differ (sqlite vs #{i})");
+                                ensure!(
+                                    outputs[0].0 == o.0,
+                                    "canonical projections differ (the first backend vs #{i})"
+                                );
+                                ensure!(
+                                    outputs[0].1 == o.1,
+                                    "canonical conflict lists differ (the first backend vs #{i})"
+                                );
+                                ensure!(outputs[0].2 == o.2, "session views differ (the first backend vs #{i})");
                             }
                             anyhow::Ok(())
                         })

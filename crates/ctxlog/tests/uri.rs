@@ -17,10 +17,7 @@ async fn bad_uris_fail_before_anything_is_written() {
         other => panic!("a path naming no backend: {:?}", other.err()),
     }
     assert!(!nameless.exists(), "nothing was created");
-    let timeout = StoreOptions {
-        timeout: std::time::Duration::ZERO,
-        ..opts.clone()
-    };
+    let timeout = opts.clone().with_timeout(std::time::Duration::ZERO);
     match ctxlog::open("sqlite:x.db", timeout).await {
         Err(Error::InvalidInput { field: "timeout", .. }) => {}
         other => panic!("a zero deadline: {:?}", other.err()),
@@ -30,16 +27,10 @@ async fn bad_uris_fail_before_anything_is_written() {
         #[cfg(feature = "lance")]
         dir.path().join("missing.lance").display().to_string(),
     ] {
-        let err = ctxlog::open(
-            &uri,
-            StoreOptions {
-                create_if_missing: false,
-                ..opts.clone()
-            },
-        )
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("opening a missing store without create must fail: {uri}"));
+        let err = ctxlog::open(&uri, opts.clone().with_create_if_missing(false))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("opening a missing store without create must fail: {uri}"));
         assert!(matches!(err, Error::NotFound { .. }), "{uri}: {err}");
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was created");

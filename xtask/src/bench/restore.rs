@@ -236,6 +236,7 @@ fn copy_source(bin: &Path, source: &Source, storage_options: &[String], into: &P
                 copy_dir(path, &dst)?;
                 detect(&dst)
             }
+            other => bail!("restore: no way to copy a {} store", other.backend()),
         },
     }
 }
@@ -328,14 +329,6 @@ fn find_store(dir: &Path) -> Result<Location> {
     found.context("no SQLite file or Lance dataset inside")
 }
 
-/// Where a copied store lives, as a URI.
-fn location_uri(l: &Location) -> String {
-    match l {
-        Location::Sqlite(p) => format!("sqlite:{}", p.display()),
-        Location::Lance { uri, .. } => format!("lance:{uri}"),
-    }
-}
-
 /// Copy, check, measure (`measure(backend, uri)` gives its result and the entries it saw);
 /// then check whether SRC changed.
 pub(crate) fn measure_copy<R>(
@@ -354,7 +347,7 @@ pub(crate) fn measure_copy<R>(
     let into = scratch.join(format!("restore-{}", super::chrono_stamp()));
     let copy = copy_source(bin, &source, storage_options, &into)?;
     let backend = copy.backend();
-    let uri = location_uri(&copy);
+    let uri = copy.uri();
     // The history checks first: they also prove the copy opens.
     let out = super::probe::output_within(
         std::process::Command::new(bin).args(["--store", &uri, "conflicts"]),

@@ -1,14 +1,14 @@
 //! Test doubles (feature `testing`): the reference model the conformance suite checks
-//! backends against, clocks a test can steer, and an in-memory [`MemoryStore`] that keeps
+//! backends against, clocks a test can steer, and a [`ReferenceStore`] (in the process's memory) that keeps
 //! the whole contract — for the suite to check itself, and for applications' own tests.
 
 mod clocks;
-pub mod memory;
 pub mod model;
 pub mod outside;
+pub mod reference;
 
 pub use clocks::{ManualClock, SkewedClock};
-pub use memory::MemoryStore;
+pub use reference::ReferenceStore;
 
 /// Bytes as long as a snapshot that is read in parts (more than one reader wherever there is
 /// more than one core), not a multiple of any part's length, and different at every offset

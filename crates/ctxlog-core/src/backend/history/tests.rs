@@ -10,10 +10,10 @@ use crate::record::{Kind, Record};
 use crate::testing::model;
 use proptest::prelude::*;
 
-/// A history source over a memory store that lets another writer append once between a
+/// A history source over a reference store that lets another writer append once between a
 /// check's refresh and its reads past the checkpoint: the race no backend can exclude.
 struct AppendsInBetween {
-    store: crate::testing::MemoryStore,
+    store: crate::testing::ReferenceStore,
     late: tokio::sync::Mutex<Option<Box<dyn crate::traits::Shard>>>,
 }
 
@@ -47,7 +47,7 @@ async fn entries_appended_during_a_check_after_a_checkpoint_are_checked_together
         create_if_missing: true,
         ..Default::default()
     };
-    let store = crate::testing::MemoryStore::open(&format!("race-{}", uuid::Uuid::new_v4()), options).unwrap();
+    let store = crate::testing::ReferenceStore::open(&format!("race-{}", uuid::Uuid::new_v4()), options).unwrap();
     let mut first = store.open_shard(&WriterId::new("a").unwrap()).await.unwrap();
     first
         .append(vec![Record::text("x", "bot", "s", "user", "first text")])
@@ -125,7 +125,7 @@ proptest! {
                 create_if_missing: true,
                 ..Default::default()
             };
-            let store = crate::testing::MemoryStore::open(&format!("bodiless-{}", uuid::Uuid::new_v4()), options)?;
+            let store = crate::testing::ReferenceStore::open(&format!("bodiless-{}", uuid::Uuid::new_v4()), options)?;
             let mut cp = Checkpoint::default();
             for e in &entries {
                 store.inject_raw_entry(e.clone());
@@ -342,7 +342,7 @@ async fn a_check_after_a_checkpoint_finds_tombstones_below_it() {
         create_if_missing: true,
         ..Default::default()
     };
-    let store = crate::testing::MemoryStore::open(&format!("bodiless-{}", uuid::Uuid::new_v4()), options).unwrap();
+    let store = crate::testing::ReferenceStore::open(&format!("bodiless-{}", uuid::Uuid::new_v4()), options).unwrap();
     // Tombstones first (shard b), then the puts (shard a), both without bodies.
     let entries = bodiless_history(&[("gone", true), ("live", false), ("also-gone", true)]);
     let (tombstones, puts): (Vec<Entry>, Vec<Entry>) =

@@ -1,4 +1,4 @@
-//! An in-memory [`Store`] that keeps the whole contract: the shared writer state, the shared
+//! The reference store: a [`Store`] in the process's memory that keeps the whole contract: the shared writer state, the shared
 //! projector and history checker, epochs and fencing, deadlines. Stores live as long as the
 //! process and are found by name, so every open of one name is the same store (as several
 //! processes share one SQLite file).
@@ -55,14 +55,14 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Shared>>> {
     STORES.get_or_init(Default::default)
 }
 
-/// An in-memory ctxlog store (see the module docs).
+/// The reference store (see the module docs).
 #[derive(Clone)]
-pub struct MemoryStore {
+pub struct ReferenceStore {
     shared: Arc<Shared>,
     options: StoreOptions,
 }
 
-impl MemoryStore {
+impl ReferenceStore {
     /// Open the store called `name`, creating it when `options.create_if_missing`.
     pub fn open(name: &str, options: StoreOptions) -> Result<Self> {
         options.validate()?;
@@ -79,11 +79,11 @@ impl MemoryStore {
             }
             None => {
                 return Err(Error::NotFound {
-                    what: format!("no in-memory store named `{name}`"),
+                    what: format!("no reference store named `{name}`"),
                 });
             }
         };
-        Ok(MemoryStore { shared, options })
+        Ok(ReferenceStore { shared, options })
     }
 
     /// Store an entry exactly as given, bypassing every check (what a broken writer or a
@@ -125,9 +125,9 @@ impl Drop for StallGuard {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl Store for ReferenceStore {
     fn backend(&self) -> &'static str {
-        "memory"
+        "reference"
     }
 
     fn options(&self) -> &StoreOptions {
@@ -150,7 +150,7 @@ impl Store for MemoryStore {
             (s.epoch, last_seq, max_hlc)
         };
         let clock = HlcClock::new(self.options.clock.clone(), Hlc::ZERO);
-        Ok(Box::new(MemoryShard {
+        Ok(Box::new(ReferenceShard {
             state: WriterState::new(
                 writer.clone(),
                 epoch,
@@ -252,7 +252,7 @@ impl Store for MemoryStore {
 pub struct Cursor(HashMap<ShardId, usize>);
 
 #[async_trait]
-impl IndexSource for MemoryStore {
+impl IndexSource for ReferenceStore {
     type Cursor = Cursor;
 
     async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<CatchUp> {
@@ -318,7 +318,7 @@ impl IndexSource for MemoryStore {
 }
 
 #[async_trait]
-impl SnapshotBlobs for MemoryStore {
+impl SnapshotBlobs for ReferenceStore {
     async fn store_identity(&self, create: bool) -> Result<Option<String>> {
         let mut data = self.shared.data.lock().expect("not poisoned");
         if create && data.identity.is_none() {
@@ -351,7 +351,7 @@ impl SnapshotBlobs for MemoryStore {
     }
 }
 
-impl MemoryStore {
+impl ReferenceStore {
     /// Raw access to the stored projection snapshots (rule 17), for tests that damage them
     /// as a disk or an operator might: `f` changes each one's bytes; returns them as they
     /// were, newest first.
@@ -367,7 +367,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl HistorySource for MemoryStore {
+impl HistorySource for ReferenceStore {
     async fn visit_all(&self, checker: &mut HistoryChecker) -> Result<()> {
         let data = self.shared.data.lock().expect("not poisoned");
         for s in data.shards.values() {
@@ -394,13 +394,13 @@ impl HistorySource for MemoryStore {
     }
 }
 
-/// A claimed shard of a [`MemoryStore`].
-struct MemoryShard {
+/// A claimed shard of a [`ReferenceStore`].
+struct ReferenceShard {
     state: WriterState,
-    store: MemoryStore,
+    store: ReferenceStore,
 }
 
-impl MemoryShard {
+impl ReferenceShard {
     /// The append's write: under one lock, check the epoch and store every entry.
     async fn write(&self, staged: InFlight) -> Result<InFlight> {
         let (shard_id, epoch) = (self.state.shard(), self.state.epoch());
@@ -432,7 +432,7 @@ impl MemoryShard {
 }
 
 #[async_trait]
-impl Shard for MemoryShard {
+impl Shard for ReferenceShard {
     crate::shard_methods_from_writer_state!();
 
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
