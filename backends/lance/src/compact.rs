@@ -30,12 +30,15 @@ use ctxlog_core::{CompactOptions, CompactReport, Error, Result, Written};
 use lance::dataset::{MergeInsertBuilder, WhenMatched, WhenNotMatched};
 use lance_index::mem_wal::CompactedSsTable;
 
+use ctxlog_core::backend::failpoint;
+
 use crate::error::lance_err;
 use crate::schema::{PRIMARY_KEY, schema};
 use crate::store::Shared;
 use crate::tiers::{Generation, folded, tiers};
 
-/// Where a test may stop a pass, to prove an interrupted pass loses and duplicates nothing.
+/// Where a test may stop a pass, to prove an interrupted pass loses and duplicates nothing:
+/// the failpoints of a pass, by name.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopPoint {
@@ -45,12 +48,19 @@ pub enum StopPoint {
     BeforeCommit,
 }
 
+impl StopPoint {
+    /// The failpoint's name.
+    pub fn point(self) -> &'static str {
+        match self {
+            StopPoint::AfterRead => "lance.compact.after_read",
+            StopPoint::BeforeCommit => "lance.compact.before_commit",
+        }
+    }
+}
+
 /// Passes planned again after being overtaken, before compaction gives up (each overtaking
 /// pass folded something, so more than a few in a row means replicas compact in a loop).
 const OVERTAKEN_PASSES: usize = 4;
-
-/// Runs once before a pass's first commit, in tests (to let another compaction commit).
-pub(crate) type BeforeCommit = futures::future::BoxFuture<'static, Result<()>>;
 
 /// How one pass ended.
 enum Pass {
@@ -63,12 +73,7 @@ fn compact_err(e: lance::Error) -> Error {
     lance_err("compact", None, Written::Nothing, e)
 }
 
-pub(crate) async fn compact(
-    inner: &Arc<Shared>,
-    opts: &CompactOptions,
-    stop: Option<StopPoint>,
-    mut before_commit: Option<BeforeCommit>,
-) -> Result<CompactReport> {
+pub(crate) async fn compact(inner: &Arc<Shared>, opts: &CompactOptions) -> Result<CompactReport> {
     let timeout = inner.timeout();
     let deadline = tokio::time::Instant::now() + timeout;
     // 1. Flush this process's live writers, within the first half of the deadline. A fenced
@@ -79,7 +84,7 @@ pub(crate) async fn compact(
     }
     let passes = async {
         for _ in 0..OVERTAKEN_PASSES {
-            if let Pass::Done(report) = pass(inner, opts, stop, before_commit.take()).await? {
+            if let Pass::Done(report) = pass(inner, opts).await? {
                 return Ok(report);
             }
             tracing::debug!("compaction overtaken by another; planning again");
@@ -103,12 +108,7 @@ pub(crate) async fn compact(
     }
 }
 
-async fn pass(
-    inner: &Arc<Shared>,
-    opts: &CompactOptions,
-    stop: Option<StopPoint>,
-    before_commit: Option<BeforeCommit>,
-) -> Result<Pass> {
+async fn pass(inner: &Arc<Shared>, opts: &CompactOptions) -> Result<Pass> {
     let t = tiers(inner, None).await?;
     // 2. Plan: round-robin over shards, each shard's oldest generations first (the marker
     //    says "folded up to g", so a shard's chosen generations are a prefix), within both
@@ -172,7 +172,10 @@ async fn pass(
             batches.push(b);
         }
     }
-    if stop == Some(StopPoint::AfterRead) {
+    if failpoint::hit(StopPoint::AfterRead.point(), || inner.uri.clone())
+        .await
+        .is_err()
+    {
         return Err(interrupted(StopPoint::AfterRead));
     }
     let batches = by_session(batches)?;
@@ -193,13 +196,14 @@ async fn pass(
         .when_not_matched(WhenNotMatched::InsertAll)
         .mark_sstables_as_compacted(markers);
     let job = builder.try_build().map_err(compact_err)?;
-    if stop == Some(StopPoint::BeforeCommit) {
-        // Write the data files, then drop the transaction instead of committing it.
+    // Stopped here, the pass writes the data files, then drops the transaction instead of
+    // committing it; held here, another compaction may commit first.
+    if failpoint::hit(StopPoint::BeforeCommit.point(), || inner.uri.clone())
+        .await
+        .is_err()
+    {
         let _uncommitted = job.execute_uncommitted_batches(batches).await.map_err(compact_err)?;
         return Err(interrupted(StopPoint::BeforeCommit));
-    }
-    if let Some(hook) = before_commit {
-        hook.await?;
     }
     if let Err(e) = job.execute_batches(batches).await {
         let now = folded(&inner.latest().await?).await?;

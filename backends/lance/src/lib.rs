@@ -155,7 +155,7 @@ impl Store for LanceStore {
     }
 
     async fn compact(&self, options: &CompactOptions) -> Result<CompactReport> {
-        compact::compact(&self.shared, options, None, None).await
+        compact::compact(&self.shared, options).await
     }
 
     /// Folded generations, WAL entries below each shard's recorded floor (never a fence

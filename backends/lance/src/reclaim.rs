@@ -498,7 +498,7 @@ fn unerased_rows_of(ids: &[String]) -> String {
 pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<PurgeReport> {
     // Rows of generations not yet folded would survive in them: fold first.
     for _ in 0..64 {
-        let r = crate::compact::compact(shared, &ctxlog_core::CompactOptions::default(), None, None).await?;
+        let r = crate::compact::compact(shared, &ctxlog_core::CompactOptions::default()).await?;
         if r.generations_remaining == 0 {
             break;
         }

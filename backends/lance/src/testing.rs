@@ -14,6 +14,7 @@ use crate::error::lance_err;
 use crate::faults::{Action, Faults, Op, Rule, RuleId};
 use crate::io::lance_uri;
 use crate::schema::{Stamped, schema, to_batch};
+use ctxlog_core::backend::failpoint;
 
 /// A URI's base and the storage options of its query string.
 fn split_uri(uri: &str) -> (String, HashMap<String, String>) {
@@ -139,7 +140,8 @@ pub async fn compact_interrupted(
     stop: StopPoint,
 ) -> Result<()> {
     let store = LanceStore::open_store(uri, options).await?;
-    match crate::compact::compact(&store.shared, opts, Some(stop), None).await {
+    let _stopped = failpoint::arm(stop.point(), store.shared.uri.clone(), failpoint::Action::Fail);
+    match crate::compact::compact(&store.shared, opts).await {
         Err(_) => Ok(()),
         Ok(r) => Err(Error::backend(
             "lance",
@@ -154,7 +156,7 @@ pub async fn compact_interrupted(
 /// One compaction pass through a store handle of its own.
 pub async fn compact(uri: &str, options: StoreOptions, opts: &CompactOptions) -> Result<CompactReport> {
     let store = LanceStore::open_store(uri, options).await?;
-    crate::compact::compact(&store.shared, opts, None, None).await
+    crate::compact::compact(&store.shared, opts).await
 }
 
 /// One compaction pass that another compaction (through a handle of its own) overtakes:
@@ -166,25 +168,23 @@ pub async fn compact_overtaken(
     opts: &CompactOptions,
 ) -> Result<(CompactReport, CompactReport)> {
     let store = LanceStore::open_store(uri, options.clone()).await?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let other = {
-        let (uri, opts) = (uri.to_string(), opts.clone());
-        Box::pin(async move {
-            let r = compact(&uri, options, &opts).await?;
-            let _ = tx.send(r);
-            Ok(())
-        })
+    let failed = |what: &str| Error::backend("lance", "compact_overtaken", None, Written::Unknown, what.to_string());
+    // This pass is held before its commit; the other passes there (once) and commits.
+    let held = failpoint::arm_once(
+        StopPoint::BeforeCommit.point(),
+        store.shared.uri.clone(),
+        failpoint::Action::Pause,
+    );
+    let mine = {
+        let (shared, opts) = (store.shared.clone(), opts.clone());
+        tokio::spawn(async move { crate::compact::compact(&shared, &opts).await })
     };
-    let mine = crate::compact::compact(&store.shared, opts, None, Some(other)).await?;
-    let theirs = rx.await.map_err(|_| {
-        Error::backend(
-            "lance",
-            "compact_overtaken",
-            None,
-            Written::Unknown,
-            "the other pass did not run",
-        )
-    })?;
+    if !held.reached(options.timeout).await {
+        return Err(failed("this pass never reached its commit"));
+    }
+    let theirs = compact(uri, options, opts).await?;
+    drop(held);
+    let mine = mine.await.map_err(|e| failed(&format!("this pass panicked: {e}")))??;
     Ok((mine, theirs))
 }
 

@@ -14,7 +14,6 @@ mod reclaim;
 mod schema;
 mod shard;
 mod snapshots;
-mod stall;
 #[cfg(feature = "testing")]
 pub mod testing;
 

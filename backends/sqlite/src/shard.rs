@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use ctxlog_core::backend::HlcClock;
+use ctxlog_core::backend::failpoint;
 use ctxlog_core::backend::writer::{InFlight, WriterState};
 use ctxlog_core::{AppendAck, Epoch, Error, Hlc, Record, Result, Shard, ShardId, StoreOptions, WriterId, Written};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -101,6 +102,17 @@ fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> Result<Claime
     })
 }
 
+/// Where an append has committed and not yet answered (a lost acknowledgement, in tests).
+pub(crate) const AFTER_COMMIT: &str = "sqlite.append.after_commit";
+
+/// The scope of a store's failpoints: its file's canonical path.
+pub(crate) fn failpoint_scope(path: &std::path::Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
 #[async_trait]
 impl Shard for SqliteShard {
     ctxlog_core::shard_methods_from_writer_state!();
@@ -114,13 +126,22 @@ impl Shard for SqliteShard {
             writer: self.state.writer().to_string(),
             sessions: self.sessions.clone(),
         };
-        let path = self.path.clone();
+        let (path, shard) = (self.path.clone(), self.state.shard());
         let in_flight = self.state.begin(staged);
         let outcome = self
             .conn
             .run("append", Some(tx.shard), Written::Unknown, move |c| {
                 let (staged, sessions) = tx.run(c, in_flight)?;
-                crate::stall::after_commit(&path);
+                // Committed: a test may hold the answer here, as if it were lost.
+                failpoint::hit_blocking(AFTER_COMMIT, || failpoint_scope(&path)).map_err(|s| {
+                    Error::backend(
+                        "sqlite",
+                        "append",
+                        Some(shard),
+                        Written::Unknown,
+                        format!("stopped at {}", s.point),
+                    )
+                })?;
                 Ok((staged, sessions))
             })
             .await;

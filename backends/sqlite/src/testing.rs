@@ -68,14 +68,16 @@ pub fn inject_raw_entry(path: &Path, e: &Entry) -> Result<()> {
     tx.commit().map_err(err)
 }
 
-pub use crate::stall::WriteStall;
-
 /// While the guard lives, every append to the store at `path` commits and then stalls, as
 /// if the acknowledgement were lost on its way: the caller's deadline fires with an
 /// indeterminate error although the batch landed (rule 4). Dropping the guard releases the
-/// stalled appends.
-pub fn stall_writes(path: &Path) -> Result<WriteStall> {
-    crate::stall::arm(path)
+/// stalled appends (the failpoint `sqlite.append.after_commit`).
+pub fn stall_writes(path: &Path) -> Result<ctxlog_core::backend::failpoint::Armed> {
+    Ok(ctxlog_core::backend::failpoint::arm(
+        crate::shard::AFTER_COMMIT,
+        crate::shard::failpoint_scope(path),
+        ctxlog_core::backend::failpoint::Action::Pause,
+    ))
 }
 
 /// Raw access to the projection snapshots stored in the store file at `path`, for tests

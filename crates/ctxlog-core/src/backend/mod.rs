@@ -8,9 +8,12 @@
 //! - [`snapshot`]: the projection snapshot format (rule 17), checked before it is used.
 //! - [`history::HistoryConflicts`]: a `ConflictDiscovery` over any
 //!   [`history::HistorySource`] (rules 6, 7, 10).
+//! - [`failpoint`]: named points in a backend's own code where a test stops or holds an
+//!   operation.
 //!
 //! Applications never need this module.
 
+pub mod failpoint;
 mod frozen;
 pub mod history;
 mod id_state;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::backend::failpoint::{self, Armed};
 use crate::backend::history::{HistoryChecker, HistoryConflicts, HistorySource};
 use crate::backend::index::{IndexRow, ProjectionIndex, RowRef};
 use crate::backend::projector::{CatchUp, IndexSource, IndexedProjector, SnapshotBlobs};
@@ -46,9 +47,12 @@ struct ShardData {
 /// What every handle of one store shares.
 struct Shared {
     data: Mutex<Data>,
-    /// While true, appends commit and then wait (a lost acknowledgement).
-    stalled: tokio::sync::watch::Sender<bool>,
+    /// The store's name: the scope of its failpoints.
+    name: String,
 }
+
+/// Where an append has stored its batch and not yet answered (a lost acknowledgement).
+const AFTER_WRITE: &str = "reference.append.after_write";
 
 fn registry() -> &'static Mutex<HashMap<String, Arc<Shared>>> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<Shared>>>> = OnceLock::new();
@@ -72,7 +76,7 @@ impl ReferenceStore {
             None if options.create_if_missing => {
                 let s = Arc::new(Shared {
                     data: Mutex::new(Data::default()),
-                    stalled: tokio::sync::watch::channel(false).0,
+                    name: name.to_string(),
                 });
                 stores.insert(name.to_string(), s.clone());
                 s
@@ -105,22 +109,12 @@ impl ReferenceStore {
 
     /// While the guard lives, every append commits and then waits, as if its
     /// acknowledgement were lost: the caller's deadline fires with an indeterminate error.
-    pub fn stall_writes(&self) -> StallGuard {
-        self.shared.stalled.send_replace(true);
-        StallGuard(self.shared.clone())
+    pub fn stall_writes(&self) -> Armed {
+        failpoint::arm(AFTER_WRITE, self.shared.name.clone(), failpoint::Action::Pause)
     }
 
     fn timeout(&self) -> Duration {
         self.options.timeout
-    }
-}
-
-/// Keeps appends stalled until dropped.
-pub struct StallGuard(Arc<Shared>);
-
-impl Drop for StallGuard {
-    fn drop(&mut self) {
-        self.0.stalled.send_replace(false);
     }
 }
 
@@ -424,9 +418,19 @@ impl ReferenceShard {
             }
             shard.entries.extend(entries);
         }
-        // A lost acknowledgement: wait while the store is stalled (the deadline ends it).
-        let mut stalled = self.store.shared.stalled.subscribe();
-        let _ = stalled.wait_for(|s| !*s).await;
+        // Storage is an await point: a task that appends in a loop lets others run.
+        tokio::task::consume_budget().await;
+        // A lost acknowledgement: held while a test stalls the store (the deadline ends it).
+        let name = &self.store.shared.name;
+        failpoint::hit(AFTER_WRITE, || name.clone()).await.map_err(|s| {
+            Error::backend(
+                "reference",
+                "append",
+                Some(shard_id),
+                Written::Unknown,
+                format!("stopped at {}", s.point),
+            )
+        })?;
         Ok(staged)
     }
 }
