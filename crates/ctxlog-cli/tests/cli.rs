@@ -10,16 +10,20 @@ use tokio::process::Command;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-async fn ctxlog(store: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxlog"))
-        .args(["--store", store, "--timeout", "20"])
+/// A `ctxlog` process with `args`, its stdin, stdout and stderr piped, killed when dropped.
+fn spawn_ctxlog<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> tokio::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_ctxlog"))
         .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("spawn ctxlog");
+        .expect("spawn ctxlog")
+}
+
+async fn ctxlog(store: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = spawn_ctxlog(["--store", store, "--timeout", "20"].iter().chain(args));
     let mut input = child.stdin.take().unwrap();
     input.write_all(stdin.as_bytes()).await.unwrap();
     drop(input);
@@ -212,14 +216,7 @@ async fn demo_runs_the_quickstart_on_a_fresh_store() {
 async fn an_over_long_line_is_refused_with_its_line_number() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite:{}", dir.path().join("s.db").display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxlog"))
-        .args(["--store", &store, "--timeout", "20", "append", "--writer", "w1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ctxlog");
+    let mut child = spawn_ctxlog(["--store", &store, "--timeout", "20", "append", "--writer", "w1"]);
     let mut input = child.stdin.take().unwrap();
     let feeder = tokio::spawn(async move {
         let first = br#"{"id":"m1","bot_id":"b","session_id":"s","text":"fine"}"#;
@@ -256,15 +253,8 @@ async fn out_of_range_options_are_usage_errors() {
         vec!["append", "--writer", "w", "--batch", "0"],
         vec!["append", "--writer", "w", "--batch", "18446744073709551615"],
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ctxlog"))
-            .args(["--store", &store])
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ctxlog");
+        let mut child = spawn_ctxlog(["--store", store.as_str()].into_iter().chain(args.iter().copied()));
+        // No input: stdin closes at once.
         let _ = child.stdin.take();
         let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
             .await

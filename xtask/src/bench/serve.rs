@@ -39,6 +39,18 @@ struct Replica {
     addr: String,
 }
 
+/// The first line a child process prints, read on a thread of its own; `None` if none came
+/// within `within` (the caller decides what to do with the child).
+fn first_line(stdout: std::process::ChildStdout, within: Duration) -> Option<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(within).ok()
+}
+
 impl Replica {
     fn start(ctxlog: &Path, uri: &str, writer: &str, extra: &[&str]) -> Result<Replica> {
         let mut child = Command::new(ctxlog)
@@ -50,16 +62,9 @@ impl Replica {
             .stderr(Stdio::null())
             .spawn()
             .context("start ctxlog serve")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(600)) {
-            Ok(l) => l,
-            Err(_) => {
+        let line = match first_line(child.stdout.take().context("stdout")?, Duration::from_secs(600)) {
+            Some(l) => l,
+            None => {
                 let _ = child.kill();
                 bail!("ctxlog serve did not start within 600 s");
             }
@@ -209,6 +214,28 @@ struct AppendRow {
     vs_http: Option<f64>,
 }
 
+impl AppendRow {
+    /// The row of a load run's result `v` (`records`, `seconds`, latencies), against the
+    /// library writer's `library` records/s with the same batch.
+    fn of(backend: &str, via: &str, clients: usize, batch: usize, v: &Value, library: f64) -> AppendRow {
+        let records = v["records"].as_u64().unwrap_or(0);
+        let rate = records as f64 / v["seconds"].as_f64().unwrap_or(f64::INFINITY);
+        let l = latencies(v);
+        AppendRow {
+            backend: backend.to_string(),
+            via: via.into(),
+            clients,
+            batch,
+            records,
+            records_per_second: rate,
+            p50_ms: pct(&l, 0.5),
+            p99_ms: pct(&l, 0.99),
+            vs_library: rate / library,
+            vs_http: None,
+        }
+    }
+}
+
 pub(crate) fn run(a: &ServeArgs) -> Result<()> {
     let (bench, ctxlog, http) = super::release_binaries(&a.common)?;
     let out = out_dir(&a.common)?;
@@ -290,21 +317,9 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
                     )?;
                     drop(server);
                     remove_store(&uri);
-                    let records = v["records"].as_u64().unwrap_or(0);
-                    let rate = records as f64 / v["seconds"].as_f64().unwrap_or(f64::INFINITY);
-                    let l = latencies(&v);
-                    rows.push(AppendRow {
-                        backend: backend.clone(),
-                        via: if group { "http" } else { "http, no group commit" }.into(),
-                        clients,
-                        batch,
-                        records,
-                        records_per_second: rate,
-                        p50_ms: pct(&l, 0.5),
-                        p99_ms: pct(&l, 0.99),
-                        vs_library: rate / library.get(&batch).copied().unwrap_or(f64::NAN),
-                        vs_http: None,
-                    });
+                    let via = if group { "http" } else { "http, no group commit" };
+                    let lib = library.get(&batch).copied().unwrap_or(f64::NAN);
+                    rows.push(AppendRow::of(backend, via, clients, batch, &v, lib));
                     pb.inc(1);
                 }
             }
@@ -325,25 +340,14 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
             ])?;
             drop(server);
             remove_store(&uri);
-            let records = v["records"].as_u64().unwrap_or(0);
-            let rate = records as f64 / v["seconds"].as_f64().unwrap_or(f64::INFINITY);
             let raw = rows
                 .iter()
                 .find(|r| r.backend == *backend && r.via == "http" && r.clients == 1 && r.batch == batch)
                 .map_or(f64::NAN, |r| r.records_per_second);
-            let l = latencies(&v);
-            rows.push(AppendRow {
-                backend: backend.clone(),
-                via: "python client".into(),
-                clients: 1,
-                batch,
-                records,
-                records_per_second: rate,
-                p50_ms: pct(&l, 0.5),
-                p99_ms: pct(&l, 0.99),
-                vs_library: rate / library.get(&batch).copied().unwrap_or(f64::NAN),
-                vs_http: Some(rate / raw),
-            });
+            let lib = library.get(&batch).copied().unwrap_or(f64::NAN);
+            let mut row = AppendRow::of(backend, "python client", 1, batch, &v, lib);
+            row.vs_http = Some(row.records_per_second / raw);
+            rows.push(row);
         }
         // Each adapter's hot call against the bare client.
         {
@@ -457,19 +461,12 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()?;
-            let stdout = holder.stdout.take().context("stdout")?;
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let mut line = String::new();
-                let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-                let _ = tx.send(line);
-            });
-            let opened = rx.recv_timeout(Duration::from_secs(300));
+            let opened = first_line(holder.stdout.take().context("stdout")?, Duration::from_secs(300));
             let after = server.rss_kib()?;
             drop(holder.stdin.take());
             let _ = holder.kill();
             let _ = holder.wait();
-            ensure!(opened.is_ok_and(|l| l.contains("open")), "the watchers did not open");
+            ensure!(opened.is_some_and(|l| l.contains("open")), "the watchers did not open");
             other.push(
                 json!({"backend": backend, "what": "resident memory", "watchers": a.watchers,
                               "rss_mib_without": before as f64 / 1024.0, "rss_mib_with": after as f64 / 1024.0,
