@@ -117,3 +117,21 @@ def spying_client(url: str) -> tuple[ctxlog.AsyncClient, list[httpx.URL]]:
 
     http = httpx.AsyncClient(base_url=url, transport=Spy())
     return ctxlog.AsyncClient(url, http=http), requests
+
+
+class LosesFirstAnswer(httpx.BaseTransport):
+    """A transport that loses the answer of the first POST after it landed (a proxy that
+    drops it): the request reached the server, the client sees a read error. `lost` counts
+    the answers lost."""
+
+    def __init__(self) -> None:
+        self.real = httpx.HTTPTransport()
+        self.lost = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = self.real.handle_request(request)
+        if request.method == "POST" and self.lost == 0:
+            self.lost += 1
+            resp.read()
+            raise httpx.ReadError("the answer was lost", request=request)
+        return resp

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Server, start
+from conftest import LosesFirstAnswer, Server, start
 
 import ctxlog
 
@@ -86,22 +86,11 @@ def test_every_problem_type_is_its_exception(
 def test_indeterminate_is_retried_with_the_same_ids_and_lands_once(server: Server) -> None:
     """The first answer is lost after the append landed (a proxy that drops it): the client
     retries with the same ids, and the record is there once."""
-    calls = {"n": 0}
-    real = httpx.HTTPTransport()
-
-    class LosesFirstAnswer(httpx.BaseTransport):
-        def handle_request(self, request: httpx.Request) -> httpx.Response:
-            resp = real.handle_request(request)
-            if request.method == "POST" and calls["n"] == 0:
-                calls["n"] += 1
-                resp.read()
-                raise httpx.ReadError("the answer was lost", request=request)
-            return resp
-
-    http = httpx.Client(base_url=server.url, transport=LosesFirstAnswer(), timeout=30)
+    loses = LosesFirstAnswer()
+    http = httpx.Client(base_url=server.url, transport=loses, timeout=30)
     c = ctxlog.Client(server.url, http=http)
     ack = c.session("b", "s").append([{"role": "user", "text": "once"}])
-    assert calls["n"] == 1
+    assert loses.lost == 1
     records = list(c.session("b", "s").iter_records())
     assert [r.id for r in records] == ack.ids and len(records) == 1
     c.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Server, start
+from conftest import LosesFirstAnswer, Server, start
 
 import ctxlog
 
@@ -115,25 +115,14 @@ def test_wrong_covers_is_invalid_input_naming_the_field(
 def test_a_retried_summary_lands_once(server: Server) -> None:
     """The first answer of a summary's append is lost after it landed: the client retries
     with the same id, and there is one summary."""
-    calls = {"n": 0}
-    real = httpx.HTTPTransport()
-
-    class LosesFirstAnswer(httpx.BaseTransport):
-        def handle_request(self, request: httpx.Request) -> httpx.Response:
-            resp = real.handle_request(request)
-            if request.method == "POST" and calls["n"] == 0:
-                calls["n"] += 1
-                resp.read()
-                raise httpx.ReadError("the answer was lost", request=request)
-            return resp
-
+    loses = LosesFirstAnswer()
     with ctxlog.Client(server.url) as plain:
         plain.session("b", "r").append([{"role": "user", "text": "hi"}])
-    http = httpx.Client(base_url=server.url, transport=LosesFirstAnswer(), timeout=30)
+    http = httpx.Client(base_url=server.url, transport=loses, timeout=30)
     with ctxlog.Client(server.url, http=http) as c:
         s = c.session("b", "r")
         ack = s.summarize("short", s.context().position)
-        assert calls["n"] == 1
+        assert loses.lost == 1
         summaries = [r for r in s.iter_records() if r.kind == "summary"]
         assert ids(summaries) == ack.ids
         assert s.context().summary == ack.ids[0]

@@ -60,6 +60,8 @@ fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String
     let mut problems = Vec::new();
     let mut cases_listed = String::new();
     let mut cases_defined: Vec<(String, String)> = Vec::new();
+    // Each crate's `src/`, its files by module, for the import check.
+    let mut crates: std::collections::BTreeMap<&str, Vec<(String, String)>> = Default::default();
     for f in files {
         let text = std::fs::read_to_string(root.join(f)).unwrap_or_default();
         // Nothing points outside the repository.
@@ -73,6 +75,12 @@ fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String
         }
         if !f.ends_with(".rs") {
             continue;
+        }
+        if let Some(i) = f.find("src/").filter(|i| *i == 0 || f[..*i].ends_with('/')) {
+            crates
+                .entry(&f[..i + 4])
+                .or_default()
+                .push((f[i + 4..].to_string(), text.clone()));
         }
         if !architecture.contains(f.as_str()) {
             problems.push(format!("{f} is missing from ARCHITECTURE.md's code map"));
@@ -97,17 +105,7 @@ fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String
             }
         }
     }
-    // No import cycles: each crate's `src/`, its files by module.
-    let mut crates: std::collections::BTreeMap<&str, Vec<(String, String)>> = Default::default();
-    for f in files.iter().filter(|f| f.ends_with(".rs")) {
-        if let Some(i) = f.find("src/").filter(|i| *i == 0 || f[..*i].ends_with('/')) {
-            let text = std::fs::read_to_string(root.join(f)).unwrap_or_default();
-            crates
-                .entry(&f[..i + 4])
-                .or_default()
-                .push((f[i + 4..].to_string(), text));
-        }
-    }
+    // No import cycles.
     for (src, files) in crates {
         for cycle in crate::imports::cycles(&files) {
             problems.push(format!("{src}: {cycle}"));

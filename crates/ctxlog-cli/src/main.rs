@@ -535,19 +535,7 @@ async fn summarised(
 ) -> ctxlog::Result<()> {
     let mut p = store.projector();
     p.refresh().await?;
-    let held = p.checkpoint();
-    for (i, r) in records.iter().enumerate() {
-        if let Some((s, seq)) = r.covers.as_ref().and_then(|c| c.first_beyond(&held)) {
-            return Err(Error::invalid(
-                "covers",
-                Some(i),
-                format!(
-                    "names seq {seq} of shard {s}, past what the store holds ({}): not a position of this store",
-                    held.get(s)
-                ),
-            ));
-        }
-    }
+    ctxlog::check_covers_held(records, &p.checkpoint())?;
     shard.observe(p.max_hlc())
 }
 

@@ -606,23 +606,9 @@ async fn retain_beside_a_writer_keeps_every_ack(ctx: Ctx) -> anyhow::Result<()> 
     drop(store);
     // Not a synchronisation: the wall clock must pass retain's 1 ms cutoff.
     tokio::time::sleep(Duration::from_millis(2)).await;
-    let timeout = ctx.backend.op_timeout.as_secs_f64().to_string();
-    let retain = Command::new(ctxlog_bin()?)
-        .args([
-            "--store",
-            &ctx.uri,
-            "--timeout",
-            &timeout,
-            "retain",
-            "--older-than",
-            "1ms",
-        ])
-        .args(["--max-sessions", &SESSIONS.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("spawn ctxlog retain")?;
+    let sessions = SESSIONS.to_string();
+    let mut retain = spawn_ctxlog(&ctx, &["retain", "--older-than", "1ms", "--max-sessions", &sessions])?;
+    drop(retain.stdin.take());
     // Appends of other processes while retain runs (and after, if it is quick).
     let mut acked = Vec::new();
     for k in 0..4 {
@@ -630,16 +616,8 @@ async fn retain_beside_a_writer_keeps_every_ack(ctx: Ctx) -> anyhow::Result<()> 
             acked.push((format!("beside-{k}"), id));
         }
     }
-    let out = tokio::time::timeout(ctx.backend.op_timeout * 4, retain.wait_with_output())
-        .await
-        .map_err(|_| anyhow!("retain did not finish"))??;
-    ensure!(
-        out.status.success(),
-        "retain failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).context("retain's report")?;
+    let out = finished(retain, "retain", ctx.backend.op_timeout * 4).await?;
+    let report: Value = serde_json::from_str(&out).context("retain's report")?;
     let tombstones = report["tombstones"].as_u64().context("tombstones")?;
     ensure!(tombstones >= SESSIONS as u64, "retain ended too little: {report}");
     let store = ctx.store().await?;
@@ -657,10 +635,10 @@ async fn retain_beside_a_writer_keeps_every_ack(ctx: Ctx) -> anyhow::Result<()> 
     all_visible(&ctx, &acked).await
 }
 
-/// Run `ctxlog ARGS…` to its end (within the deadline); its stdout, or why it failed.
-async fn run_ctxlog(ctx: &Ctx, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+/// `ctxlog ARGS…` on the case's store, under the backend's deadline, its stdio piped.
+fn spawn_ctxlog(ctx: &Ctx, args: &[&str]) -> anyhow::Result<tokio::process::Child> {
     let timeout = ctx.backend.op_timeout.as_secs_f64().to_string();
-    let mut child = Command::new(ctxlog_bin()?)
+    Command::new(ctxlog_bin()?)
         .args(["--store", &ctx.uri, "--timeout", &timeout])
         .args(args)
         .stdin(Stdio::piped())
@@ -668,20 +646,31 @@ async fn run_ctxlog(ctx: &Ctx, args: &[&str], stdin: &str) -> anyhow::Result<Str
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .context("spawn ctxlog")?;
-    let mut input = child.stdin.take().context("stdin")?;
-    input.write_all(stdin.as_bytes()).await?;
-    drop(input);
-    let out = tokio::time::timeout(ctx.backend.op_timeout * 2, child.wait_with_output())
+        .context("spawn ctxlog")
+}
+
+/// Wait for a `ctxlog` process (`what` it runs) to end within `within`: its stdout, or why
+/// it failed.
+async fn finished(child: tokio::process::Child, what: &str, within: Duration) -> anyhow::Result<String> {
+    let out = tokio::time::timeout(within, child.wait_with_output())
         .await
-        .map_err(|_| anyhow!("ctxlog {args:?} did not finish"))??;
+        .map_err(|_| anyhow!("ctxlog {what} did not finish"))??;
     ensure!(
         out.status.success(),
-        "ctxlog {args:?} failed ({}): {}",
+        "ctxlog {what} failed ({}): {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Run `ctxlog ARGS…` to its end (within the deadline); its stdout, or why it failed.
+async fn run_ctxlog(ctx: &Ctx, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+    let mut child = spawn_ctxlog(ctx, args)?;
+    let mut input = child.stdin.take().context("stdin")?;
+    input.write_all(stdin.as_bytes()).await?;
+    drop(input);
+    finished(child, &format!("{args:?}"), ctx.backend.op_timeout * 2).await
 }
 
 /// A `ctxlog context` process's view of session `s`.

@@ -43,6 +43,25 @@ pub struct ContextKeys {
     pub covered: u64,
 }
 
+/// Refuse a batch whose summaries cover a position past `held` (what the store holds, as a
+/// fresh view saw it): no reader was ever given such a position (rule 21). `InvalidInput`
+/// on field `covers`, naming the record; before anything is written.
+pub fn check_covers_held(records: &[crate::record::Record], held: &Checkpoint) -> crate::error::Result<()> {
+    for (i, r) in records.iter().enumerate() {
+        if let Some((shard, seq)) = r.covers.as_ref().and_then(|c| c.first_beyond(held)) {
+            return Err(crate::error::Error::invalid(
+                "covers",
+                Some(i),
+                format!(
+                    "names seq {seq} of shard {shard}, past what the store holds ({}): not a position of this store",
+                    held.get(shard)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `covers` covers the entry at `key`.
 pub fn covers(covers: &Checkpoint, key: &OrderKey) -> bool {
     key.seq <= covers.get(key.shard)

@@ -30,7 +30,7 @@ pub mod testing;
 pub mod traits;
 pub mod validate;
 
-pub use context::ContextView;
+pub use context::{ContextView, check_covers_held};
 pub use entry::{AppendAck, Checkpoint, Entry, OrderKey, SessionSummary, ShardInfo};
 pub use error::{Error, Result, Unavailability, Written};
 pub use hash::ContentHash;

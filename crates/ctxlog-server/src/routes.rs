@@ -204,19 +204,7 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
     let mut after = ctxlog::Hlc::ZERO;
     if records.iter().any(|rec| rec.covers.is_some()) {
         let p = r.view.fresh().await?;
-        let held = p.checkpoint();
-        for (i, rec) in records.iter().enumerate() {
-            if let Some((shard, seq)) = rec.covers.as_ref().and_then(|c| c.first_beyond(&held)) {
-                return Err(Problem::invalid(
-                    "covers",
-                    Some(i),
-                    format!(
-                        "names seq {seq} of shard {shard}, past what the store holds ({}): not a position of this store",
-                        held.get(shard)
-                    ),
-                ));
-            }
-        }
+        ctxlog::check_covers_held(&records, &p.checkpoint())?;
         after = p.max_hlc();
     }
     let ack = detached(async move { r.writer.append(records, after).await }).await?;

@@ -53,7 +53,7 @@ pub use ctxlog_core::{
     ContextView, Entry, Epoch, Error, GcOptions, GcReport, Hlc, Kind, Limits, LiveRecord, MAINTENANCE_WRITER, OrderKey,
     PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions, PurgeReport, Record, RefreshReport, Result,
     RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo, SnapshotReport, Store, StoreOptions,
-    SystemClock, Unavailability, WriterId, Written, conflicts_json, redact_uri, retain,
+    SystemClock, Unavailability, WriterId, Written, check_covers_held, conflicts_json, redact_uri, retain,
 };
 
 /// Test doubles for applications' own tests (feature `testing`): the reference store
