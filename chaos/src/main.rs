@@ -472,7 +472,7 @@ async fn write(uri: &str, options: StoreOptions, seed: u64, run: WriteRun<'_>) -
                         Ok(_) => {
                             c.read_backs += 1;
                             let last = batch.last().expect("batches are not empty");
-                            match watch(deadline, p.get(&last.id)).await? {
+                            match watch(deadline, p.get(&last.bot_id, &last.id)).await? {
                                 Ok(Some(_)) => {}
                                 Ok(None) if session.starts_with(judge::COLD) => {} // ended by retention
                                 Ok(None) => {

@@ -1,65 +1,160 @@
 //! The store's format number (rule 22), in `_ctxlog/format` beside the dataset: absent in
-//! a store of format 1 (every store written before summaries, and every store until its
-//! first summary), `2` once a summary may be in it. A store is upgraded by the first append
-//! of a summary, which records format 2 before it writes: no summary is ever in a store
-//! that says format 1. Summaries need no new column (their coverage is stored with their
-//! body, `Record::stored_body`), so the entry schema is the same in both formats: Lance
-//! writers of either format share every WAL entry, generation and base table, and a store
-//! is never rewritten.
+//! a store of format 1 (every store written before summaries, and every store of that
+//! release until its first summary), `2` once a summary may be in it, `3` once record ids
+//! are scoped by bot. A store is created at format 3 (the marker written before the
+//! dataset, so that nobody sees the dataset without it); a store of format 1 moves to 2 with
+//! its first summary, recorded before the batch is written (no summary is ever in a store
+//! that says format 1); one of format 1 or 2 moves to 3 only by `ctxlog upgrade`. Neither
+//! needs a new column (a summary's coverage is stored with its body; the grouping of ids is
+//! how entries are read), so the entry schema is the same in every format: writers of each
+//! share every WAL entry, generation and base table, and a store is never rewritten.
+//!
+//! A marker is only ever moved up, and only from the format that was read: from 1 (absent)
+//! with a put-if-absent; from 2 by a put after reading 2 (object stores here offer no
+//! conditional overwrite; two upgrades at once both write the same number). Readers read it
+//! at every refresh, writers with every fence check: a process of this release stops
+//! writing into a store that a newer release moved on.
 
 use std::sync::atomic::Ordering;
 
-use ctxlog_core::{Error, Result, Written, redact_uri};
+use ctxlog_core::backend::with_deadline;
+use ctxlog_core::{Error, IdScope, Result, Written, redact_uri};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 
 use crate::error::{is_not_found, lance_err, store_err};
 use crate::store::Shared;
 
-/// The newest format this build writes: a store that may hold summaries.
-pub const FORMAT: &str = "2";
+/// The newest format this build writes: ids scoped by bot, summaries allowed.
+pub const FORMAT: &str = "3";
 
 /// Every format this build opens.
-pub const READS: [&str; 2] = ["1", "2"];
+pub const READS: [&str; 3] = ["1", "2", "3"];
 
 fn path(base: &Path) -> Path {
     Path::from(format!("{base}/_ctxlog/format"))
 }
 
+/// The format the store says it has ("1" when it says nothing).
+async fn read(shared: &Shared) -> Result<String> {
+    let (store, base) = shared.objects().await?;
+    match store.read_one_all(&path(&base)).await {
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).trim().to_string()),
+        Err(e) if is_not_found(&e) => Ok("1".to_string()),
+        Err(e) => Err(lance_err("read the store format", None, Written::Nothing, e)),
+    }
+}
+
+fn refused(shared: &Shared, found: &str) -> Error {
+    Error::NotAStore {
+        location: redact_uri(&shared.uri),
+        reason: format!(
+            "ctxlog store format {found}; this build reads formats {} (and writes format {FORMAT}): a newer release wrote it",
+            READS.join(", ")
+        ),
+    }
+}
+
 /// The store's format; refuses one this build cannot read, naming both.
 pub(crate) async fn check(shared: &Shared) -> Result<String> {
-    let (store, base) = shared.objects().await?;
-    let found = match store.read_one_all(&path(&base)).await {
-        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
-        Err(e) if is_not_found(&e) => "1".to_string(),
-        Err(e) => return Err(lance_err("read the store format", None, Written::Nothing, e)),
-    };
+    let found = read(shared).await?;
     if !READS.contains(&found.as_str()) {
-        return Err(Error::NotAStore {
-            location: redact_uri(&shared.uri),
-            reason: format!(
-                "ctxlog store format {found}; this build reads formats {} (and writes format {FORMAT}): a newer release wrote it",
-                READS.join(" and ")
-            ),
-        });
+        return Err(refused(shared, &found));
     }
-    if found == FORMAT {
+    if found != "1" {
         shared.summaries_allowed.store(true, Ordering::Relaxed);
     }
     Ok(found)
 }
 
-/// Record format 2 before the first summary is written through this handle.
+/// The store's format as a number (`check`).
+pub(crate) async fn number(shared: &Shared) -> Result<u32> {
+    let found = check(shared).await?;
+    found.parse().map_err(|_| refused(shared, &found))
+}
+
+/// Which ids are one record in the store now.
+pub(crate) async fn id_scope(shared: &Shared) -> Result<IdScope> {
+    Ok(IdScope::of_format(number(shared).await?))
+}
+
+/// Record the format of a new store, before its dataset exists.
+pub(crate) async fn record_new(store: &lance_io::object_store::ObjectStore, base: &Path) -> Result<()> {
+    match store
+        .put_if_absent(&path(base), FORMAT.as_bytes().to_vec().into())
+        .await
+    {
+        Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(store_err("record the store format", None, Written::Nothing, e)),
+    }
+}
+
+/// Record format 2 before the first summary is written through this handle, if the store
+/// is at format 1 (absent marker); a store at 2 or 3 already holds summaries.
 pub(crate) async fn upgrade_for_summaries(shared: &Shared) -> Result<()> {
     if shared.summaries_allowed.load(Ordering::Relaxed) {
         return Ok(());
     }
-    let (store, base) = shared.objects().await?;
-    store
-        .inner
-        .put(&path(&base), FORMAT.as_bytes().to_vec().into())
-        .await
-        .map_err(|e| store_err("record the store format", None, Written::Nothing, e))?;
-    shared.summaries_allowed.store(true, Ordering::Relaxed);
-    Ok(())
+    with_deadline(
+        "record the store format",
+        shared.timeout(),
+        None,
+        Written::Unknown,
+        async {
+            let (store, base) = shared.objects().await?;
+            match store.put_if_absent(&path(&base), b"2".to_vec().into()).await {
+                Ok(()) => {}
+                // Another process recorded a format first: this one must be readable.
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    check(shared).await?;
+                }
+                Err(e) => return Err(store_err("record the store format", None, Written::Nothing, e)),
+            }
+            shared.summaries_allowed.store(true, Ordering::Relaxed);
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// Move the store from format `from` to `to` (`ctxlog upgrade`), if it is at `from`.
+pub(crate) async fn set(shared: &Shared, from: u32, to: u32) -> Result<()> {
+    if to < from || !READS.contains(&to.to_string().as_str()) {
+        return Err(Error::invalid(
+            "format",
+            None,
+            format!("cannot move format {from} to {to}"),
+        ));
+    }
+    with_deadline("upgrade", shared.timeout(), None, Written::Unknown, async {
+        let now = number(shared).await?;
+        let moved = || {
+            Error::invalid(
+                "format",
+                None,
+                format!("the store is at format {now} now, not {from}: another process moved it"),
+            )
+        };
+        if now != from {
+            return Err(moved());
+        }
+        let (store, base) = shared.objects().await?;
+        let bytes = to.to_string().into_bytes();
+        if from == 1 {
+            match store.put_if_absent(&path(&base), bytes.into()).await {
+                Ok(()) => {}
+                Err(object_store::Error::AlreadyExists { .. }) => return Err(moved()),
+                Err(e) => return Err(store_err("upgrade", None, Written::Nothing, e)),
+            }
+        } else {
+            store
+                .inner
+                .put(&path(&base), bytes.into())
+                .await
+                .map_err(|e| store_err("upgrade", None, Written::Nothing, e))?;
+        }
+        shared.summaries_allowed.store(true, Ordering::Relaxed);
+        Ok(())
+    })
+    .await
 }

@@ -163,7 +163,7 @@ impl IndexSource for LanceIndex {
             // whatever an earlier first scan that failed or was cancelled left behind (rows
             // numbered in a source list the new scan replaces) is dropped, never mixed in.
             *cursor = Cursor::default();
-            *index = ProjectionIndex::new();
+            *index = ProjectionIndex::scoped(index.scope());
             let mut attempt = 1;
             let behind = loop {
                 match first_scan(shared, cursor, index, &mut done).await {
@@ -175,13 +175,13 @@ impl IndexSource for LanceIndex {
                     Err(e) if attempt < FIRST_SCAN_ATTEMPTS && moved_since(shared, cursor.started).await => {
                         tracing::info!(attempt, error = %e, "the store moved under a first scan; scanning again");
                         *cursor = Cursor::default();
-                        *index = ProjectionIndex::new();
+                        *index = ProjectionIndex::scoped(index.scope());
                         done = CatchUp::default();
                         attempt += 1;
                     }
                     Err(e) => {
                         *cursor = Cursor::default();
-                        *index = ProjectionIndex::new();
+                        *index = ProjectionIndex::scoped(index.scope());
                         return Err(e);
                     }
                 }
@@ -191,7 +191,7 @@ impl IndexSource for LanceIndex {
             // read those shards whole, as a refresh does. Never a partial first scan.
             if let Err(e) = read_whole(shared, cursor, index, &mut done, behind).await {
                 *cursor = Cursor::default();
-                *index = ProjectionIndex::new();
+                *index = ProjectionIndex::scoped(index.scope());
                 return Err(e);
             }
             cursor.scanned = true;
@@ -252,6 +252,10 @@ impl IndexSource for LanceIndex {
 
     fn options(&self) -> &StoreOptions {
         &self.shared.options
+    }
+
+    async fn id_scope(&self) -> Result<ctxlog_core::IdScope> {
+        crate::format::id_scope(&self.shared).await
     }
 
     fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {

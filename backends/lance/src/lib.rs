@@ -141,6 +141,21 @@ impl Store for LanceStore {
         .await
     }
 
+    async fn format(&self) -> Result<u32> {
+        with_deadline(
+            "read the store format",
+            self.shared.timeout(),
+            None,
+            Written::Nothing,
+            format::number(&self.shared),
+        )
+        .await
+    }
+
+    async fn set_format(&self, from: u32, to: u32) -> Result<()> {
+        format::set(&self.shared, from, to).await
+    }
+
     fn projector(&self) -> Box<dyn Projector> {
         Box::new(IndexedProjector::new(Arc::new(index::LanceIndex::new(
             self.shared.clone(),

@@ -148,6 +148,8 @@ async fn create_exclusively(
     if !won {
         return Ok(());
     }
+    // The format first: whoever sees the dataset sees its format (rule 22).
+    crate::format::record_new(&store, &base).await?;
     let params = WriteParams {
         mode: WriteMode::Create,
         store_params: Some(params.clone()),

@@ -54,7 +54,7 @@ use object_store::path::Path;
 use uuid::Uuid;
 
 use crate::error::lance_err;
-use crate::schema::{BODY_BYTES, BODY_TEXT, ID, KIND, METADATA};
+use crate::schema::{BODY_BYTES, BODY_TEXT, BOT_ID, ID, KIND, METADATA};
 use crate::store::Shared;
 
 /// The config key of a shard's WAL floor.
@@ -482,13 +482,28 @@ fn purge_err(e: lance::Error) -> Error {
     lance_err("purge", None, Written::Unknown, e)
 }
 
-/// The filter of the rows of `ids` whose body or metadata is still stored.
-fn unerased_rows_of(ids: &[String]) -> String {
-    // String literals of a Lance filter: single quotes, doubled inside.
-    let list: Vec<String> = ids.iter().map(|s| format!("'{}'", s.replace('\'', "''"))).collect();
+/// A string literal of a Lance filter: single quotes, doubled inside.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The filter of the rows of `ids` (`(namespace, id)`: the bot, or `""` for the whole store)
+/// whose body or metadata is still stored.
+fn unerased_rows_of(ids: &[(String, String)]) -> String {
+    let mut by_bot: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
+    for (namespace, id) in ids {
+        by_bot.entry(namespace).or_default().push(literal(id));
+    }
+    let of: Vec<String> = by_bot
+        .into_iter()
+        .map(|(namespace, ids)| match namespace {
+            "" => format!("{ID} IN ({})", ids.join(", ")),
+            bot => format!("({BOT_ID} = {} AND {ID} IN ({}))", literal(bot), ids.join(", ")),
+        })
+        .collect();
     format!(
-        "{ID} IN ({}) AND ({BODY_TEXT} IS NOT NULL OR {BODY_BYTES} IS NOT NULL OR {METADATA} IS NOT NULL)",
-        list.join(", ")
+        "({}) AND ({BODY_TEXT} IS NOT NULL OR {BODY_BYTES} IS NOT NULL OR {METADATA} IS NOT NULL)",
+        of.join(" OR ")
     )
 }
 
@@ -504,7 +519,16 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
         }
     }
     let base = shared.latest().await?;
-    let tombstoned = column_values(&base, ID, &format!("{KIND} = 1")).await?;
+    // An id is one record in its namespace (rule 6): its bot in a store of format 3, so a
+    // tombstone erases its own bot's record and never another bot's of the same id.
+    let scope = crate::format::id_scope(shared).await?;
+    let mut tombstoned: Vec<(String, String)> = column_pairs(&base, BOT_ID, ID, &format!("{KIND} = 1"))
+        .await?
+        .into_iter()
+        .map(|(bot, id)| (scope.namespace(&bot).to_string(), id))
+        .collect();
+    tombstoned.sort();
+    tombstoned.dedup();
     if tombstoned.is_empty() {
         return Ok(PurgeReport::default()
             .with_erased(true)
@@ -512,7 +536,11 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
     }
     let mut pending = Vec::new();
     for chunk in tombstoned.chunks(IDS_PER_STATEMENT) {
-        pending.extend(column_values(&base, ID, &unerased_rows_of(chunk)).await?);
+        let rows = column_pairs(&base, BOT_ID, ID, &unerased_rows_of(chunk)).await?;
+        pending.extend(
+            rows.into_iter()
+                .map(|(bot, id)| (scope.namespace(&bot).to_string(), id)),
+        );
     }
     pending.sort();
     pending.dedup();
@@ -553,10 +581,10 @@ pub(crate) async fn purge(shared: &Arc<Shared>, opts: &PurgeOptions) -> Result<P
         ))
 }
 
-/// The values of string column `column` of the rows matching `filter`.
-async fn column_values(ds: &Dataset, column: &str, filter: &str) -> Result<Vec<String>> {
+/// The values of string columns `first` and `second` of the rows matching `filter`.
+async fn column_pairs(ds: &Dataset, first: &str, second: &str, filter: &str) -> Result<Vec<(String, String)>> {
     let mut scan = ds.scan();
-    scan.project(&[column]).map_err(purge_err)?;
+    scan.project(&[first, second]).map_err(purge_err)?;
     scan.filter(filter).map_err(purge_err)?;
     let batches: Vec<arrow_array::RecordBatch> = scan
         .try_into_stream()
@@ -567,15 +595,21 @@ async fn column_values(ds: &Dataset, column: &str, filter: &str) -> Result<Vec<S
         .map_err(purge_err)?;
     let mut out = Vec::new();
     for b in batches {
-        let col = b
-            .column(0)
-            .as_any()
-            .downcast_ref::<arrow_array::StringArray>()
-            .ok_or_else(|| Error::Corrupt {
-                shard: None,
-                what: format!("column `{column}` is not a string column"),
-            })?;
-        out.extend(col.iter().flatten().map(str::to_string));
+        let col = |i: usize, name: &str| {
+            b.column(i)
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .ok_or_else(|| Error::Corrupt {
+                    shard: None,
+                    what: format!("column `{name}` is not a string column"),
+                })
+        };
+        let (a, z) = (col(0, first)?, col(1, second)?);
+        out.extend(
+            a.iter()
+                .zip(z.iter())
+                .filter_map(|(a, z)| Some((a?.to_string(), z?.to_string()))),
+        );
     }
     Ok(out)
 }

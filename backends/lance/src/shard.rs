@@ -286,7 +286,18 @@ impl LanceShard {
         let shard = self.state.shard();
         let manifests = ShardManifestStore::new(self.store.clone(), &self.base_path, shard.0, 2);
         let budget = self.shared.timeout() / 4;
-        match tokio::time::timeout(budget, current_epoch(&manifests, shard)).await {
+        // The store's format with the fence: a store another release moved on is not
+        // written (rule 22). Read beside the epoch: one round trip for both.
+        let (format, epoch) = tokio::join!(
+            tokio::time::timeout(budget, crate::format::check(&self.shared)),
+            tokio::time::timeout(budget, current_epoch(&manifests, shard)),
+        );
+        match format {
+            Ok(Err(e @ Error::NotAStore { .. })) => return Err(e),
+            Ok(Err(e)) => tracing::debug!(%shard, error = %e, "reading the store format failed"),
+            Ok(Ok(_)) | Err(_) => {}
+        }
+        match epoch {
             Ok(Ok(now)) if now > self.state.epoch() => {
                 self.state.mark_fenced(Some(now));
                 Err(self.state.fenced(Some(now), Written::Nothing))

@@ -641,7 +641,7 @@ fn a_failed_refresh_leaves_no_row_pointing_into_another_dataset() {
                 seen.iter().map(|e| &e.record.id).collect::<Vec<_>>()
             );
             for id in ["l1-0", "l1-2", "l2-1", "l3-0"] {
-                let (got, want) = (reader.get(id).await?, fresh.get(id).await?);
+                let (got, want) = (reader.get("bot", id).await?, fresh.get("bot", id).await?);
                 ensure!(
                     shown(got.as_slice()) == shown(want.as_slice()),
                     "get({id}): {got:?}, a fresh reader: {want:?}"
@@ -736,7 +736,7 @@ fn a_snapshot_naming_a_dataset_outside_the_store_is_not_used() {
                     .collect();
                 ensure!(view == expected, "expected this store's entries, got {view:?}");
                 ensure!(
-                    reader.get("other-0").await?.is_none(),
+                    reader.get("bot", "other-0").await?.is_none(),
                     "the other store's record is visible"
                 );
             }

@@ -173,6 +173,19 @@ fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+/// The error of a store whose format cannot be used by `op` (before anything was written).
+pub(crate) fn format_error(
+    e: crate::schema::FormatError,
+    op: &'static str,
+    shard: Option<ShardId>,
+    path: &Path,
+) -> Error {
+    match e {
+        crate::schema::FormatError::Sql(e) => sql_error(op, shard, Written::Nothing, e),
+        crate::schema::FormatError::Unknown(f) => refuse(path, Holds::OtherFormat(f)),
+    }
+}
+
 fn not_found(path: &Path) -> Error {
     Error::NotFound {
         what: format!("no ctxlog store at {}", path.display()),
@@ -244,7 +257,7 @@ fn refuse(path: &Path, h: Holds) -> Error {
             path,
             format!(
                 "ctxlog store format {f}; this build reads formats {} (and writes format {FORMAT}): a newer release wrote it",
-                crate::schema::READS.join(" and ")
+                crate::schema::READS.join(", ")
             ),
         ),
         Holds::Store | Holds::NoSchema => unreachable!("only refusals are refused"),

@@ -24,21 +24,22 @@ use async_trait::async_trait;
 use ctxlog_core::backend::history::HistoryConflicts;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::{
-    CompactOptions, CompactReport, ConflictDiscovery, Entry, GcOptions, GcReport, Projector, PurgeOptions, PurgeReport,
-    Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, Error, GcOptions, GcReport, Projector, PurgeOptions,
+    PurgeReport, Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
 };
 
 use crate::conn::{Access, BACKEND, Conn, sql_error};
 use crate::read::{SqliteHistory, SqliteIndex, read_shard};
 
-/// The newest store format this build writes (the `format` row of `ctxlog_meta`). A store
-/// is created at format 1 (what earlier releases read too) and upgraded to this one, in
-/// place, in the transaction of the first summary written to it (rule 22); a file of any
-/// format this build does not read is refused, naming both. Benchmarks key the stores they generate on it.
+/// The newest store format this build writes (the `format` row of `ctxlog_meta`): 3, record
+/// ids scoped by bot. A store is created at format 3; one of format 1 moves to 2 in the
+/// transaction of the first summary written to it, and one of format 1 or 2 to 3 only by
+/// `ctxlog upgrade` (rule 22); a file of any format this build does not read is refused,
+/// naming both. Benchmarks key the stores they generate on it.
 pub const FORMAT: &str = schema::FORMAT;
 
 /// Every store format this build opens.
-pub const READS_FORMATS: [&str; 2] = schema::READS;
+pub const READS_FORMATS: [&str; 3] = schema::READS;
 
 /// The schema this build creates. A change of it that [`FORMAT`] does not mark (a
 /// compatible one, another index) still changes what a generated benchmark store holds, so
@@ -166,6 +167,41 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn format(&self) -> Result<u32> {
+        let path = self.path.clone();
+        self.conn
+            .run("read the store format", None, Written::Nothing, move |c| {
+                schema::format_number(c).map_err(|e| conn::format_error(e, "read the store format", None, &path))
+            })
+            .await
+    }
+
+    async fn set_format(&self, from: u32, to: u32) -> Result<()> {
+        if to < from || !schema::READS.contains(&to.to_string().as_str()) {
+            return Err(Error::invalid(
+                "format",
+                None,
+                format!("cannot move format {from} to {to}"),
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
+        let path = self.path.clone();
+        let now = conn
+            .run_by(deadline, "upgrade", None, Written::Unknown, move |c| {
+                schema::set_format(c, from, to).map_err(|e| conn::format_error(e, "upgrade", None, &path))
+            })
+            .await?;
+        match now {
+            None => Ok(()),
+            Some(now) => Err(Error::invalid(
+                "format",
+                None,
+                format!("the store is at format {now} now, not {from}: another process moved it"),
+            )),
+        }
+    }
+
     fn projector(&self) -> Box<dyn Projector> {
         Box::new(IndexedProjector::new(Arc::new(SqliteIndex::new(
             self.path.clone(),
@@ -227,9 +263,9 @@ impl Store for SqliteStore {
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
         let deadline = tokio::time::Instant::now() + self.options.timeout;
         let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
-        let options = options.clone();
+        let (path, options) = (self.path.clone(), options.clone());
         conn.run_by(deadline, "purge", None, Written::Unknown, move |c| {
-            reclaim::purge(c, &options)
+            reclaim::purge(c, &path, &options)
         })
         .await
     }

@@ -13,8 +13,8 @@ use ctxlog_core::backend::index::{IndexRow, PartApplier, ProjectionIndex, Router
 use ctxlog_core::backend::projector::{CatchUp, IndexSource, SnapshotBlobs};
 use ctxlog_core::backend::snapshot::Rejected;
 use ctxlog_core::{
-    Checkpoint, ContentHash, Entry, Error, Hlc, Kind, OrderKey, Result, ShardId, ShardInfo, StoreOptions, WriterId,
-    Written,
+    Checkpoint, ContentHash, Entry, Error, Hlc, IdScope, Kind, OrderKey, Result, ShardId, ShardInfo, StoreOptions,
+    WriterId, Written,
 };
 use rusqlite::{Connection, Row, params};
 
@@ -229,7 +229,7 @@ impl IndexSource for SqliteIndex {
             && index.entries() == 0
             && index.parts() != parts
         {
-            *index = ProjectionIndex::with_parts(parts);
+            *index = ProjectionIndex::with_parts(parts, index.scope());
         }
         let stall_after = self.forced.take_stall();
         // Move both into the blocking task and back; if the task is cancelled by the
@@ -256,6 +256,17 @@ impl IndexSource for SqliteIndex {
 
     fn options(&self) -> &StoreOptions {
         &self.conn.options
+    }
+
+    async fn id_scope(&self) -> Result<IdScope> {
+        let conn = self.conn.get().await?;
+        let path = self.conn.path.clone();
+        conn.run("refresh", None, Written::Nothing, move |c| {
+            crate::schema::format_number(c)
+                .map(IdScope::of_format)
+                .map_err(|e| crate::conn::format_error(e, "refresh", None, &path))
+        })
+        .await
     }
 
     /// Nothing: a catch-up reads past the index's own per-shard positions, and the shard
@@ -367,7 +378,7 @@ fn catch_up(
             .map(|_| std::sync::mpsc::sync_channel::<Vec<Raw>>(4))
             .unzip();
         let applier = scope.spawn(move || applying.apply_routed(queues, |c, a| apply_chunk(c, sessions, a)));
-        let read = read_rows(&tx, &shards, &router, sends, stall_after);
+        let read = read_rows(&tx, &shards, &router, sessions, sends, stall_after);
         // A panic there is a bug: let it surface as the blocking task's panic.
         let (done, applied) = applier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         (read, done, applied)
@@ -377,7 +388,7 @@ fn catch_up(
         // while the others went on: the index holds rows past those, and its positions
         // with them. Keeping it would hide the dropped rows from every later catch-up;
         // emptied, the next one reads everything again (and meets the same row).
-        *index = ProjectionIndex::with_parts(index.parts());
+        *index = ProjectionIndex::with_parts(index.parts(), index.scope());
         *cursor = Cursor::default();
     }
     // A read error explains an apply that stopped early; report it first.
@@ -386,8 +397,7 @@ fn catch_up(
     Ok(done)
 }
 
-/// One entry as the reading thread hands it over. Its id is allocated here, on the reading
-/// thread, and kept by the index as it is.
+/// One entry as the reading thread hands it over, its id copied out of SQLite's row.
 struct Raw {
     key: OrderKey,
     id: Box<str>,
@@ -412,11 +422,12 @@ fn read_rows(
     tx: &rusqlite::Transaction<'_>,
     shards: &[(i64, ShardId, u64)],
     router: &Router,
+    sessions: &[Option<(String, String)>],
     sends: Vec<std::sync::mpsc::SyncSender<Vec<Raw>>>,
     stall_after: Option<u64>,
 ) -> rusqlite::Result<()> {
     let mut chunks: Vec<Vec<Raw>> = sends.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
-    let read = read_into(tx, shards, router, &sends, &mut chunks, stall_after);
+    let read = read_into(tx, shards, router, sessions, &sends, &mut chunks, stall_after);
     // The chunks not full yet are sent whether or not the read went to the end: a thread may
     // have applied a full chunk of later rows of the same shard, and raised the shard's
     // position past rows kept here. Dropped, they would be holes below that position, which
@@ -439,6 +450,7 @@ fn read_into(
     tx: &rusqlite::Transaction<'_>,
     shards: &[(i64, ShardId, u64)],
     router: &Router,
+    sessions: &[Option<(String, String)>],
     sends: &[std::sync::mpsc::SyncSender<Vec<Raw>>],
     chunks: &mut [Vec<Raw>],
     stall_after: Option<u64>,
@@ -472,6 +484,15 @@ fn read_into(
                 rusqlite::Error::InvalidColumnType(5, "content_hash".into(), rusqlite::types::Type::Blob)
             })?;
             let id = r.get_ref(6)?.as_str()?;
+            let session_no: i64 = r.get(4)?;
+            // Routed by the id in its namespace (its bot's, in a store of format 3); a
+            // session number the table lacks fails where the row is applied.
+            let bot_id = usize::try_from(session_no)
+                .ok()
+                .and_then(|i| sessions.get(i))
+                .and_then(Option::as_ref)
+                .map_or("", |(b, _)| b.as_str());
+            let thread = router.thread_of(bot_id, id);
             let raw = Raw {
                 key: OrderKey {
                     hlc: Hlc(r.get::<_, i64>(2)? as u64),
@@ -482,12 +503,12 @@ fn read_into(
                 id: id.into(),
                 kind,
                 hash,
-                session_no: r.get(4)?,
+                session_no,
             };
             if group.first().is_some_and(|(_, g)| g.key.seq != raw.key.seq) && !hand_on(&mut group) {
                 return Ok(()); // an applying thread stopped: its error says why
             }
-            group.push((router.thread_of(id), raw));
+            group.push((thread, raw));
             rows_read += 1;
             if Some(rows_read) == stall_after {
                 wait_out_deadline();
@@ -529,14 +550,14 @@ fn apply_chunk(
             })?;
         let row = IndexRow {
             key: raw.key,
-            id: "",
+            id: &raw.id,
             kind: raw.kind,
             hash: raw.hash,
             bot_id,
             session_id,
             at: RowRef::default(),
         };
-        applier.apply_owned(row, raw.id);
+        applier.apply_routed(row);
     }
     Ok(())
 }
@@ -690,7 +711,7 @@ mod tests {
         const { assert!(12_000 >= PARALLEL_FROM, "enough rows to apply on several threads") };
         let mut c = Connection::open(&path).unwrap();
         let mut index_of = |parts: usize| {
-            let mut index = ProjectionIndex::with_parts(parts);
+            let mut index = ProjectionIndex::with_parts(parts, IdScope::Bot);
             let done = catch_up(&mut c, &mut Cursor::default(), &mut index, None).unwrap();
             (index, done)
         };

@@ -96,22 +96,37 @@ pub(crate) fn gc(c: &mut Connection, path: &Path, options: &GcOptions) -> Result
         .with_note(note))
 }
 
+/// A record's namespace (its bot, or `""` for the whole store) and id.
+type RecordKey = (String, String);
+
 /// Ids that have a tombstone and entries whose body or metadata is still stored, each with
-/// the rowids of those entries, sorted by id. One read, no lock held.
-fn pending(c: &Connection) -> rusqlite::Result<Vec<(String, Vec<i64>)>> {
-    let mut stmt = c.prepare(
-        "SELECT e.id, e.rowid FROM entries e
-         WHERE e.id IN (SELECT id FROM entries WHERE kind = 1)
+/// the rowids of those entries, sorted by namespace and id. An id is one record in its
+/// namespace (rule 6): its bot in a store of format 3, so that a tombstone erases its own
+/// bot's record and never another bot's of the same id; the whole store before. One read,
+/// no lock held.
+fn pending(c: &Connection, scope: ctxlog_core::IdScope) -> rusqlite::Result<Vec<(RecordKey, Vec<i64>)>> {
+    let namespace = match scope {
+        ctxlog_core::IdScope::Bot => "s.bot_id",
+        ctxlog_core::IdScope::Store => "''",
+    };
+    let mut stmt = c.prepare(&format!(
+        "SELECT {ns}, e.id, e.rowid FROM entries e JOIN sessions s ON s.session_no = e.session_no
+         WHERE ({ns}, e.id) IN (SELECT {tns}, t.id FROM entries t JOIN sessions ts ON ts.session_no = t.session_no
+                                WHERE t.kind = 1)
            AND (e.body_text IS NOT NULL OR e.body_bytes IS NOT NULL OR e.metadata IS NOT NULL)
-         ORDER BY e.id, e.rowid",
-    )?;
-    let mut out: Vec<(String, Vec<i64>)> = Vec::new();
-    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+         ORDER BY 1, e.id, e.rowid",
+        ns = namespace,
+        tns = namespace.replace("s.", "ts."),
+    ))?;
+    let mut out: Vec<(RecordKey, Vec<i64>)> = Vec::new();
+    let rows = stmt.query_map([], |r| {
+        Ok(((r.get::<_, String>(0)?, r.get::<_, String>(1)?), r.get::<_, i64>(2)?))
+    })?;
     for row in rows {
-        let (id, rowid) = row?;
+        let (key, rowid) = row?;
         match out.last_mut() {
-            Some((last, rowids)) if *last == id => rowids.push(rowid),
-            _ => out.push((id, vec![rowid])),
+            Some((last, rowids)) if *last == key => rowids.push(rowid),
+            _ => out.push((key, vec![rowid])),
         }
     }
     Ok(out)
@@ -120,8 +135,11 @@ fn pending(c: &Connection) -> rusqlite::Result<Vec<(String, Vec<i64>)>> {
 /// One purge pass: erase the body and metadata of every entry of up to `max_ids` tombstoned
 /// ids, in short write transactions, then checkpoint and truncate the WAL so that no frame
 /// keeps an erased byte.
-pub(crate) fn purge(c: &mut Connection, options: &PurgeOptions) -> Result<PurgeReport> {
-    let pending = pending(c).map_err(|e| sql_error("purge", None, Written::Nothing, e))?;
+pub(crate) fn purge(c: &mut Connection, path: &std::path::Path, options: &PurgeOptions) -> Result<PurgeReport> {
+    let scope = crate::schema::format_number(c)
+        .map(ctxlog_core::IdScope::of_format)
+        .map_err(|e| crate::conn::format_error(e, "purge", None, path))?;
+    let pending = pending(c, scope).map_err(|e| sql_error("purge", None, Written::Nothing, e))?;
     let take = usize::try_from(options.max_ids)
         .unwrap_or(usize::MAX)
         .min(pending.len());

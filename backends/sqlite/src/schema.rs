@@ -7,27 +7,92 @@ use rusqlite::{Connection, OptionalExtension, Statement, TransactionBehavior, pa
 use ctxlog_core::backend::canonical_json;
 use ctxlog_core::{Body, ContentHash, Epoch, Hlc, Record, Seq};
 
-/// The newest store format this build writes: 2, a store that may hold summaries (rule 21).
-/// Recorded in `ctxlog_meta` under `format`; a store is created at format 1 and upgraded by
-/// its first summary.
-pub(crate) const FORMAT: &str = "2";
+/// The newest store format this build writes: 3, a store whose record ids are scoped by bot
+/// (rule 6) and that may hold summaries (rule 21). Recorded in `ctxlog_meta` under `format`;
+/// a store is created at format 3.
+pub(crate) const FORMAT: &str = "3";
 
-/// Every format this build opens: 1 (before summaries, written by earlier releases) and 2.
-pub(crate) const READS: [&str; 2] = ["1", "2"];
+/// Every format this build opens: 1 (before summaries) and 2 (summaries), both with record
+/// ids grouped across the whole store, written by earlier releases; and 3.
+pub(crate) const READS: [&str; 3] = ["1", "2", "3"];
+
+/// The format that holds summaries with ids grouped across the store: where the first
+/// summary takes a store of format 1.
+pub(crate) const SUMMARIES: &str = "2";
 
 /// The migrations from each older format to the next, applied in order inside the write
 /// transaction that first needs the newer format (rule 22): a store is never rewritten
 /// wholesale, and one that never needs a newer format keeps its own, so that earlier
 /// releases still open it. 1 → 2: summaries (`kind` 2) store their coverage with their body
 /// in `body_bytes` (`Record::stored_body`), so no column changes: only the format number.
-const MIGRATIONS: [(&str, &str, &str); 1] = [("1", "2", "UPDATE ctxlog_meta SET value = '2' WHERE key = 'format'")];
+/// 2 → 3: record ids scoped by bot; the entries are read differently, not stored
+/// differently, so only the number changes — by `ctxlog upgrade`, never by an append
+/// (`upgrade_to_ids_by_bot`), since it changes views where one id is under two bots.
+const MIGRATIONS: [(&str, &str, &str); 2] = [
+    ("1", "2", "UPDATE ctxlog_meta SET value = '2' WHERE key = 'format'"),
+    ("2", "3", "UPDATE ctxlog_meta SET value = '3' WHERE key = 'format'"),
+];
+
+/// The store's format as `tx` sees it, refused (definite) when this build does not read it:
+/// checked inside every append's transaction, so that a long-running writer never writes
+/// into a store another release moved on (rule 22).
+pub(crate) fn format_in(tx: &rusqlite::Connection) -> std::result::Result<String, FormatError> {
+    let now: Option<String> = tx
+        .query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))
+        .optional()?;
+    match now {
+        Some(f) if READS.contains(&f.as_str()) => Ok(f),
+        Some(f) => Err(FormatError::Unknown(f)),
+        None => Err(FormatError::Unknown("none".into())),
+    }
+}
+
+/// The store's format as a number (`format_in`).
+pub(crate) fn format_number(c: &rusqlite::Connection) -> std::result::Result<u32, FormatError> {
+    let f = format_in(c)?;
+    f.parse().map_err(|_| FormatError::Unknown(f))
+}
+
+/// Move the store from format `from` to `to` in one write transaction, if it is at `from`
+/// (a compare-and-set, rule 22). `Ok(Some(now))` when it was not.
+pub(crate) fn set_format(
+    c: &mut rusqlite::Connection,
+    from: u32,
+    to: u32,
+) -> std::result::Result<Option<u32>, FormatError> {
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let now = format_number(&tx)?;
+    if now != from {
+        return Ok(Some(now));
+    }
+    tx.execute(
+        "UPDATE ctxlog_meta SET value = ?1 WHERE key = 'format'",
+        [to.to_string()],
+    )?;
+    tx.commit()?;
+    Ok(None)
+}
+
+/// Why a store's format cannot be used.
+pub(crate) enum FormatError {
+    Sql(rusqlite::Error),
+    /// A format this build does not read (a newer release wrote it).
+    Unknown(String),
+}
+
+impl From<rusqlite::Error> for FormatError {
+    fn from(e: rusqlite::Error) -> Self {
+        FormatError::Sql(e)
+    }
+}
 
 /// Bring the store to format `to` inside `tx` (a write transaction), applying each
-/// migration from its current format on. Does nothing when it is there already.
-pub(crate) fn upgrade(tx: &rusqlite::Transaction<'_>, to: &str) -> rusqlite::Result<()> {
-    let mut now: String = tx.query_row("SELECT value FROM ctxlog_meta WHERE key = 'format'", [], |r| r.get(0))?;
+/// migration from its current format on. Does nothing when it is there already or past
+/// it, and refuses a format it does not know: a marker is never moved down.
+pub(crate) fn upgrade(tx: &rusqlite::Transaction<'_>, to: &str) -> std::result::Result<(), FormatError> {
+    let mut now = format_in(tx)?;
     for (from, next, sql) in MIGRATIONS {
-        if now == to {
+        if now.as_str() >= to {
             break;
         }
         if now == from {
@@ -133,8 +198,9 @@ pub(crate) fn create_schema(conn: &mut Connection) -> std::result::Result<(), Sc
         refused => return Err(SchemaError::Refused(refused)),
     }
     tx.execute_batch(SCHEMA)?;
-    // Format 1 until the first summary needs format 2 (`upgrade`): earlier releases open it.
-    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [READS[0]])?;
+    // A new store scopes ids by bot (format 3): earlier releases refuse it rather than read
+    // it with the ids of all bots in one namespace.
+    tx.execute("INSERT INTO ctxlog_meta (key, value) VALUES ('format', ?1)", [FORMAT])?;
     tx.commit()?;
     Ok(())
 }

@@ -120,6 +120,7 @@ impl Shard for SqliteShard {
     async fn append(&mut self, records: Vec<Record>) -> Result<AppendAck> {
         let staged = self.state.stage(records)?;
         let tx = AppendTx {
+            path: self.path.clone(),
             shard: self.state.shard(),
             shard_no: self.shard_no,
             epoch: self.state.epoch(),
@@ -180,6 +181,8 @@ type Sessions = HashMap<(String, String), i64>;
 
 /// One append's transaction: everything it needs, movable to the blocking pool.
 struct AppendTx {
+    /// The store file, for errors.
+    path: std::path::PathBuf,
     shard: ShardId,
     shard_no: i64,
     epoch: Epoch,
@@ -223,15 +226,19 @@ impl AppendTx {
                 ),
             });
         }
-        // The first summary needs the format that holds summaries (rule 22): upgraded in
-        // this transaction, so the batch and the format number land together or not at all.
-        if staged
+        // The store's format, in this transaction: a store another release moved on is
+        // never written (rule 22). The first summary needs the format that holds summaries:
+        // upgraded here, so the batch and the format number land together or not at all.
+        let summary = staged
             .entries
             .iter()
-            .any(|e| e.record.kind == ctxlog_core::Kind::Summary)
-        {
-            crate::schema::upgrade(&tx, crate::schema::FORMAT).map_err(before)?;
-        }
+            .any(|e| e.record.kind == ctxlog_core::Kind::Summary);
+        let upgraded = if summary {
+            crate::schema::upgrade(&tx, crate::schema::SUMMARIES)
+        } else {
+            crate::schema::format_in(&tx).map(|_| ())
+        };
+        upgraded.map_err(|e| crate::conn::format_error(e, "append", Some(shard), &self.path))?;
         let mut new_sessions = Vec::new();
         {
             let mut insert = tx.prepare_cached(INSERT_ENTRY).map_err(before)?;

@@ -228,7 +228,7 @@ pub async fn cancelled_append_never_reuses_seqs(ctx: Ctx) -> anyhow::Result<()> 
     let mut p = store.projector();
     for r in &acked {
         let got = p
-            .get(&r.id)
+            .get(&r.bot_id, &r.id)
             .await?
             .with_context(|| format!("acked {} is not live", r.id))?;
         ensure!(got.record == *r, "{} reads back as {:?}", r.id, got.record.id);

@@ -81,7 +81,7 @@ async fn same_answers(got: &mut dyn Projector, want: &mut dyn Projector, what: &
     }
     for r in &w.records {
         ensure!(
-            got.get(&r.id).await? == want.get(&r.id).await?,
+            got.get(&r.bot_id, &r.id).await? == want.get(&r.bot_id, &r.id).await?,
             "{what}: record {} differs",
             r.id
         );

@@ -276,7 +276,9 @@ pub(crate) async fn run(store_uri: Option<&str>, options: StoreOptions) -> Resul
                 who(winner),
                 who(entry)
             ),
-            Conflict::WriteAfterDelete { id, tombstone, entry } => println!(
+            Conflict::WriteAfterDelete {
+                id, tombstone, entry, ..
+            } => println!(
                 "  write_after_delete  {id}: {} wrote after the tombstone {}; it stays deleted",
                 who(entry),
                 who(tombstone)

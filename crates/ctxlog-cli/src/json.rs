@@ -365,3 +365,14 @@ mod tests {
         assert_eq!(parse_record(&v.to_string()).unwrap(), rec);
     }
 }
+
+/// What `ctxlog upgrade` prints.
+pub(crate) fn upgrade_json(r: &ctxlog::UpgradeReport) -> Value {
+    json!({
+        "from": r.from,
+        "to": r.to,
+        "upgraded": r.upgraded(),
+        "entries_read": r.entries_read,
+        "shared_ids": r.shared_ids.iter().map(|s| json!({"id": s.id, "bots": s.bots})).collect::<Vec<_>>(),
+    })
+}

@@ -48,8 +48,13 @@ enum Command {
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=MAX_BATCH))]
         batch: u64,
     },
-    /// Print the live record with this id, or exit 1.
-    Get { id: String },
+    /// Print bot `--bot`'s live record with this id, or exit 1.
+    Get {
+        /// The bot whose record it is: ids are scoped by bot.
+        #[arg(long)]
+        bot: String,
+        id: String,
+    },
     /// Print a session's live records, one JSON object per line, in contract order.
     Session {
         #[arg(long)]
@@ -142,6 +147,15 @@ enum Command {
     /// from it and read only what is newer. Keeps the newest two. Run it after `compact` and
     /// `gc`: a snapshot that names what gc later removes is skipped (a full scan instead).
     Snapshot,
+    /// Move a store written by an earlier release (format 1 or 2, record ids one namespace
+    /// across bots) to format 3, where ids are scoped by bot. Run it once every process that
+    /// writes the store runs this release. Prints what it found: ids under more than one bot
+    /// (their views change) refuse the upgrade (exit 2) unless `--accept-changed-views`.
+    Upgrade {
+        /// Upgrade also when some id is under more than one bot: each bot's then stands alone.
+        #[arg(long)]
+        accept_changed_views: bool,
+    },
     /// The quickstart: concurrent writers, a session view and a conflict report.
     Demo,
     /// Serve the store over HTTP as one replica: it writes as `--writer` (its own shard) and
@@ -331,7 +345,8 @@ impl Command {
             | Command::Gc { .. }
             | Command::Retain { .. }
             | Command::Purge { .. }
-            | Command::Snapshot => true,
+            | Command::Snapshot
+            | Command::Upgrade { .. } => true,
             Command::Get { .. }
             | Command::Session { .. }
             | Command::Context { .. }
@@ -642,12 +657,12 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
         let _ = writeln!(out, "{v}");
     };
     match cmd {
-        Command::Get { id } => {
+        Command::Get { bot, id } => {
             let mut p = store.projector();
-            match p.get(id).await? {
+            match p.get(bot, id).await? {
                 Some(e) => print(json::entry_json(&e)),
                 None => {
-                    eprintln!("not found: no live record with id `{id}`");
+                    eprintln!("not found: no live record `{id}` of bot `{bot}`");
                     return Ok(ExitCode::from(1));
                 }
             }
@@ -725,6 +740,18 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             let refreshed = projector.refresh().await?;
             let report = projector.save_snapshot().await?;
             print(json::snapshot_json(&report, &refreshed));
+        }
+        Command::Upgrade { accept_changed_views } => {
+            let report = ctxlog::upgrade_ids_by_bot(store.as_ref(), *accept_changed_views).await?;
+            print(json::upgrade_json(&report));
+            if report.to < ctxlog::IDS_BY_BOT {
+                eprintln!(
+                    "not upgraded: {} id(s) are under more than one bot, and their views would change; \
+                     give --accept-changed-views to upgrade anyway",
+                    report.shared_ids.len()
+                );
+                return Ok(ExitCode::from(2));
+            }
         }
         Command::Append { .. }
         | Command::Summarize { .. }

@@ -444,7 +444,7 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
             ("sessions-support", vec!["sessions", "--bot", "support"]),
             ("conflicts", vec!["conflicts"]),
             ("shards", vec!["shards"]),
-            ("get-m2", vec!["get", "m2"]),
+            ("get-m2", vec!["get", "--bot", "support", "m2"]),
         ];
         let read = |name: &str| std::fs::read_to_string(expected.join(format!("{name}.jsonl"))).unwrap();
         for (name, args) in &views {
@@ -524,14 +524,134 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
             "{ext}: the full session view keeps every record"
         );
 
+        // No id is under two bots: ids scoped by bot change no view, and the store upgrades
+        // to format 3 without being told to accept anything.
+        let out = ctxlog(&store, &["upgrade"], "").await;
+        assert!(out.status.success(), "{ext}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = &lines(&out)[0];
+        assert_eq!(
+            (
+                report["from"].clone(),
+                report["to"].clone(),
+                report["shared_ids"].clone()
+            ),
+            (2.into(), 3.into(), serde_json::json!([])),
+            "{ext}: {report}"
+        );
+        for (name, args) in views[1..4].iter().chain(&views[7..]) {
+            let out = ctxlog(&store, args, "").await;
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                read(name),
+                "{ext}: {name} changed by ids scoped by bot"
+            );
+        }
         if ext == "lance" {
+            assert_eq!(std::fs::read_to_string(path.join("_ctxlog/format")).unwrap(), "3");
             // A format from a later release: refused by name, never read.
-            std::fs::write(path.join("_ctxlog/format"), "3").unwrap();
+            std::fs::write(path.join("_ctxlog/format"), "4").unwrap();
             let out = ctxlog(&store, &["session", "--bot", "support", "--session", "ticket-1"], "").await;
             assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
             let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains("format 3") && err.contains("1 and 2"), "{err}");
+            assert!(err.contains("format 4") && err.contains("1, 2, 3"), "{err}");
         }
+    }
+}
+
+/// Rule 22 with rule 6: a store written by the release before ids were scoped by bot
+/// (format 2, with a summary; the fixtures in `tests/fixtures/format-2`, made by its
+/// `make.sh`), in which id `m2` is under two bots, opens with every view byte-identical to
+/// what that release printed (ids still one namespace: alpha's `m2` wins, beta's is a
+/// divergent put). `ctxlog upgrade` lists the shared id and changes nothing (exit 2) until
+/// told to accept the changed views; then beta's `m2` is its own record, and alpha's views
+/// stay as they were.
+#[tokio::test]
+async fn a_format_2_store_with_an_id_under_two_bots_upgrades_only_when_told() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format-2");
+    for ext in ["db", "lance"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("store.{ext}"));
+        copy_tree(&fixtures.join(format!("store.{ext}")), &path);
+        let store = path.display().to_string();
+        let expected = fixtures.join(format!("expected-{ext}"));
+        let read = |name: &str| std::fs::read_to_string(expected.join(format!("{name}.jsonl"))).unwrap();
+        let views: [(&str, Vec<&str>); 7] = [
+            ("session-alpha-s1", vec!["session", "--bot", "alpha", "--session", "s1"]),
+            ("session-beta-t1", vec!["session", "--bot", "beta", "--session", "t1"]),
+            ("context-alpha-s1", vec!["context", "--bot", "alpha", "--session", "s1"]),
+            ("sessions-beta", vec!["sessions", "--bot", "beta"]),
+            ("conflicts", vec!["conflicts"]),
+            ("shards", vec!["shards"]),
+            ("get-m2", vec!["get", "--bot", "alpha", "m2"]),
+        ];
+        let same_as_before = |views: &[(&str, Vec<&str>)], why: &'static str| {
+            let (store, read) = (store.clone(), &read);
+            let views = views.to_vec();
+            async move {
+                for (name, args) in &views {
+                    let out = ctxlog(&store, args, "").await;
+                    assert!(
+                        out.status.success(),
+                        "{ext} {name}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    assert_eq!(String::from_utf8_lossy(&out.stdout), read(name), "{ext}: {name} {why}");
+                }
+            }
+        };
+        same_as_before(&views, "differs from format 2's").await;
+        let beta_m2 = ["get", "--bot", "beta", "m2"];
+        assert_eq!(
+            ctxlog(&store, &beta_m2, "").await.status.code(),
+            Some(1),
+            "{ext}: beta's m2 lost to alpha's"
+        );
+
+        let out = ctxlog(&store, &["upgrade"], "").await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{ext}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report = &lines(&out)[0];
+        assert_eq!(
+            report["shared_ids"],
+            serde_json::json!([{"id": "m2", "bots": ["alpha", "beta"]}])
+        );
+        assert_eq!((report["from"].clone(), report["to"].clone()), (2.into(), 2.into()));
+        same_as_before(&views, "changed by a refused upgrade").await;
+
+        let out = ctxlog(&store, &["upgrade", "--accept-changed-views"], "").await;
+        assert!(out.status.success(), "{ext}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(lines(&out)[0]["to"], 3);
+        if ext == "lance" {
+            assert_eq!(std::fs::read_to_string(path.join("_ctxlog/format")).unwrap(), "3");
+        }
+        // Alpha's views stay; beta's m2 is its own record now, and no longer a conflict.
+        let alpha: Vec<(&str, Vec<&str>)> = [0, 2, 5, 6].iter().map(|i| views[*i].clone()).collect();
+        same_as_before(&alpha, "changed by the upgrade").await;
+        let out = ctxlog(&store, &beta_m2, "").await;
+        assert!(out.status.success(), "{ext}: beta's m2 after the upgrade");
+        assert_eq!(lines(&out)[0]["text"], "Beta's own m2.");
+        let out = ctxlog(&store, &["session", "--bot", "beta", "--session", "t1"], "").await;
+        let ids: Vec<String> = lines(&out)
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ids, ["m2", "b1"], "{ext}");
+        let out = ctxlog(&store, &["conflicts"], "").await;
+        assert!(
+            lines(&out).is_empty(),
+            "{ext}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let out = ctxlog(&store, &["upgrade"], "").await;
+        assert!(out.status.success(), "{ext}: a second upgrade is a no-op");
+        assert_eq!(
+            (lines(&out)[0]["from"].clone(), lines(&out)[0]["to"].clone()),
+            (3.into(), 3.into())
+        );
     }
 }
 

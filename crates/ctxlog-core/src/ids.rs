@@ -110,6 +110,35 @@ impl Checkpoint {
     }
 }
 
+/// Which record ids are one record (rule 6): the namespace of an id. A store's format says
+/// which (rule 22): formats 1 and 2 group ids across the whole store, as the releases that
+/// wrote them did, so that every replica of a mixed deployment shows the same views; format 3
+/// scopes them by bot, so that nothing one bot writes can change, hide, pre-empt or reveal
+/// another bot's records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IdScope {
+    /// One namespace for the whole store (formats 1 and 2).
+    Store,
+    /// A namespace per bot: a record is `(bot_id, id)` (format 3).
+    #[default]
+    Bot,
+}
+
+impl IdScope {
+    /// The scope of a store of format `format`.
+    pub fn of_format(format: u32) -> Self {
+        if format >= 3 { IdScope::Bot } else { IdScope::Store }
+    }
+
+    /// The namespace an id of `bot_id` is in: the bot, or `""` for the whole store.
+    pub fn namespace(self, bot_id: &str) -> &str {
+        match self {
+            IdScope::Store => "",
+            IdScope::Bot => bot_id,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 //!
 //! Modules depend on each other in one direction only: `ids` → `error` → `hlc` → `record`
 //! → `canonical` → `hash` → `entry` → `validate` → `projection` → `context` → `options` → `traits` →
-//! `retain` → `backend` → `testing`.
+//! `retain` → `upgrade` → `backend` → `testing`.
 
 #![warn(missing_docs)]
 
@@ -28,6 +28,7 @@ mod retain;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod traits;
+mod upgrade;
 pub mod validate;
 
 pub use context::{ContextView, check_covers_held};
@@ -35,14 +36,15 @@ pub use entry::{AppendAck, Checkpoint, Entry, OrderKey, SessionSummary, ShardInf
 pub use error::{Error, Result, Unavailability, Written};
 pub use hash::ContentHash;
 pub use hlc::{Hlc, PhysicalClock, SystemClock};
-pub use ids::{Epoch, SHARD_NAMESPACE, Seq, ShardId, WriterId};
+pub use ids::{Epoch, IdScope, SHARD_NAMESPACE, Seq, ShardId, WriterId};
 pub use options::{
     CompactOptions, CompactReport, GcOptions, GcReport, PurgeOptions, PurgeReport, RefreshReport, RetainOptions,
     RetainReport, SnapshotReport, StoreOptions,
 };
-pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats, conflicts_json};
+pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats, TombstonedId, conflicts_json};
 pub use record::{Body, Kind, Record};
 pub use redact::redact_uri;
 pub use retain::{MAINTENANCE_WRITER, retain};
 pub use traits::{ConflictDiscovery, Projector, Shard, Store};
+pub use upgrade::{IDS_BY_BOT, SharedId, UpgradeReport, upgrade_ids_by_bot};
 pub use validate::Limits;

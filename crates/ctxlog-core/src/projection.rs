@@ -51,6 +51,10 @@ impl ConflictKind {
 pub enum Conflict {
     /// A later `Put` of `id` whose content differs from the winner's. The winner stands.
     DivergentPut {
+        /// The bot whose id it is: the namespace of the id (empty in a store of format 1 or
+        /// 2, where ids are one namespace across bots, rule 22).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        bot_id: String,
         /// The record id.
         id: String,
         /// The winning put.
@@ -64,6 +68,10 @@ pub enum Conflict {
     },
     /// A `Put` of `id` ordered after its tombstone. It resurrects nothing.
     WriteAfterDelete {
+        /// The bot whose id it is: the namespace of the id (empty in a store of format 1 or
+        /// 2, where ids are one namespace across bots, rule 22).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        bot_id: String,
         /// The record id.
         id: String,
         /// The first tombstone of the id.
@@ -100,6 +108,10 @@ pub enum Conflict {
         seq: Seq,
         /// Its epoch.
         epoch: Epoch,
+        /// The bot whose id it is: the namespace of the id (empty in a store of format 1 or
+        /// 2, where ids are one namespace across bots, rule 22).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        bot_id: String,
         /// The record id it names.
         id: String,
         /// The hash stored with it.
@@ -123,6 +135,10 @@ pub enum Conflict {
     /// or a later one of its shard (`entry` none), or a live record of its session whose
     /// clock is not below its own (`entry`). It never governs a context view.
     ImplausibleCoverage {
+        /// The bot whose id it is: the namespace of the id (empty in a store of format 1 or
+        /// 2, where ids are one namespace across bots, rule 22).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        bot_id: String,
         /// The summary's record id.
         id: String,
         /// The summary.
@@ -195,6 +211,16 @@ pub struct LiveRecord {
     pub content_hash: ContentHash,
 }
 
+/// An id with a tombstone, in its namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct TombstonedId {
+    /// The id's namespace: its bot (empty in a store of format 1 or 2, rule 22).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub bot_id: String,
+    /// The record id.
+    pub id: String,
+}
+
 /// Counts that are pure functions of the set of entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProjectionStats {
@@ -224,7 +250,7 @@ pub struct Projection {
     /// Live records sorted by `(bot_id, session_id, key)`: each session in contract order.
     pub records: Vec<LiveRecord>,
     /// Tombstoned ids, sorted.
-    pub tombstoned: Vec<String>,
+    pub tombstoned: Vec<TombstonedId>,
     /// Counts of the same set of entries.
     pub stats: ProjectionStats,
 }
@@ -258,6 +284,7 @@ mod tests {
         cp.advance(ShardId::from_bytes([2; 16]), 5);
         let hash = ContentHash::from_slice(&[0; 32]).unwrap();
         let divergent = |winner, entry| Conflict::DivergentPut {
+            bot_id: "b".into(),
             id: "r".into(),
             winner,
             winner_hash: hash,
@@ -265,6 +292,7 @@ mod tests {
             entry_hash: hash,
         };
         let after_delete = |tombstone, entry| Conflict::WriteAfterDelete {
+            bot_id: "b".into(),
             id: "r".into(),
             tombstone,
             entry,
@@ -313,13 +341,16 @@ mod tests {
     #[test]
     fn a_projection_is_compared_as_canonical_json() {
         let p = Projection {
-            tombstoned: vec!["gone".into()],
+            tombstoned: vec![TombstonedId {
+                bot_id: "b".into(),
+                id: "gone".into(),
+            }],
             ..Projection::default()
         };
         let json = p.canonical_json();
         assert_eq!(json, to_canonical_json(&p));
         assert!(
-            json.starts_with(r#"{"records":[],"#) && json.ends_with(r#""tombstoned":["gone"]}"#),
+            json.starts_with(r#"{"records":[],"#) && json.ends_with(r#""tombstoned":[{"bot_id":"b","id":"gone"}]}"#),
             "{json}"
         );
     }

@@ -58,6 +58,20 @@ pub trait Store: Send + Sync + 'static {
     /// `(seq, epoch)`; at most `limit` of them.
     async fn read_shard(&self, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>>;
 
+    /// The store's format now (rule 22): 1 and 2 group record ids across the whole store, 3
+    /// scopes them by bot. A format this build does not read is refused (`NotAStore`).
+    async fn format(&self) -> Result<u32>;
+
+    /// Record format `to` in a store of format `from` (`ctxlog upgrade`, through
+    /// [`upgrade_ids_by_bot`](crate::upgrade_ids_by_bot)).
+    ///
+    /// # Contract
+    ///
+    /// **Formats move up, never silently (rule 22).** A compare-and-set: when the store is no
+    /// longer at `from` (another process moved it), nothing is written and the error is
+    /// `InvalidInput { field: "format" }`; a marker is never moved down.
+    async fn set_format(&self, from: u32, to: u32) -> Result<()>;
+
     /// A projector that starts with a first scan.
     fn projector(&self) -> Box<dyn Projector>;
 
@@ -171,8 +185,9 @@ pub trait Projector: Send + Sync {
     /// Live records of a session in contract order, with bodies (rule 8).
     async fn session(&mut self, bot_id: &str, session_id: &str) -> Result<Vec<Entry>>;
 
-    /// The live winner of `id`, if any.
-    async fn get(&mut self, id: &str) -> Result<Option<Entry>>;
+    /// The live record `id` of bot `bot_id`, if any. Ids are scoped by bot (rule 6): another
+    /// bot's record of the same id is never returned, and says nothing about this one.
+    async fn get(&mut self, bot_id: &str, id: &str) -> Result<Option<Entry>>;
 
     /// One page of a session's live records in contract order (rule 8): those whose order key
     /// is past `after` (where a previous page ended), at most `limit`, with bodies; and
@@ -204,7 +219,7 @@ pub trait Projector: Send + Sync {
 
     /// The order key of `id`'s live winner as the projection holds it now (no refresh, no
     /// read of bodies); `None` when the id has no live record.
-    fn live_key(&self, id: &str) -> Option<OrderKey>;
+    fn live_key(&self, bot_id: &str, id: &str) -> Option<OrderKey>;
 
     /// Sessions of a bot with live records.
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>>;

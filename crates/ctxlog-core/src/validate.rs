@@ -74,6 +74,23 @@ impl Limits {
                 ),
             ));
         }
+        // One id of one bot twice with different content contradicts itself: the first would
+        // win and the second be a divergent put the caller cannot see (rule 6). Refused.
+        let mut seen: std::collections::HashMap<(&str, &str), (usize, &Record)> = std::collections::HashMap::new();
+        for (i, r) in records.iter().enumerate() {
+            if let Some((first, earlier)) = seen.insert((&r.bot_id, &r.id), (i, r))
+                && !same_content(earlier, r)
+            {
+                return Err(Error::invalid(
+                    "id",
+                    Some(i),
+                    format!(
+                        "`{}` is record {first} of this batch too, with other content: one batch cannot write an id twice differently",
+                        r.id
+                    ),
+                ));
+            }
+        }
         let mut total = 0usize;
         for (i, r) in records.iter().enumerate() {
             let size = self.validate(r).map_err(|e| match e {
@@ -107,6 +124,11 @@ impl Limits {
         if r.role.len() > self.max_id_bytes {
             return Err(too_long("role", r.role.len(), self.max_id_bytes));
         }
+        // A tombstone carries no role; a value says who spoke.
+        if r.role.is_empty() && r.kind != Kind::Tombstone {
+            return Err(Error::invalid("role", None, "must not be empty"));
+        }
+        no_nul("role", &r.role)?;
         if r.content_type.len() > self.max_id_bytes {
             return Err(too_long("content_type", r.content_type.len(), self.max_id_bytes));
         }
@@ -165,15 +187,31 @@ impl Limits {
         Ok(size)
     }
 
-    fn check_id(&self, field: &'static str, v: &str) -> Result<()> {
+    /// Check an id, bot id or session id: non-empty, within the limit, no NUL. Also what a
+    /// server checks of every such name in a request's path, read or write alike.
+    pub fn check_id(&self, field: &'static str, v: &str) -> Result<()> {
         if v.is_empty() {
             return Err(Error::invalid(field, None, "must not be empty"));
         }
         if v.len() > self.max_id_bytes {
             return Err(too_long(field, v.len(), self.max_id_bytes));
         }
-        Ok(())
+        no_nul(field, v)
     }
+}
+
+/// Names never hold NUL: C strings, logs and terminals end there, and two names that differ
+/// after it would print alike.
+fn no_nul(field: &'static str, v: &str) -> Result<()> {
+    match v.find('\0') {
+        Some(at) => Err(Error::invalid(field, None, format!("holds a NUL byte at {at}"))),
+        None => Ok(()),
+    }
+}
+
+/// Whether two records of one id have the same content (what their content hash covers).
+fn same_content(a: &Record, b: &Record) -> bool {
+    crate::hash::ContentHash::of(a) == crate::hash::ContentHash::of(b)
 }
 
 /// The length of `v` as compact JSON (the canonical form has the same length: only its key

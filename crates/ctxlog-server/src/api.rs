@@ -347,6 +347,10 @@ pub struct AdminIn {
     /// `retain`: most sessions ended in one pass.
     #[serde(default)]
     pub max_sessions: Option<usize>,
+    /// `upgrade`: move to ids scoped by bot also when an id is under several bots (whose
+    /// views then change).
+    #[serde(default)]
+    pub accept_changed_views: Option<bool>,
 }
 
 /// Whether the replica takes writes and serves reads.

@@ -320,16 +320,15 @@ async fn read_context(
     }))
 }
 
-/// The live record `id` of `bot`, from a fresh view; another bot's record is as absent as a
-/// missing one.
+/// The live record `id` of `bot`, from a fresh view. Ids are scoped by bot: another bot's
+/// record of the same id is another record, and says nothing about this one.
 async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, Problem> {
     r.view
         .fresh()
         .await?
-        .get(id)
+        .get(bot, id)
         .await
         .map_err(Problem::from)?
-        .filter(|e| e.record.bot_id == bot)
         .ok_or_else(|| Problem::not_found(format!("no live record `{id}` of bot `{bot}`")))
 }
 
@@ -538,10 +537,11 @@ async fn shards(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Vec<V
     ))
 }
 
-/// A maintenance operation (admin): `compact`, `gc`, `purge`, `retain`, `snapshot`. It runs
+/// A maintenance operation (admin): `compact`, `gc`, `purge`, `retain`, `snapshot`, `upgrade`
+/// (to ids scoped by bot; `accept_changed_views` when an id is under several bots). It runs
 /// to its end whether or not the client waits.
 #[utoipa::path(post, path = "/v1/admin/{op}",
-    params(("op" = String, Path, description = "compact, gc, purge, retain or snapshot")),
+    params(("op" = String, Path, description = "compact, gc, purge, retain, snapshot or upgrade")),
     request_body(content = Option<AdminIn>),
     responses((status = 200, body = ReportOut), (status = 400, body = Problem), (status = 401, body = Problem),
               (status = 403, body = Problem), (status = 404, body = Problem)))]
@@ -613,6 +613,15 @@ async fn admin(
                 Ok(json!({"sessions_ended": c.sessions_ended.iter().map(|(b, s)| json!({"bot_id": b, "session_id": s})).collect::<Vec<_>>(),
                           "tombstones": c.tombstones, "sessions_remaining": c.sessions_remaining,
                           "sessions_skipped_active": c.sessions_skipped_active}))
+            })
+            .await?
+        }
+        "upgrade" => {
+            let accept = o.accept_changed_views.unwrap_or(false);
+            detached(async move {
+                let c = ctxlog::upgrade_ids_by_bot(replica.store.as_ref(), accept).await?;
+                Ok(json!({"from": c.from, "to": c.to, "upgraded": c.upgraded(), "entries_read": c.entries_read,
+                          "shared_ids": c.shared_ids.iter().map(|s| json!({"id": s.id, "bots": s.bots})).collect::<Vec<_>>()}))
             })
             .await?
         }

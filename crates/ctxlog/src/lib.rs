@@ -50,10 +50,11 @@ use std::sync::Arc;
 
 pub use ctxlog_core::{
     AppendAck, Body, Checkpoint, CompactOptions, CompactReport, Conflict, ConflictDiscovery, ConflictKind, ContentHash,
-    ContextView, Entry, Epoch, Error, GcOptions, GcReport, Hlc, Kind, Limits, LiveRecord, MAINTENANCE_WRITER, OrderKey,
-    PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions, PurgeReport, Record, RefreshReport, Result,
-    RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo, SnapshotReport, Store, StoreOptions,
-    SystemClock, Unavailability, WriterId, Written, check_covers_held, conflicts_json, redact_uri, retain,
+    ContextView, Entry, Epoch, Error, GcOptions, GcReport, Hlc, IDS_BY_BOT, IdScope, Kind, Limits, LiveRecord,
+    MAINTENANCE_WRITER, OrderKey, PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions, PurgeReport,
+    Record, RefreshReport, Result, RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo,
+    SharedId, SnapshotReport, Store, StoreOptions, SystemClock, TombstonedId, Unavailability, UpgradeReport, WriterId,
+    Written, check_covers_held, conflicts_json, redact_uri, retain, upgrade_ids_by_bot,
 };
 
 /// Test doubles for applications' own tests (feature `testing`): the reference store

@@ -46,7 +46,7 @@ fn the_readme_rust_example_runs_as_written() {
         let store = ctxlog::open("sqlite:agents.db", StoreOptions::default()).await.unwrap();
         let mut view = store.projector();
         let m1 = view
-            .get("m1")
+            .get("helpdesk", "m1")
             .await
             .unwrap()
             .expect("the example's record is in the store");

@@ -40,6 +40,9 @@ const NO_SESSION: u32 = u32::MAX;
 /// The counts that place a snapshot's sections, and the small tables beside them.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Shape {
+    /// Whether ids are scoped by bot (format 3) or store-wide (formats 1, 2): the ids in
+    /// the arena are keys in the index's namespaces (`id_state::key`).
+    pub(crate) ids_by_bot: bool,
     pub(crate) ids: u64,
     pub(crate) arena: u64,
     pub(crate) extras: u64,
@@ -439,12 +442,13 @@ impl Shards {
 
 /// What the index holds besides its ids, for [`write`].
 pub(crate) struct Tables<'a> {
+    pub(crate) scope: crate::ids::IdScope,
     pub(crate) sessions: Vec<(Box<str>, Box<str>)>,
     pub(crate) positions: Vec<(ShardId, u64)>,
     pub(crate) entries: u64,
     /// `(session, summary entry)`, in order.
     pub(crate) summaries: Vec<(u32, OrderKey)>,
-    /// Every id and its state, sorted by id.
+    /// Every id and its state, sorted by key.
     pub(crate) ids: Vec<(&'a str, Cow<'a, IdState>)>,
 }
 
@@ -507,6 +511,7 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
         tombstones: u64::from(n_tombs),
         session_ids: u64::from(listed),
         with_at,
+        ids_by_bot: t.scope == crate::ids::IdScope::Bot,
         sessions: t.sessions,
         shards: shards.ids.iter().map(|s| *s.as_bytes()).collect(),
         positions,

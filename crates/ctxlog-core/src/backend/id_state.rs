@@ -1,6 +1,12 @@
 //! The state the projection keeps per record id, and the rules of rules 6 and 7 on it:
 //! which put wins, which entries are retries, divergent puts or writes after delete. Below
 //! the index and its frozen (snapshot) form, which both hold it.
+//!
+//! A record is an id in a *namespace* ([`crate::IdScope`]): its bot in a store of format 3,
+//! `""` (the whole store) in one of format 1 or 2. The index keys an id state by its *key*,
+//! the namespace and the id in one string (`{len}:{namespace}{id}`, [`key`]), so that the
+//! parts, the frozen form and the snapshot hold one string per id as before; a lookup hashes
+//! the two parts ([`hash_of`]) and compares them ([`is_key`]) without building the string.
 
 use crate::entry::OrderKey;
 use crate::hash::ContentHash;
@@ -8,6 +14,29 @@ use crate::projection::Conflict;
 
 /// A fast keyed hasher, randomly seeded per map (ids are caller-chosen, so not a fixed seed).
 pub(super) type Hasher = foldhash::fast::RandomState;
+
+/// The key of `id` in `namespace`.
+pub(super) fn key(namespace: &str, id: &str) -> Box<str> {
+    format!("{}:{namespace}{id}", namespace.len()).into_boxed_str()
+}
+
+/// The namespace and the id of a key made by [`key`].
+pub(super) fn split(key: &str) -> (&str, &str) {
+    let (len, rest) = key.split_once(':').expect("a key starts with its namespace's length");
+    let len: usize = len.parse().expect("a key starts with its namespace's length");
+    rest.split_at(len)
+}
+
+/// Whether `stored` is the key of `id` in `namespace`.
+pub(super) fn is_key(stored: &str, namespace: &str, id: &str) -> bool {
+    split(stored) == (namespace, id)
+}
+
+/// The hash an id state is found by: of the namespace and the id, as two strings.
+pub(super) fn hash_of(hasher: &Hasher, namespace: &str, id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    hasher.hash_one((namespace, id))
+}
 
 /// Where a backend can find an entry again. Opaque to the index, which keeps it with each
 /// put and hands it back with the keys a view needs; backends that fetch by key leave it 0.
@@ -74,21 +103,24 @@ impl IdState {
         self.winner.iter().chain(self.others().iter()).map(|p| p.session)
     }
 
-    /// This id's conflicts of rules 6 and 7.
-    pub(super) fn conflicts(&self, id: &str, out: &mut Vec<Conflict>) {
+    /// This id's conflicts of rules 6 and 7 (`key` as made by [`key`]).
+    pub(super) fn conflicts(&self, key: &str, out: &mut Vec<Conflict>) {
         if self.extra.is_none() {
             return;
         }
+        let (bot_id, id) = split(key);
         let tomb = self.first_tombstone();
         let Some(w) = self.winner else { return };
         for p in std::iter::once(&w).chain(self.others().iter()) {
             match tomb {
                 Some(t) if p.key > t => out.push(Conflict::WriteAfterDelete {
+                    bot_id: bot_id.to_string(),
                     id: id.to_string(),
                     tombstone: t,
                     entry: p.key,
                 }),
                 _ if p.key != w.key && p.hash != w.hash => out.push(Conflict::DivergentPut {
+                    bot_id: bot_id.to_string(),
                     id: id.to_string(),
                     winner: w.key,
                     winner_hash: w.hash,

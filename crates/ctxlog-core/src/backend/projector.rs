@@ -10,6 +10,7 @@ use crate::context::{self, ContextView};
 use crate::entry::{Checkpoint, Entry, OrderKey, SessionSummary};
 use crate::error::{Result, Written, with_deadline};
 use crate::hlc::Hlc;
+use crate::ids::IdScope;
 use crate::options::{RefreshReport, SnapshotReport, StoreOptions};
 use crate::projection::{Projection, ProjectionStats};
 use crate::traits::Projector;
@@ -54,6 +55,11 @@ pub trait IndexSource: SnapshotBlobs {
     /// from a snapshot, the clock a snapshot is dated by.
     fn options(&self) -> &StoreOptions;
 
+    /// Which ids are one record in the store now: what its format says (rule 22), read
+    /// again on every refresh (another process may have upgraded the store meanwhile); and
+    /// refused when the store moved to a format this build does not read.
+    async fn id_scope(&self) -> Result<IdScope>;
+
     /// What a snapshot keeps of `cursor` (beyond the index's own per-shard positions).
     fn save_cursor(&self, cursor: &Self::Cursor) -> Vec<u8>;
 
@@ -79,6 +85,11 @@ impl<S: IndexSource> IndexedProjector<S> {
             index: ProjectionIndex::new(),
             scanned: false,
         }
+    }
+
+    /// The source (`backend::history`).
+    pub(crate) fn source(&self) -> &S {
+        &self.source
     }
 
     /// The index (`backend::history`).
@@ -144,6 +155,11 @@ impl<S: IndexSource> IndexedProjector<S> {
                     continue;
                 }
             };
+            // Saved before the store's format changed how ids group (rule 22).
+            if loaded.index.scope() != self.index.scope() {
+                tracing::warn!(snapshot = %name, "a projection snapshot of another id grouping was not used");
+                continue;
+            }
             // Resuming may read storage (Lance reopens the versions the cursor pins).
             let resumed = with_deadline("resume from a snapshot", timeout, None, Written::Nothing, async {
                 Ok(source.resume_cursor(&loaded.cursor).await)
@@ -177,6 +193,17 @@ impl<S: IndexSource> IndexedProjector<S> {
 #[async_trait]
 impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn refresh(&mut self) -> Result<RefreshReport> {
+        let timeout = self.source.options().timeout;
+        let source = self.source.clone();
+        // The store's format decides which ids are one record. An index built under another
+        // grouping (the store was upgraded meanwhile, rule 22) answers nothing more: start
+        // again with a first scan.
+        let scope = with_deadline("refresh", timeout, None, Written::Nothing, source.id_scope()).await?;
+        if scope != self.index.scope() {
+            self.index = ProjectionIndex::scoped(scope);
+            self.cursor = S::Cursor::default();
+            self.scanned = false;
+        }
         let first_scan = !self.scanned;
         let mut from_snapshot = None;
         if first_scan && self.index.entries() == 0 && self.source.options().read_snapshots {
@@ -186,8 +213,6 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         // reset the index when a catch-up fails or is cancelled (rather than leave it torn),
         // and the next read must then scan again instead of answering from an empty index.
         self.scanned = false;
-        let timeout = self.source.options().timeout;
-        let source = self.source.clone();
         let result = with_deadline(
             "refresh",
             timeout,
@@ -212,9 +237,9 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         self.fetch(&keys).await
     }
 
-    async fn get(&mut self, id: &str) -> Result<Option<Entry>> {
+    async fn get(&mut self, bot_id: &str, id: &str) -> Result<Option<Entry>> {
         self.ensure_scanned().await?;
-        match self.index.live(id) {
+        match self.index.live(bot_id, id) {
             None => Ok(None),
             Some(key) => Ok(self.fetch(&[key]).await?.pop()),
         }
@@ -302,8 +327,8 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         })
     }
 
-    fn live_key(&self, id: &str) -> Option<OrderKey> {
-        self.index.live(id).map(|(key, _)| key)
+    fn live_key(&self, bot_id: &str, id: &str) -> Option<OrderKey> {
+        self.index.live(bot_id, id).map(|(key, _)| key)
     }
 
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>> {

@@ -62,10 +62,18 @@ impl<'a> IdHistory<'a> {
     }
 }
 
-fn by_id<'a>(set: &[&'a Entry]) -> BTreeMap<&'a str, Vec<&'a Entry>> {
-    let mut ids: BTreeMap<&str, Vec<&Entry>> = BTreeMap::new();
+/// A record's identity (rule 6): its bot and its id. The model is of a store of format 3,
+/// where ids are scoped by bot.
+type RecordKey<'a> = (&'a str, &'a str);
+
+fn key_of(e: &Entry) -> RecordKey<'_> {
+    (e.record.bot_id.as_str(), e.record.id.as_str())
+}
+
+fn by_id<'a>(set: &[&'a Entry]) -> BTreeMap<RecordKey<'a>, Vec<&'a Entry>> {
+    let mut ids: BTreeMap<RecordKey<'a>, Vec<&Entry>> = BTreeMap::new();
     for e in set {
-        ids.entry(e.record.id.as_str()).or_default().push(e);
+        ids.entry(key_of(e)).or_default().push(e);
     }
     ids
 }
@@ -80,12 +88,15 @@ pub fn project(entries: &[Entry]) -> Projection {
         shards: set.iter().map(|e| e.shard).collect::<BTreeSet<_>>().len() as u64,
         ..Default::default()
     };
-    for (id, history) in by_id(&set) {
+    for ((bot_id, id), history) in by_id(&set) {
         stats.ids += 1;
         let h = IdHistory::of(&history);
         if h.tombstone.is_some() {
             stats.tombstoned += 1;
-            tombstoned.push(id.to_string());
+            tombstoned.push(crate::projection::TombstonedId {
+                bot_id: bot_id.to_string(),
+                id: id.to_string(),
+            });
         }
         let mut all_puts: Vec<&Entry> = h.winner.into_iter().collect();
         all_puts.extend(h.later_puts.iter().copied());
@@ -236,19 +247,21 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     let set = entry_set(entries);
     let mut out = Vec::new();
 
-    // Rules 6 and 7, per id.
-    for (id, history) in by_id(&set) {
+    // Rules 6 and 7, per id of a bot.
+    for ((bot_id, id), history) in by_id(&set) {
         let h = IdHistory::of(&history);
         let puts = h.winner.into_iter().chain(h.later_puts.iter().copied());
         for p in puts {
             if let Some(t) = h.tombstone.filter(|_| h.after_tombstone(p)) {
                 out.push(Conflict::WriteAfterDelete {
+                    bot_id: bot_id.to_string(),
                     id: id.to_string(),
                     tombstone: t.key(),
                     entry: p.key(),
                 });
             } else if let Some(w) = h.winner.filter(|w| *w != p && w.content_hash != p.content_hash) {
                 out.push(Conflict::DivergentPut {
+                    bot_id: bot_id.to_string(),
                     id: id.to_string(),
                     winner: w.key(),
                     winner_hash: w.content_hash,
@@ -262,7 +275,7 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     // Rule 21: a live summary that covers itself, a later entry of its shard, or a live
     // record of its session whose clock is not below its own.
     for s in set.iter().filter(|e| e.record.kind == Kind::Summary) {
-        let history = by_id(&set).remove(s.record.id.as_str()).unwrap_or_default();
+        let history = by_id(&set).remove(&key_of(s)).unwrap_or_default();
         let h = IdHistory::of(&history);
         if !h.is_live() || h.winner.map(|w| w.key()) != Some(s.key()) {
             continue;
@@ -279,6 +292,7 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
         };
         if let Some(entry) = entry {
             out.push(Conflict::ImplausibleCoverage {
+                bot_id: s.record.bot_id.clone(),
                 id: s.record.id.clone(),
                 summary: s.key(),
                 entry,
@@ -287,10 +301,10 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     }
 
     // Ids with a tombstone anywhere in the log: the only ones a purge erases (rule 16).
-    let tombstoned: BTreeSet<&str> = set
+    let tombstoned: BTreeSet<RecordKey<'_>> = set
         .iter()
         .filter(|e| e.record.kind == Kind::Tombstone)
-        .map(|e| e.record.id.as_str())
+        .map(|e| key_of(e))
         .collect();
 
     // Rule 10, per shard.
@@ -345,7 +359,7 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
         // (rule 16), so that is damage, whatever the hash says. A purged entry of a
         // tombstoned id has no content left to check.
         for e in &entries {
-            if e.purged && tombstoned.contains(e.record.id.as_str()) {
+            if e.purged && tombstoned.contains(&key_of(e)) {
                 continue;
             }
             let actual = ContentHash::of(&as_read(e));
@@ -354,6 +368,7 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
                     shard,
                     seq: e.seq,
                     epoch: e.epoch,
+                    bot_id: e.record.bot_id.clone(),
                     id: e.record.id.clone(),
                     stored_hash: e.content_hash,
                     actual_hash: actual,
@@ -449,11 +464,18 @@ mod tests {
         let p2 = entry(2, 1, 1, 30, put("x", "v"));
         let p = project(&[p1.clone(), t.clone(), p2.clone()]);
         assert!(p.records.is_empty());
-        assert_eq!(p.tombstoned, vec!["x".to_string()]);
+        assert_eq!(
+            p.tombstoned,
+            vec![crate::projection::TombstonedId {
+                bot_id: "bot".into(),
+                id: "x".into()
+            }]
+        );
         let c = conflicts(&[p1, t.clone(), p2.clone()]);
         assert_eq!(
             c,
             vec![Conflict::WriteAfterDelete {
+                bot_id: "bot".into(),
                 id: "x".into(),
                 tombstone: t.key(),
                 entry: p2.key()
@@ -551,6 +573,7 @@ mod tests {
                 shard: live.shard,
                 seq: 2,
                 epoch: 1,
+                bot_id: "bot".into(),
                 id: "live".into(),
                 stored_hash: live.content_hash,
                 actual_hash: put("live", "").content_hash(),

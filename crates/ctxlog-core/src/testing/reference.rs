@@ -185,6 +185,19 @@ impl Store for ReferenceStore {
         Ok(out)
     }
 
+    async fn format(&self) -> Result<u32> {
+        Ok(crate::upgrade::IDS_BY_BOT)
+    }
+
+    /// A reference store is always of format 3: there is nothing to move.
+    async fn set_format(&self, from: u32, to: u32) -> Result<()> {
+        Err(Error::invalid(
+            "format",
+            None,
+            format!("a reference store is at format 3; cannot move {from} to {to}"),
+        ))
+    }
+
     fn projector(&self) -> Box<dyn Projector> {
         Box::new(IndexedProjector::new(Arc::new(self.clone())))
     }
@@ -212,21 +225,22 @@ impl Store for ReferenceStore {
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
         let mut data = self.shared.data.lock().expect("not poisoned");
         let all = || data.shards.values().flat_map(|s| s.entries.iter());
-        let tombstoned: std::collections::BTreeSet<String> = all()
-            .filter(|e| e.record.kind == Kind::Tombstone)
-            .map(|e| e.record.id.clone())
+        // Ids are scoped by bot (a reference store is of format 3): a tombstone erases its
+        // own bot's record only.
+        let key = |e: &Entry| (e.record.bot_id.clone(), e.record.id.clone());
+        let tombstoned: std::collections::BTreeSet<(String, String)> =
+            all().filter(|e| e.record.kind == Kind::Tombstone).map(key).collect();
+        let pending: std::collections::BTreeSet<(String, String)> = all()
+            .filter(|e| !e.purged && tombstoned.contains(&key(e)))
+            .map(key)
             .collect();
-        let pending: std::collections::BTreeSet<String> = all()
-            .filter(|e| !e.purged && tombstoned.contains(&e.record.id))
-            .map(|e| e.record.id.clone())
-            .collect();
-        let now: std::collections::BTreeSet<&String> = pending
+        let now: std::collections::BTreeSet<&(String, String)> = pending
             .iter()
             .take(usize::try_from(options.max_ids).unwrap_or(usize::MAX))
             .collect();
         let mut entries = 0;
         for e in data.shards.values_mut().flat_map(|s| s.entries.iter_mut()) {
-            if !e.purged && now.contains(&e.record.id) {
+            if !e.purged && now.contains(&key(e)) {
                 e.purge();
                 entries += 1;
             }
@@ -286,6 +300,10 @@ impl IndexSource for ReferenceStore {
     }
 
     /// Per shard: its id and how many stored entries the cursor is past.
+    async fn id_scope(&self) -> Result<crate::ids::IdScope> {
+        Ok(crate::ids::IdScope::Bot)
+    }
+
     fn save_cursor(&self, cursor: &Cursor) -> Vec<u8> {
         let mut out = Vec::with_capacity(cursor.0.len() * 24);
         for (shard, n) in &cursor.0 {

@@ -115,17 +115,17 @@ impl Found {
     /// below a checkpoint, which only the index knows of (rule 16).
     pub(super) fn settle(self, index: &ProjectionIndex) -> impl Iterator<Item = Conflict> + '_ {
         let bodiless = self.bodiless.into_iter().filter(move |c| match c {
-            Conflict::Corrupt { id, .. } => !has_tombstone(index, id),
+            Conflict::Corrupt { bot_id, id, .. } => !has_tombstone(index, bot_id, id),
             _ => true,
         });
         self.conflicts.into_iter().chain(bodiless)
     }
 }
 
-/// Whether `id`, which `index` holds (a row of it was applied), has a tombstone: an id is
-/// held for a put or a tombstone of it, and a held id without a live winner has a tombstone.
-fn has_tombstone(index: &ProjectionIndex, id: &str) -> bool {
-    index.live(id).is_none()
+/// Whether `id` of `bot_id`, which `index` holds (a row of it was applied), has a tombstone
+/// in its namespace.
+fn has_tombstone(index: &ProjectionIndex, bot_id: &str, id: &str) -> bool {
+    index.has_tombstone(bot_id, id)
 }
 
 /// Rows on their way to a hashing thread: their fields copied into one buffer. A hashing
@@ -215,8 +215,8 @@ pub struct HistoryChecker {
     found: Found,
     batch: RowBatch,
     hashers: Option<Hashers>,
-    /// What each summary entry covers, with its id (rule 21).
-    coverage: HashMap<OrderKey, (String, Checkpoint)>,
+    /// What each summary entry covers, with its bot and id (rule 21).
+    coverage: HashMap<OrderKey, Coverage>,
 }
 
 /// The threads that check content. Dropping them (a cancelled check) closes their queues:
@@ -285,10 +285,21 @@ impl Hashers {
     }
 }
 
+/// A summary's bot, id and coverage.
+pub(super) type Coverage = (String, String, Checkpoint);
+
 impl HistoryChecker {
-    /// An empty checker.
+    /// An empty checker of a store whose ids are scoped by bot.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty checker of a store whose ids are in the namespaces of `scope`.
+    pub fn scoped(scope: crate::ids::IdScope) -> Self {
+        HistoryChecker {
+            index: ProjectionIndex::scoped(scope),
+            ..Self::default()
+        }
     }
 
     /// Visit one stored entry (any order, repeats allowed).
@@ -317,12 +328,13 @@ impl HistoryChecker {
             && let StoredBody::Bytes(frame) = r.body
             && let Ok((_, Some(covers))) = Record::from_stored_body(Kind::Summary, Body::Bytes(frame.to_vec()))
         {
-            self.coverage.insert(r.key(), (r.id.to_owned(), covers));
+            self.coverage
+                .insert(r.key(), (r.bot_id.to_owned(), r.id.to_owned(), covers));
         }
         self.positions.entry(r.shard).or_default().push((r.seq, r.epoch));
         // A row without a body whose id has a tombstone already seen is settled now; the
         // others wait for the end, when every tombstone has been seen.
-        let tombstoned = r.body == StoredBody::Purged && has_tombstone(&self.index, r.id);
+        let tombstoned = r.body == StoredBody::Purged && has_tombstone(&self.index, r.bot_id, r.id);
         self.batch.push(&r, tombstoned);
         if self.batch.is_full() {
             let hashers = self.hashers.get_or_insert_with(Hashers::start);
@@ -467,6 +479,7 @@ fn content_conflicts(at: &Held, covered: &Covered<'_>, metadata: Option<&[u8]>, 
             shard: at.shard,
             seq: at.seq,
             epoch: at.epoch,
+            bot_id: String::from_utf8_lossy(covered.bot_id).into_owned(),
             id: String::from_utf8_lossy(covered.id).into_owned(),
             stored_hash: at.hash,
             actual_hash: actual,
@@ -519,18 +532,21 @@ pub(super) fn position_conflicts(shard: ShardId, mut positions: Vec<(Seq, Epoch)
 }
 
 /// The `ImplausibleCoverage` conflicts of the live summaries `index` holds (rule 21), given
-/// each summary's id and coverage.
+/// each summary's bot, id and coverage.
 pub(super) fn coverage_conflicts(
     index: &mut ProjectionIndex,
-    coverage: impl Fn(&OrderKey) -> Option<(String, Checkpoint)>,
+    coverage: impl Fn(&OrderKey) -> Option<Coverage>,
 ) -> Vec<Conflict> {
     let mut out = Vec::new();
     for session in index.sessions_with_summaries() {
         let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
         for k in live.iter().filter(|k| session.is_summary(k)) {
-            let Some((id, covers)) = coverage(k) else { continue };
+            let Some((bot_id, id, covers)) = coverage(k) else {
+                continue;
+            };
             if let Some(why) = crate::context::implausible(k, &covers, &live) {
                 out.push(Conflict::ImplausibleCoverage {
+                    bot_id,
                     id,
                     summary: *k,
                     entry: match why {

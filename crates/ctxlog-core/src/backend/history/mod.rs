@@ -73,16 +73,19 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
     }
 
     async fn full(&self) -> Result<Vec<Conflict>> {
-        let mut checker = HistoryChecker::new();
         with_deadline(
             "conflict discovery",
             self.history.timeout(),
             None,
             Written::Nothing,
-            self.history.visit_all(&mut checker),
+            async {
+                // Ids group as the store's format says, read at the start of each check (rule 22).
+                let mut checker = HistoryChecker::scoped(self.projector.source().id_scope().await?);
+                self.history.visit_all(&mut checker).await?;
+                Ok(checker.finish(None))
+            },
         )
-        .await?;
-        Ok(checker.finish(None))
+        .await
     }
 
     async fn after(&mut self, after: &Checkpoint) -> Result<Vec<Conflict>> {
@@ -100,7 +103,7 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
         // content checks below saw, and the answer is a function of one set of entries.
         let index = self.projector.index_mut();
         let mut seen = HashSet::new();
-        let mut ids = BTreeSet::new();
+        let mut ids: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut shards = HashSet::new();
         let mut content = RowBatch::default();
         for e in &newer {
@@ -113,7 +116,7 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
             // holds every new entry too.
             let stored = e.record.stored_body();
             content.push(&StoredRow::of(e, metadata.as_deref(), &stored), false);
-            ids.insert(e.record.id.as_str());
+            ids.insert((e.record.bot_id.as_str(), e.record.id.as_str()));
             shards.insert(e.shard);
         }
         let mut found = Found::default();
@@ -128,9 +131,12 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
         // Rule 21: every live summary's coverage, checked against the index as it is now
         // (whether a summary is implausible depends on the records of its session): those
         // read just now from what was read, the others (few) read again.
-        let mut coverage: HashMap<OrderKey, (String, Checkpoint)> = newer
+        let mut coverage: HashMap<OrderKey, checker::Coverage> = newer
             .iter()
-            .filter_map(|e| Some((e.key(), (e.record.id.clone(), e.record.covers.clone()?))))
+            .filter_map(|e| {
+                let covers = e.record.covers.clone()?;
+                Some((e.key(), (e.record.bot_id.clone(), e.record.id.clone(), covers)))
+            })
             .collect();
         let wanted: Vec<(OrderKey, RowRef)> = index
             .sessions_with_summaries()
@@ -146,7 +152,7 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
             .collect();
         for e in self.projector.fetch(&wanted).await? {
             if let Some(c) = e.record.covers.clone() {
-                coverage.insert(e.key(), (e.record.id.clone(), c));
+                coverage.insert(e.key(), (e.record.bot_id.clone(), e.record.id.clone(), c));
             }
         }
         out.extend(coverage_conflicts(self.projector.index_mut(), |k| {

@@ -293,6 +293,7 @@ fn a_missing_body_is_corrupt_unless_its_id_has_a_tombstone() {
             shard: live.shard,
             seq: live.seq,
             epoch: live.epoch,
+            bot_id: live.record.bot_id.clone(),
             id: "live".into(),
             stored_hash: live.content_hash,
             actual_hash: live.record.content_hash(),

@@ -5,6 +5,7 @@ use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
 
 use super::{IdState, Ids, IndexRow, Put, SessionRef, SessionState, Sessions, id_no};
 use crate::backend::frozen::Frozen;
+use crate::backend::id_state;
 use crate::record::Kind;
 
 /// The part of an index a row goes to, and where applying it leaves what the index files
@@ -22,13 +23,13 @@ pub(super) struct Part<'a, T> {
     pub(super) unfiled: &'a mut Vec<(u32, u32)>,
 }
 
-/// The one place a row changes an id: `part` is the part the id's `hash` picked. Returns
-/// false when the id already held the row.
+/// The one place a row changes an id: `part` is the part that the `hash` of the row's id
+/// in `namespace` picked. Returns false when the id already held the row.
 pub(super) fn apply_to(
     part: Part<'_, impl Extend<u32>>,
     hash: u64,
+    namespace: &str,
     row: &IndexRow<'_>,
-    owned: Option<Box<str>>,
     session: u32,
 ) -> bool {
     let Part {
@@ -38,14 +39,18 @@ pub(super) fn apply_to(
         thawed,
         unfiled,
     } = part;
-    let id: &str = owned.as_deref().unwrap_or(row.id);
+    let id = row.id;
     // One lookup per row: most ids are new, and a lookup-then-insert would probe twice.
-    let (local, state) = match ids.raw_entry_mut_v1().from_key_hashed_nocheck(hash, id) {
+    let (local, state) = match ids
+        .raw_entry_mut_v1()
+        .from_hash(hash, |k| id_state::is_key(k, namespace, id))
+    {
         RawEntryMut::Occupied(e) => (e.index(), e.into_mut()),
         RawEntryMut::Vacant(e) => {
             let local = e.index();
+            let key = id_state::key(namespace, id);
             // The first row of an id a snapshot held starts from what the snapshot held.
-            let state = match (frozen.len() > 0).then(|| frozen.find(id)).flatten() {
+            let state = match (frozen.len() > 0).then(|| frozen.find(&key)).flatten() {
                 Some(b) => {
                     let state = frozen.state(b);
                     let mut sessions: Vec<u32> = state.sessions().collect();
@@ -57,7 +62,6 @@ pub(super) fn apply_to(
                 }
                 None => IdState::default(),
             };
-            let key = owned.unwrap_or_else(|| row.id.into());
             (local, e.insert_hashed_nocheck(hash, key, state).1)
         }
     };

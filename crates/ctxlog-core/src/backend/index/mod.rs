@@ -8,7 +8,9 @@
 //!
 //! Names:
 //! - an *id state* ([`super::id_state`]) is what the index keeps per record id: the
-//!   winning put, the other puts, the tombstones;
+//!   winning put, the other puts, the tombstones; it is keyed by the id's *key*, its
+//!   namespace (the bot, or the whole store in formats 1 and 2: the index's [`IdScope`])
+//!   and the id;
 //! - a *part* is a share of the ids, picked by the hash of the id; parts are what threads
 //!   apply rows to at once (`parallel`), each part owned by one thread;
 //! - a *session number* names a `(bot, session)` in the index (`apply::session_no`, one
@@ -30,7 +32,6 @@ pub(crate) mod tests;
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::hash::BuildHasher;
 
 use indexmap::IndexMap;
 use indexmap::map::raw_entry_v1::RawEntryApiV1;
@@ -38,11 +39,12 @@ use indexmap::map::raw_entry_v1::RawEntryApiV1;
 use self::apply::{Part, apply_to, session_no};
 pub use self::parallel::{PartApplier, Router};
 pub use super::id_state::RowRef;
-use super::id_state::{Hasher, IdState, Put};
+use super::id_state::{self, Hasher, IdState, Put};
 use crate::backend::frozen::{self, Frozen, Shape, Tables};
 use crate::entry::OrderKey;
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
+use crate::ids::IdScope;
 use crate::record::Kind;
 
 /// One entry as the projection sees it. Borrowed, so that backends can feed rows straight
@@ -103,7 +105,8 @@ struct SessionState {
     ids: Vec<u32>,
 }
 
-/// One part of an index's ids (see [`ProjectionIndex::apply_in_parallel`]).
+/// One part of an index's ids (see [`ProjectionIndex::apply_in_parallel`]), by key
+/// (`id_state::key`).
 type Ids = IndexMap<Box<str>, IdState, Hasher>;
 type Sessions = IndexMap<(Box<str>, Box<str>), SessionState, Hasher>;
 
@@ -125,6 +128,8 @@ fn id_no(local: usize, part: usize) -> u32 {
 /// The projection of every row applied so far.
 #[derive(Clone, Debug)]
 pub struct ProjectionIndex {
+    /// Which ids are one record: the store's format says (rule 22).
+    scope: IdScope,
     /// Every id, split by the hash of the id into parts that threads of their own can apply
     /// rows to at once ([`ProjectionIndex::apply_in_parallel`]). How many parts there are is
     /// fixed when the index is made; what the index answers does not depend on it.
@@ -185,7 +190,10 @@ impl Default for ProjectionIndex {
     fn default() -> Self {
         // Asked once: on Linux the answer reads the process's cgroup files.
         static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        Self::with_parts(*CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())))
+        Self::with_parts(
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            IdScope::default(),
+        )
     }
 }
 
@@ -212,15 +220,29 @@ fn part_of(hash: u64, parts: usize) -> usize {
 }
 
 impl ProjectionIndex {
-    /// An empty index with a part per core.
+    /// An empty index with a part per core, its ids scoped by bot.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An empty index with a part per core, its ids in the namespaces of `scope`.
+    pub fn scoped(scope: IdScope) -> Self {
+        ProjectionIndex {
+            scope,
+            ..Self::default()
+        }
+    }
+
+    /// Which ids are one record in this index.
+    pub fn scope(&self) -> IdScope {
+        self.scope
+    }
+
     /// An empty index whose ids are split into `parts` parts (at least 1, at most 8).
-    pub fn with_parts(parts: usize) -> Self {
+    pub fn with_parts(parts: usize, scope: IdScope) -> Self {
         let hasher = Hasher::default();
         ProjectionIndex {
+            scope,
             parts: (0..parts.clamp(1, MAX_PARTS))
                 .map(|_| Ids::with_hasher(hasher.clone()))
                 .collect(),
@@ -244,7 +266,8 @@ impl ProjectionIndex {
     /// Apply one entry. Returns false when the index already held it.
     pub fn apply(&mut self, row: IndexRow<'_>) -> bool {
         let session = session_no(&mut self.sessions, &mut self.last_session, row.bot_id, row.session_id);
-        let hash = self.hasher.hash_one(row.id);
+        let namespace = self.scope.namespace(row.bot_id);
+        let hash = id_state::hash_of(&self.hasher, namespace, row.id);
         let no = part_of(hash, self.parts.len());
         let part = Part {
             ids: &mut self.parts[no],
@@ -253,7 +276,7 @@ impl ProjectionIndex {
             thawed: &mut self.thawed,
             unfiled: &mut self.unfiled,
         };
-        if !apply_to(part, hash, &row, None, session) {
+        if !apply_to(part, hash, namespace, &row, session) {
             return false;
         }
         self.entries += 1;
@@ -271,7 +294,7 @@ impl ProjectionIndex {
         }
     }
 
-    /// The state of every id the parts hold.
+    /// The state of every id the parts hold, by key.
     fn held(&self) -> impl Iterator<Item = (&str, Cow<'_, IdState>)> {
         self.parts.iter().flatten().map(|(k, s)| (&**k, Cow::Borrowed(s)))
     }
@@ -286,13 +309,26 @@ impl ProjectionIndex {
         )
     }
 
-    /// The current state of `id`.
-    fn state(&self, id: &str) -> Option<Cow<'_, IdState>> {
-        let hash = self.hasher.hash_one(id);
+    /// The current state of `id` of bot `bot_id`.
+    fn state(&self, bot_id: &str, id: &str) -> Option<Cow<'_, IdState>> {
+        self.state_in(self.scope.namespace(bot_id), id)
+    }
+
+    /// The current state of `id` in `namespace`.
+    fn state_in(&self, namespace: &str, id: &str) -> Option<Cow<'_, IdState>> {
+        let hash = id_state::hash_of(&self.hasher, namespace, id);
         let part = &self.parts[part_of(hash, self.parts.len())];
-        match part.raw_entry_v1().from_key_hashed_nocheck(hash, id).map(|(_, s)| s) {
+        match part
+            .raw_entry_v1()
+            .from_hash(hash, |k| id_state::is_key(k, namespace, id))
+            .map(|(_, s)| s)
+        {
             Some(s) => Some(Cow::Borrowed(s)),
-            None => self.frozen.find(id).map(|b| Cow::Owned(self.frozen.state(b))),
+            None if self.frozen.len() > 0 => self
+                .frozen
+                .find(&id_state::key(namespace, id))
+                .map(|b| Cow::Owned(self.frozen.state(b))),
+            None => None,
         }
     }
 }
@@ -305,6 +341,7 @@ impl ProjectionIndex {
         let mut ids: Vec<(&str, Cow<'_, IdState>)> = self.all_states().collect();
         ids.sort_unstable_by(|a, b| a.0.cmp(b.0));
         frozen::write(Tables {
+            scope: self.scope,
             sessions: self.sessions.keys().cloned().collect(),
             positions: self.positions.iter().map(|(s, q)| (*s, *q)).collect(),
             entries: self.entries,
@@ -326,7 +363,8 @@ impl ProjectionIndex {
     }
 
     fn around(shape: Shape, frozen: Frozen) -> Result<Self, String> {
-        let mut index = ProjectionIndex::new();
+        let scope = if shape.ids_by_bot { IdScope::Bot } else { IdScope::Store };
+        let mut index = ProjectionIndex::scoped(scope);
         for key in shape.sessions {
             if index.sessions.contains_key(&key) {
                 return Err(format!("session {key:?} twice"));

@@ -2,8 +2,6 @@
 //! hash of the id, and each applying thread ([`PartApplier`]) owns some parts, so the
 //! threads share no lock; what they leave is merged into the index afterwards.
 
-use std::hash::BuildHasher;
-
 use indexmap::IndexMap;
 
 use super::apply::{Numbering, Part, apply_to, session_no};
@@ -11,12 +9,15 @@ use super::{
     CatchUp, Hasher, Ids, IndexRow, Positions, ProjectionIndex, SessionRef, SessionState, Sessions, part_of, raise,
 };
 use crate::backend::frozen::Frozen;
+use crate::backend::id_state;
 use crate::entry::OrderKey;
+use crate::ids::IdScope;
 use crate::record::Kind;
 
 /// Applies rows to some of an index's parts, on a thread of its own: see
 /// [`ProjectionIndex::apply_in_parallel`]. Rows of ids in other parts are skipped.
 pub struct PartApplier<'a> {
+    scope: IdScope,
     /// The parts of the index, `Some` for those this applier owns.
     mine: Vec<Option<&'a mut Ids>>,
     hasher: &'a Hasher,
@@ -41,20 +42,20 @@ struct Finished {
 impl PartApplier<'_> {
     /// Apply `row` if its id is in a part of this applier's.
     pub fn apply(&mut self, row: IndexRow<'_>) {
-        self.apply_inner(row, None);
+        self.apply_inner(row);
     }
 
-    /// Apply a row routed to this applier's thread ([`ProjectionIndex::apply_routed`]),
-    /// whose id the caller owns: the index keeps `id` instead of copying it, and ignores
-    /// `row.id`. Panics if the row's id is not in a part of this applier's (it was routed
-    /// to the wrong thread): skipping it would lose it.
-    pub fn apply_owned(&mut self, row: IndexRow<'_>, id: Box<str>) {
-        assert!(self.apply_inner(row, Some(id)), "a row routed to the wrong thread");
+    /// Apply a row routed to this applier's thread ([`ProjectionIndex::apply_routed`]).
+    /// Panics if the row's id is not in a part of this applier's (it was routed to the wrong
+    /// thread): skipping it would lose it.
+    pub fn apply_routed(&mut self, row: IndexRow<'_>) {
+        assert!(self.apply_inner(row), "a row routed to the wrong thread");
     }
 
     /// Whether the row's id is in a part of this applier's.
-    fn apply_inner(&mut self, row: IndexRow<'_>, owned: Option<Box<str>>) -> bool {
-        let hash = self.hasher.hash_one(owned.as_deref().unwrap_or(row.id));
+    fn apply_inner(&mut self, row: IndexRow<'_>) -> bool {
+        let namespace = self.scope.namespace(row.bot_id);
+        let hash = id_state::hash_of(self.hasher, namespace, row.id);
         let part = part_of(hash, self.mine.len());
         if self.mine[part].is_none() {
             return false;
@@ -70,7 +71,7 @@ impl PartApplier<'_> {
             thawed: &mut d.thawed,
             unfiled: &mut d.unfiled,
         };
-        if apply_to(part, hash, &row, owned, session) {
+        if apply_to(part, hash, namespace, &row, session) {
             d.counts.applied += 1;
             raise(&mut d.positions, row.key.shard, row.key.seq);
             if row.kind == Kind::Summary {
@@ -121,6 +122,7 @@ impl Numbering for FoundSessions<'_> {
 /// Which applying thread the rows of an id go to: see [`ProjectionIndex::apply_routed`].
 #[derive(Clone, Debug)]
 pub struct Router {
+    scope: IdScope,
     hasher: Hasher,
     parts: usize,
     threads: usize,
@@ -132,9 +134,12 @@ impl Router {
         self.threads
     }
 
-    /// The thread the rows of `id` go to.
-    pub fn thread_of(&self, id: &str) -> usize {
-        part_of(self.hasher.hash_one(id), self.parts) % self.threads
+    /// The thread the rows of `id` of bot `bot_id` go to.
+    pub fn thread_of(&self, bot_id: &str, id: &str) -> usize {
+        part_of(
+            id_state::hash_of(&self.hasher, self.scope.namespace(bot_id), id),
+            self.parts,
+        ) % self.threads
     }
 }
 
@@ -221,6 +226,7 @@ impl ProjectionIndex {
     /// [`ProjectionIndex::apply_routed`].
     pub fn router(&self, threads: usize) -> Router {
         Router {
+            scope: self.scope,
             hasher: self.hasher.clone(),
             parts: self.parts.len(),
             threads: threads.clamp(1, self.parts.len()),
@@ -230,8 +236,8 @@ impl ProjectionIndex {
     /// Apply what `each` makes of the batches of `queues`, one applying thread per queue
     /// (this one takes the first): the source has routed each row to its thread with
     /// [`ProjectionIndex::router`] (with `queues.len()` threads), so every thread gets only
-    /// rows it keeps, and owns them ([`PartApplier::apply_owned`] keeps an id the source
-    /// allocated). For a source that decodes rows on a thread of its own.
+    /// rows it keeps ([`PartApplier::apply_routed`]). For a source that decodes rows on a
+    /// thread of its own.
     ///
     /// The first error stops its thread (dropping its queue: the source's next send to it
     /// fails) and is returned; the rows applied until then stay applied and the index
@@ -282,6 +288,7 @@ impl ProjectionIndex {
         let base = self.sessions.len() as u32;
         let mut appliers: Vec<PartApplier<'_>> = (0..threads)
             .map(|_| PartApplier {
+                scope: self.scope,
                 mine: Vec::new(),
                 hasher: &self.hasher,
                 frozen: &self.frozen,
@@ -309,7 +316,7 @@ impl ProjectionIndex {
         let (results, result) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(appliers))) {
             Ok(done) => done,
             Err(panic) => {
-                *self = ProjectionIndex::with_parts(self.parts.len());
+                *self = ProjectionIndex::with_parts(self.parts.len(), self.scope);
                 std::panic::resume_unwind(panic)
             }
         };

@@ -5,9 +5,10 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use super::{IdState, Ids, PART_BITS, PART_MASK, ProjectionIndex, RowRef, SessionRef, SummarisedSession};
+use crate::backend::id_state;
 use crate::entry::{Checkpoint, OrderKey, SessionSummary};
 use crate::hlc::Hlc;
-use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats};
+use crate::projection::{Conflict, LiveRecord, Projection, ProjectionStats, TombstonedId};
 
 impl ProjectionIndex {
     /// The highest seq applied per shard.
@@ -34,9 +35,19 @@ impl ProjectionIndex {
         self.entries
     }
 
-    /// The live winner of `id`: its order key and where its backend can find it.
-    pub fn live(&self, id: &str) -> Option<(OrderKey, RowRef)> {
-        self.state(id).and_then(|s| s.live().map(|p| (p.key, p.at)))
+    /// The live winner of `id` of bot `bot_id`: its order key and where its backend can find
+    /// it. Another bot's record of the same id is never it (in a store of format 3), and in
+    /// a store of format 1 or 2 only a winner of `bot_id` itself is.
+    pub fn live(&self, bot_id: &str, id: &str) -> Option<(OrderKey, RowRef)> {
+        let state = self.state(bot_id, id)?;
+        let p = state.live()?;
+        let ((bot, _), _) = self.sessions.get_index(p.session as usize).expect("interned");
+        (&**bot == bot_id).then_some((p.key, p.at))
+    }
+
+    /// Whether `id` of bot `bot_id` has a tombstone.
+    pub(crate) fn has_tombstone(&self, bot_id: &str, id: &str) -> bool {
+        self.state(bot_id, id).is_some_and(|s| !s.tombstones().is_empty())
     }
 
     /// The live records of one session, in contract order: keys and locations.
@@ -192,12 +203,13 @@ impl ProjectionIndex {
         out
     }
 
-    /// [`ProjectionIndex::id_conflicts`] of the ids `ids` only.
-    pub(crate) fn id_conflicts_of<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Vec<Conflict> {
+    /// [`ProjectionIndex::id_conflicts`] of the ids `ids` (`(bot_id, id)`) only.
+    pub(crate) fn id_conflicts_of<'a>(&self, ids: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<Conflict> {
         let mut out = Vec::new();
-        for id in ids {
-            if let Some(state) = self.state(id) {
-                state.conflicts(id, &mut out);
+        for (bot_id, id) in ids {
+            let namespace = self.scope.namespace(bot_id);
+            if let Some(state) = self.state_in(namespace, id) {
+                state.conflicts(&id_state::key(namespace, id), &mut out);
             }
         }
         out
@@ -236,9 +248,13 @@ impl ProjectionIndex {
     pub fn projection(&self) -> Projection {
         let mut records = Vec::new();
         let mut tombstoned = Vec::new();
-        for (id, state) in self.all_states() {
+        for (key, state) in self.all_states() {
+            let (namespace, id) = id_state::split(key);
             if !state.tombstones().is_empty() {
-                tombstoned.push(id.to_string());
+                tombstoned.push(TombstonedId {
+                    bot_id: namespace.to_string(),
+                    id: id.to_string(),
+                });
             }
             if let Some(p) = state.live() {
                 let ((bot, session), _) = self.sessions.get_index(p.session as usize).expect("interned");

@@ -103,7 +103,7 @@ fn answers_as_one_pass(idx: &mut ProjectionIndex, entries: &[Entry], sessions: u
 fn an_apply_that_fails_leaves_a_whole_index() {
     let entries = puts(400, 150, 23);
     for threads in [1, 2, 4] {
-        let mut idx = ProjectionIndex::with_parts(4);
+        let mut idx = ProjectionIndex::with_parts(4, IdScope::Bot);
         let batches: Vec<&[Entry]> = entries.chunks(10).collect();
         let (counts, result) = idx.apply_in_parallel(threads, batches, |b, a| {
             if b[0].seq > 200 {
@@ -128,7 +128,7 @@ fn an_apply_that_fails_leaves_a_whole_index() {
 fn a_panic_while_applying_leaves_an_empty_index() {
     let entries = puts(300, 110, 17);
     for threads in [1, 3] {
-        let mut idx = ProjectionIndex::with_parts(3);
+        let mut idx = ProjectionIndex::with_parts(3, IdScope::Bot);
         for e in &entries[..50] {
             idx.apply(IndexRow::of(e));
         }
@@ -204,23 +204,23 @@ proptest! {
         }
         let split = split.min(entries.len());
         let mut one = index_of(&entries);
-        let mut parallel = ProjectionIndex::with_parts(parts);
+        let mut parallel = ProjectionIndex::with_parts(parts, IdScope::Bot);
         for e in &entries[..split] {
             parallel.apply(IndexRow::of(e));
         }
         let (counts, result) = if routed {
-            // Each row sent to its thread's queue, its id owned by the applier.
+            // Each row sent to its thread's queue.
             let router = parallel.router(threads);
             let (sends, queues): (Vec<_>, Vec<_>) =
                 (0..router.threads()).map(|_| std::sync::mpsc::channel::<Vec<&Entry>>()).unzip();
             for b in entries[split..].chunks(batch) {
                 let mut routed = vec![Vec::new(); router.threads()];
-                b.iter().for_each(|e| routed[router.thread_of(&e.record.id)].push(e));
+                b.iter().for_each(|e| routed[router.thread_of(&e.record.bot_id, &e.record.id)].push(e));
                 routed.into_iter().zip(&sends).for_each(|(r, s)| s.send(r).unwrap());
             }
             drop(sends);
             parallel.apply_routed(queues, |b, a| {
-                b.into_iter().for_each(|e| a.apply_owned(IndexRow { id: "", ..IndexRow::of(e) }, e.record.id.as_str().into()));
+                b.into_iter().for_each(|e| a.apply_routed(IndexRow::of(e)));
                 Ok::<(), ()>(())
             })
         } else {
