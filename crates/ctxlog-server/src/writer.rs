@@ -473,6 +473,110 @@ mod tests {
         successor.append(vec![rec("new")]).await.unwrap();
     }
 
+    /// A reference store whose first claim gives a handle that answers `Poisoned` for good
+    /// (as a Lance handle does once Lance's own writer is poisoned behind a definite error);
+    /// later claims are healthy. Counts reopens.
+    struct PoisonsFirstClaim {
+        inner: ReferenceStore,
+        reopens: std::sync::atomic::AtomicUsize,
+    }
+
+    struct Poisoned(Box<dyn Shard>);
+
+    #[async_trait::async_trait]
+    impl Shard for Poisoned {
+        fn shard_id(&self) -> ShardId {
+            self.0.shard_id()
+        }
+        fn writer(&self) -> &WriterId {
+            self.0.writer()
+        }
+        fn epoch(&self) -> ctxlog::Epoch {
+            self.0.epoch()
+        }
+        fn observe(&mut self, hlc: Hlc) -> ctxlog::Result<()> {
+            self.0.observe(hlc)
+        }
+        async fn append(&mut self, _records: Vec<Record>) -> ctxlog::Result<AppendAck> {
+            Err(Error::Poisoned {
+                shard: self.0.shard_id(),
+            })
+        }
+        async fn close(self: Box<Self>) -> ctxlog::Result<()> {
+            self.0.close().await
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for PoisonsFirstClaim {
+        fn backend(&self) -> &'static str {
+            "reference"
+        }
+        fn options(&self) -> &StoreOptions {
+            self.inner.options()
+        }
+        async fn open_shard(&self, writer: &WriterId) -> ctxlog::Result<Box<dyn Shard>> {
+            Ok(Box::new(Poisoned(self.inner.open_shard(writer).await?)))
+        }
+        async fn reopen_shard(&self, writer: &WriterId, held: ctxlog::Epoch) -> ctxlog::Result<Box<dyn Shard>> {
+            self.reopens.fetch_add(1, Ordering::AcqRel);
+            self.inner.reopen_shard(writer, held).await
+        }
+        async fn shards(&self) -> ctxlog::Result<Vec<ctxlog::ShardInfo>> {
+            self.inner.shards().await
+        }
+        async fn read_shard(&self, shard: ShardId, after: u64, limit: usize) -> ctxlog::Result<Vec<ctxlog::Entry>> {
+            self.inner.read_shard(shard, after, limit).await
+        }
+        fn projector(&self) -> Box<dyn ctxlog::Projector> {
+            self.inner.projector()
+        }
+        fn conflict_discovery(&self) -> Box<dyn ctxlog::ConflictDiscovery> {
+            self.inner.conflict_discovery()
+        }
+        async fn compact(&self, o: &ctxlog::CompactOptions) -> ctxlog::Result<ctxlog::CompactReport> {
+            self.inner.compact(o).await
+        }
+        async fn gc(&self, o: &ctxlog::GcOptions) -> ctxlog::Result<ctxlog::GcReport> {
+            self.inner.gc(o).await
+        }
+        async fn purge(&self, o: &ctxlog::PurgeOptions) -> ctxlog::Result<ctxlog::PurgeReport> {
+            self.inner.purge(o).await
+        }
+    }
+
+    /// Issue 32 §3: a handle that answers `Poisoned` (behind a definite error) is reopened
+    /// — from the epoch it held — before the next commit, so the replica serves again
+    /// instead of refusing every append until a restart.
+    #[tokio::test]
+    async fn a_poisoned_handle_is_reopened_not_kept() {
+        let inner = ReferenceStore::open("writer-poisoned", StoreOptions::default()).unwrap();
+        let store = Arc::new(PoisonsFirstClaim {
+            inner,
+            reopens: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let shared: Arc<dyn Store> = store.clone();
+        let writer = Writer::start(
+            shared,
+            WriterId::new("p").unwrap(),
+            true,
+            Arc::new(Metrics::new()),
+            Arc::new(|| {}),
+        )
+        .await
+        .unwrap();
+        let refused = writer
+            .append(vec![rec("first")], Hlc::ZERO)
+            .await
+            .expect_err("the handle is poisoned");
+        assert_eq!(refused.written, WrittenAnswer::Nothing, "{refused:?}");
+        // The retry the answer asks for goes through a reopened handle.
+        let ack = writer.append(vec![rec("first")], Hlc::ZERO).await;
+        assert!(ack.is_ok(), "a poisoned handle was kept: {ack:?}");
+        assert_eq!(store.reopens.load(Ordering::Acquire), 1);
+        assert_eq!(writer.unready(), None);
+    }
+
     /// Issue 32 §5: a request that cannot enter the writer's queue (full behind a commit
     /// that hangs) waits at most its deadline, then answers `timeout` with nothing written —
     /// never holding its body without bound.
