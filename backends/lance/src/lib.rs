@@ -49,8 +49,8 @@ use ctxlog_core::backend::history::HistoryConflicts;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::backend::with_deadline;
 use ctxlog_core::{
-    CompactOptions, CompactReport, ConflictDiscovery, Entry, GcOptions, GcReport, Projector, PurgeOptions, PurgeReport,
-    Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, Epoch, GcOptions, GcReport, Projector, PurgeOptions,
+    PurgeReport, Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
 };
 
 use crate::error::BACKEND;
@@ -115,7 +115,13 @@ impl Store for LanceStore {
 
     async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>> {
         Ok(Box::new(
-            shard::LanceShard::open(self.shared.clone(), writer.clone()).await?,
+            shard::LanceShard::open(self.shared.clone(), writer.clone(), None).await?,
+        ))
+    }
+
+    async fn reopen_shard(&self, writer: &WriterId, held: Epoch) -> Result<Box<dyn Shard>> {
+        Ok(Box::new(
+            shard::LanceShard::open(self.shared.clone(), writer.clone(), Some(held)).await?,
         ))
     }
 

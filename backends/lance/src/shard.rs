@@ -33,16 +33,29 @@ pub(crate) struct LanceShard {
 }
 
 impl LanceShard {
-    pub(crate) async fn open(inner: Arc<Shared>, writer_id: WriterId) -> Result<Self> {
+    /// Claim the shard; with `held`, only while its newest claim is `held` (a reopen).
+    pub(crate) async fn open(inner: Arc<Shared>, writer_id: WriterId, held: Option<Epoch>) -> Result<Self> {
         let shard = writer_id.shard_id();
         // A claim that misses its deadline may still land (and fence the incumbent).
         with_deadline("open shard", inner.timeout(), Some(shard), Written::Unknown, async {
             let mut ds = inner.latest().await?;
             ensure_mem_wal(&mut ds).await?;
             let (store, base_path) = inner.io(&ds).await?;
-            writers::remember(&store, &base_path, shard, &writer_id).await?;
             let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
             let epoch_before = current_epoch(&manifests, shard).await?;
+            if let Some(held) = held
+                && epoch_before != held
+            {
+                // A successor holds the writer id: claiming would fence it (a claim war).
+                return Err(Error::Fenced {
+                    shard,
+                    writer: writer_id.to_string(),
+                    epoch: held,
+                    current: Some(epoch_before),
+                    written: Written::Nothing,
+                });
+            }
+            writers::remember(&store, &base_path, shard, &writer_id).await?;
             let t = &inner.tuning;
             if inner.options.limits.max_batch_records > t.max_memtable_rows {
                 return Err(Error::invalid(
@@ -89,6 +102,14 @@ impl LanceShard {
                     });
                 }
             };
+            if let Some(held) = held
+                && writer.epoch() != held + 1
+            {
+                // Lance claims "newest + 1": a peer claimed between the check above and
+                // ours, and ours fenced it. That peer, fenced, never claims again, so the two
+                // still converge to this one writer.
+                tracing::warn!(%shard, held, claimed = writer.epoch(), "a reopen raced another claim of this writer id");
+            }
             inner.register_writer(&writer);
             let clock = || HlcClock::new(inner.options.clock.clone(), Hlc::ZERO);
             let limits = inner.options.limits.clone();

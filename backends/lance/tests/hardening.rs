@@ -90,6 +90,67 @@ fn a_failed_open_after_a_claim_is_indeterminate() {
     });
 }
 
+/// Rules 3 and 4 (issue 32 §3): a successor takes the writer id, then the old handle's next
+/// WAL put times out (injected). A reopen of the old epoch — what a replica does after an
+/// indeterminate error — claims nothing: a definite `Fenced` naming both epochs, the
+/// shard's epoch unchanged, and the successor writes on. `open_shard` there would have
+/// claimed a new epoch and fenced the successor.
+#[test]
+fn a_reopen_after_a_takeover_and_a_timeout_claims_nothing() {
+    run("a_reopen_after_a_takeover_and_a_timeout_claims_nothing", |ctx| {
+        Box::pin(async move {
+            let faults = Faults::new(7);
+            let short = ctx.options().with_timeout(Duration::from_secs(3));
+            let a_store: Arc<dyn Store> =
+                Arc::new(LanceStore::open_with_faults(&ctx.uri, short, Some(faults.clone())).await?);
+            let mut a = a_store.open_shard(&w("same")).await?;
+            a.append(recs("a", "s", 2)).await?;
+            let held = a.epoch();
+            let b_store = ctx.store().await?;
+            let mut b = b_store.open_shard(&w("same")).await?;
+            let successor = b.epoch();
+            let stall = faults.add(Rule::new(&[Op::PutIfAbsent], Action::Stall).path("/wal/"));
+            let lost = tokio::time::timeout(WAIT, a.append(recs("lost", "s", 1)))
+                .await
+                .context("the stalled append outlived its deadline")?;
+            ensure!(lost.is_err(), "an append whose WAL put never answers fails");
+            faults.remove(stall);
+            drop(a);
+
+            match tokio::time::timeout(WAIT, a_store.reopen_shard(&w("same"), held))
+                .await
+                .context("the reopen hung")?
+            {
+                Err(Error::Fenced {
+                    epoch,
+                    current,
+                    written,
+                    ..
+                }) => ensure!(
+                    epoch == held && current == Some(successor) && written == Written::Nothing,
+                    "the refusal names epoch {epoch} (held {held}), current {current:?} (successor {successor})"
+                ),
+                Err(other) => bail!("a reopen after a takeover must fail with Fenced, got {other:?}"),
+                Ok(s) => bail!("the reopen claimed epoch {} and fenced the successor", s.epoch()),
+            }
+            let shards = b_store.shards().await?;
+            ensure!(
+                shards.len() == 1 && shards[0].epoch == successor,
+                "the refused reopen took no epoch: {shards:?}"
+            );
+            b.append(recs("b", "s", 2)).await?;
+            b.close().await?;
+            let seen = ids(&ctx, "s").await?;
+            ensure!(
+                seen.starts_with(&["a-0".to_string(), "a-1".to_string()])
+                    && seen.ends_with(&["b-0".to_string(), "b-1".to_string()]),
+                "{seen:?}"
+            );
+            Ok(())
+        })
+    });
+}
+
 /// Rule 3: a writer fenced after its batch reached the memtable but before its WAL entry
 /// was stored: the successor's sentinel took the slot, so the batch can never land — the
 /// append says `Fenced` with nothing written, and nothing of it is ever visible.

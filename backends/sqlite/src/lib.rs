@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use ctxlog_core::backend::history::HistoryConflicts;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::{
-    CompactOptions, CompactReport, ConflictDiscovery, Entry, Error, GcOptions, GcReport, Projector, PurgeOptions,
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, Epoch, Error, GcOptions, GcReport, Projector, PurgeOptions,
     PurgeReport, Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
 };
 
@@ -147,7 +147,23 @@ impl Store for SqliteStore {
         // process do not queue behind one mutex. One deadline for opening and claiming.
         let deadline = tokio::time::Instant::now() + self.options.timeout;
         let conn = Conn::open_by(&self.path, self.write_access(), self.options.timeout, deadline).await?;
-        let shard = shard::SqliteShard::claim(conn, self.path.clone(), writer.clone(), &self.options, deadline).await?;
+        let shard =
+            shard::SqliteShard::claim(conn, self.path.clone(), writer.clone(), &self.options, deadline, None).await?;
+        Ok(Box::new(shard))
+    }
+
+    async fn reopen_shard(&self, writer: &WriterId, held: Epoch) -> Result<Box<dyn Shard>> {
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let conn = Conn::open_by(&self.path, self.write_access(), self.options.timeout, deadline).await?;
+        let shard = shard::SqliteShard::claim(
+            conn,
+            self.path.clone(),
+            writer.clone(),
+            &self.options,
+            deadline,
+            Some(held),
+        )
+        .await?;
         Ok(Box::new(shard))
     }
 

@@ -30,13 +30,14 @@ impl SqliteShard {
         writer: WriterId,
         options: &StoreOptions,
         deadline: tokio::time::Instant,
+        held: Option<Epoch>,
     ) -> Result<Self> {
         let shard = writer.shard_id();
         let w = writer.clone();
         // A claim that misses its deadline may still commit (and fence the incumbent).
         let claimed = conn
             .run_by(deadline, "open shard", Some(shard), Written::Unknown, move |c| {
-                claim(c, shard, &w)
+                claim(c, shard, &w, held)
             })
             .await?;
         let clock = HlcClock::new(options.clock.clone(), Hlc::ZERO);
@@ -65,8 +66,10 @@ struct Claimed {
     max_hlc: Hlc,
 }
 
-/// Take the next epoch. Everything before COMMIT is definite (rolled back on failure).
-fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> Result<Claimed> {
+/// Take the next epoch; with `held`, only while the shard's epoch is still `held` (checked
+/// in the claim's own transaction, so no claim can come between). Everything before COMMIT
+/// is definite (rolled back on failure).
+fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId, held: Option<Epoch>) -> Result<Claimed> {
     let before = |e| sql_error("open shard", Some(shard), Written::Nothing, e);
     let tx = c
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -77,6 +80,25 @@ fn claim(c: &mut Connection, shard: ShardId, writer: &WriterId) -> Result<Claime
         params![&shard.as_bytes()[..], writer.as_str()],
     )
     .map_err(before)?;
+    if let Some(held) = held {
+        let current: i64 = tx
+            .query_row(
+                "SELECT epoch FROM shards WHERE shard = ?1",
+                params![&shard.as_bytes()[..]],
+                |r| r.get(0),
+            )
+            .map_err(before)?;
+        if u64::try_from(current).ok() != Some(held) {
+            // Rolled back on drop: nothing claimed.
+            return Err(Error::Fenced {
+                shard,
+                writer: writer.to_string(),
+                epoch: held,
+                current: u64::try_from(current).ok(),
+                written: Written::Nothing,
+            });
+        }
+    }
     let (shard_no, epoch, last_seq, max_hlc): (i64, i64, i64, i64) = tx
         .query_row(
             "UPDATE shards SET epoch = epoch + 1, writer = ?2 WHERE shard = ?1

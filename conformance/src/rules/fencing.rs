@@ -11,6 +11,7 @@ pub fn cases() -> Vec<Case> {
         case!(fencing_epochs_strictly_increase),
         case!(fencing_stale_handle_fails_definitely),
         case!(fencing_close_of_fenced_handle_returns),
+        case!(fencing_reopen_never_claims_back),
         case!(indeterminate_error_poisons_until_reopen),
         case!(cancelled_append_never_reuses_seqs),
     ]
@@ -151,6 +152,75 @@ pub async fn fencing_close_of_fenced_handle_returns(ctx: Ctx) -> anyhow::Result<
     ensure!(visible.iter().filter(|i| i.starts_with("b-")).count() == 5);
     new.close().await?;
     successor.close().await?;
+    Ok(())
+}
+
+/// A reopen claims only while the shard's newest claim is the one the caller held: after a
+/// successor's claim it fails with a definite `Fenced` naming the held epoch and claims
+/// nothing (the successor keeps writing); while nobody came between, it claims a new epoch
+/// and continues the seqs.
+pub async fn fencing_reopen_never_claims_back(ctx: Ctx) -> anyhow::Result<()> {
+    let replica1 = ctx.store().await?;
+    let replica2 = ctx.store().await?;
+    let mut old = replica1.open_shard(&w("w1")).await?;
+    let a = old.append(recs("a", "s", 2)).await?;
+    let held = old.epoch();
+    let mut successor = replica2.open_shard(&w("w1")).await?;
+    let refused = bounded(
+        "reopen after a takeover",
+        ctx.backend.op_timeout,
+        replica1.reopen_shard(&w("w1"), held),
+    )
+    .await?;
+    match refused {
+        Err(Error::Fenced {
+            epoch,
+            current,
+            written,
+            ..
+        }) => {
+            ensure!(epoch == held, "the error names the held epoch {held}, not {epoch}");
+            ensure!(written == Written::Nothing, "a refused reopen claimed nothing");
+            if let Some(c) = current {
+                ensure!(c == successor.epoch(), "the error names the successor's epoch {c}");
+            }
+        }
+        Err(other) => bail!("a reopen after a takeover must fail with Fenced, got {other}"),
+        Ok(s) => bail!(
+            "a reopen after a takeover claimed epoch {} and fenced its successor",
+            s.epoch()
+        ),
+    }
+    let shards = replica2.shards().await?;
+    ensure!(
+        shards.len() == 1 && shards[0].epoch == successor.epoch(),
+        "the refused reopen took no epoch: {shards:?}"
+    );
+    let b = successor.append(recs("b", "s", 2)).await?;
+    ensure!(b.first_seq == a.last_seq + 1, "the successor writes on: {b:?}");
+
+    // Nobody came between: the holder of the newest claim reopens and continues.
+    let current = successor.epoch();
+    let _ = bounded("close", ctx.backend.op_timeout, old.close()).await?;
+    let mut reopened = replica2.reopen_shard(&w("w1"), current).await?;
+    ensure!(reopened.epoch() > current, "a reopen claims a new epoch");
+    let c = reopened.append(recs("c", "s", 1)).await?;
+    ensure!(
+        c.first_seq == b.last_seq + 1,
+        "the reopened handle continues the seqs: {c:?}"
+    );
+    let stale = bounded(
+        "fenced append",
+        ctx.backend.op_timeout,
+        successor.append(recs("d", "s", 1)),
+    )
+    .await?;
+    ensure!(
+        matches!(stale, Err(Error::Fenced { .. })),
+        "the reopen fenced the handle it replaced: {stale:?}"
+    );
+    let _ = bounded("close", ctx.backend.op_timeout, successor.close()).await?;
+    reopened.close().await?;
     Ok(())
 }
 

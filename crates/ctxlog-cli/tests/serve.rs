@@ -44,6 +44,21 @@ async fn replica(ctx: &Ctx, writer: &str) -> anyhow::Result<Server> {
     Server::start(&ctx.uri, writer, ctx.backend.op_timeout, &[]).await
 }
 
+/// A watch of `path` from `last` (an event id): its first event says where it starts, at
+/// once — that position itself when one was given.
+async fn watch(client: &Http, path: &str, last: Option<&str>, within: Duration) -> anyhow::Result<common::Events> {
+    let mut events = client.watch(path, last).await?;
+    let first = events.next(within).await?;
+    ensure!(
+        first.event == "position" && first.data["position"] == first.id.as_str() && !first.id.is_empty(),
+        "a watch starts with its position: {first:?}"
+    );
+    if let Some(last) = last {
+        ensure!(first.id == last, "a watch from {last} starts at {first:?}");
+    }
+    Ok(events)
+}
+
 /// What the clients were promised: id → (session, text).
 type Acked = Arc<std::sync::Mutex<BTreeMap<String, (String, String)>>>;
 
@@ -183,7 +198,7 @@ async fn serve_watch_on_another_replica_resumes_without_gap_or_duplicate(ctx: Ct
     let (ca, cb) = (a.client(), b.client());
     let within = ctx.backend.op_timeout * 2;
     let path = "/v1/bots/bot/sessions/w/watch";
-    let mut events = cb.watch(path, None).await?;
+    let mut events = watch(&cb, path, None, within).await?;
     let mut ids: Vec<String> = Vec::new();
     let batch = |from: usize| -> Vec<Value> { (from..from + 5).map(|i| rec(&format!("w-{i:02}"), "x")).collect() };
     for j in 0..5 {
@@ -204,7 +219,7 @@ async fn serve_watch_on_another_replica_resumes_without_gap_or_duplicate(ctx: Ct
         let answer = ca.append("bot", "w", &batch(j * 5)).await?;
         ensure!(answer.status == StatusCode::OK, "{}", answer.text);
     }
-    let mut events = cb.watch(path, Some(&last)).await?;
+    let mut events = watch(&cb, path, Some(&last), within).await?;
     for _ in 0..30 {
         let e = events.next(within).await?;
         ids.push(e.data["id"].as_str().context("id")?.to_string());
@@ -219,6 +234,35 @@ async fn serve_watch_on_another_replica_resumes_without_gap_or_duplicate(ctx: Ct
     ensure!(ca.delete("/v1/bots/bot/records/w-end").await?.status == StatusCode::OK);
     let e = events.next(within).await?;
     ensure!(e.event == "tombstone" && e.data["id"] == "w-end", "{e:?}");
+    // A position past what the store holds — a seq beyond the shard's end, or a shard named
+    // twice — would hide that shard's records: refused, naming the field that gave it.
+    let shard = ca.append("bot", "w", &[rec("w-last", "x")]).await?.json["shard"]
+        .as_str()
+        .context("shard")?
+        .to_string();
+    for (forged, why) in [
+        (format!("p1.{shard}=18446744073709551615"), "past what the store holds"),
+        (format!("p1.{shard}=1,{shard}=2"), "twice"),
+    ] {
+        let forged = base64_position(&forged);
+        let refused = cb.get(&format!("{path}?after={forged}")).await?;
+        ensure!(
+            refused.status == StatusCode::BAD_REQUEST && refused.json["field"] == "after" && refused.text.contains(why),
+            "a watch after {forged}: {} {}",
+            refused.status,
+            refused.text
+        );
+        let refused = cb
+            .watch(path, Some(&forged))
+            .await
+            .err()
+            .context("a forged Last-Event-ID is refused")?;
+        let refused = refused.to_string();
+        ensure!(
+            refused.contains("400") && refused.contains("Last-Event-ID") && refused.contains(why),
+            "a watch with Last-Event-ID {forged}: {refused}"
+        );
+    }
     Ok(())
 }
 
@@ -330,18 +374,33 @@ async fn serve_sigterm_ends_streams_keeps_acks_and_exits_zero(ctx: Ctx) -> anyho
     ctx.store().await?;
     let a = replica(&ctx, "replica-a").await?;
     let ca = a.client();
-    let mut events = ca.watch("/v1/bots/bot/sessions/t/watch", None).await?;
+    let mut events = watch(&ca, "/v1/bots/bot/sessions/t/watch", None, ctx.backend.op_timeout).await?;
     let records: Vec<Value> = (0..20).map(|i| rec(&format!("t-{i}"), "x")).collect();
     ensure!(ca.append("bot", "t", &records).await?.status == StatusCode::OK);
-    ensure!(events.next(ctx.backend.op_timeout).await?.data["id"] == "t-0");
+    let first = events.next(ctx.backend.op_timeout).await?;
+    ensure!(first.data["id"] == "t-0", "{first:?}");
     let status = a.terminate(ctx.backend.op_timeout + Duration::from_secs(10)).await?;
     ensure!(status.success(), "the server exited {status} on SIGTERM");
-    // The stream ended with the process (its remaining events, then the end).
+    // The stream ended with the process: its remaining events, then an `end` that says why
+    // and where to resume from.
+    let mut last = first;
     let mut rest = 0;
-    while events.next(Duration::from_secs(10)).await.is_ok() {
+    let end = loop {
+        let e = events
+            .next(Duration::from_secs(10))
+            .await
+            .context("the stream ended without an `end` event")?;
+        if e.event == "end" {
+            break e;
+        }
         rest += 1;
         ensure!(rest <= 19, "more events than records");
-    }
+        last = e;
+    };
+    ensure!(
+        end.data["reason"] == "shutdown" && end.data["resume"] == true && end.id == last.id,
+        "the stream ended with {end:?} after {last:?}"
+    );
     let b = replica(&ctx, "replica-b").await?;
     let served = b.client().session("bot", "t").await?;
     ensure!(served.len() == 20, "{} of 20 acknowledged records served", served.len());
@@ -369,7 +428,7 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
         read.text
     );
     let path = "/v1/bots/bot/sessions/c/watch";
-    let mut events = cb.watch(path, read.json["position"].as_str()).await?;
+    let mut events = watch(&cb, path, read.json["position"].as_str(), within).await?;
     // While the summariser works, more records arrive through A.
     let during: Vec<Value> = (0..4).map(|i| rec(&format!("during-{i}"), "x")).collect();
     ensure!(ca.append("bot", "c", &during).await?.status == StatusCode::OK);

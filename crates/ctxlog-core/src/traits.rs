@@ -51,6 +51,23 @@ pub trait Store: Send + Sync + 'static {
     /// A failed open says whether its claim may have landed (and fenced the previous holder).
     async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>>;
 
+    /// Claim `writer`'s shard again after this process's handle of epoch `held` failed
+    /// indeterminately or was poisoned: like [`Store::open_shard`], but only while the
+    /// shard's newest claim is still `held`.
+    ///
+    /// # Contract
+    ///
+    /// **A fenced replica never claims back (rules 3, 4).** When the shard's newest claim is
+    /// `held`, this claims a new epoch as `open_shard` does (and recovers seqs and clock).
+    /// When another handle claimed an epoch past `held` — a successor took the writer id —
+    /// it claims nothing and fails with [`Error::Fenced`](crate::Error::Fenced) naming
+    /// `held` and, when known, the newer epoch, definite (`written: nothing`). The check
+    /// and the claim are one step where the storage allows it (SQLite: one transaction);
+    /// where it does not (Lance claims "newest + 1" with a conditional put), a successor
+    /// that claims between the two is fenced by this reopen, and, being fenced, never
+    /// claims again itself: two processes with one writer id still converge to one writer.
+    async fn reopen_shard(&self, writer: &WriterId, held: Epoch) -> Result<Box<dyn Shard>>;
+
     /// Every shard of the store, sorted by shard id.
     async fn shards(&self) -> Result<Vec<ShardInfo>>;
 

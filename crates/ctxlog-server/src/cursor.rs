@@ -72,7 +72,11 @@ pub(crate) fn parse_position(field: &str, cursor: &str) -> Result<Checkpoint, Pr
     let mut map = BTreeMap::new();
     for part in body.split(',').filter(|p| !p.is_empty()) {
         let (s, seq) = part.split_once('=').ok_or_else(bad)?;
-        map.insert(shard(s).ok_or_else(bad)?, seq.parse().map_err(|_| bad())?);
+        let shard = shard(s).ok_or_else(bad)?;
+        // A shard named twice has no one position: refused, never one of them picked.
+        if map.insert(shard, seq.parse().map_err(|_| bad())?).is_some() {
+            return Err(Problem::invalid(field, None, format!("names shard {shard} twice")));
+        }
     }
     Ok(Checkpoint(map))
 }
@@ -111,7 +115,15 @@ mod tests {
             Checkpoint::default()
         );
         assert_eq!(parse_name("after", &name("s-1")).unwrap(), "s-1");
-        for bad in ["", "!!", &B64.encode("k1.x"), &B64.encode("p1.nope=1"), &page(&key)] {
+        let twice = B64.encode(format!("p1.{s}=1,{s}=2"));
+        for bad in [
+            "",
+            "!!",
+            &B64.encode("k1.x"),
+            &B64.encode("p1.nope=1"),
+            &page(&key),
+            &twice,
+        ] {
             assert!(parse_position("after", bad).is_err(), "{bad}");
         }
         assert!(parse_page("after", &position(&cp)).is_err());

@@ -420,13 +420,24 @@ pub struct PositionQuery {
     pub after: Option<String>,
 }
 
-fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<ctxlog::Checkpoint>, Problem> {
+/// Where a watch starts, and the field that said so.
+fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static str, ctxlog::Checkpoint)>, Problem> {
     // A reconnecting EventSource says where it was in `Last-Event-ID`.
-    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    match last.or(q.after.as_deref()) {
-        None => Ok(None),
-        Some(c) => cursor::parse_position("after", c).map(Some),
-    }
+    let last = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| Problem::invalid("Last-Event-ID", None, "not a position this server gave out"))?,
+        ),
+    };
+    let given = match (last, q.after.as_deref()) {
+        (Some(c), _) => Some(("Last-Event-ID", c)),
+        (None, Some(c)) => Some(("after", c)),
+        (None, None) => None,
+    };
+    given
+        .map(|(field, c)| cursor::parse_position(field, c).map(|cp| (field, cp)))
+        .transpose()
 }
 
 /// A session's new records as server-sent events (`record`, `tombstone`); each event's id
@@ -435,7 +446,7 @@ fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<ctxlog::C
     params(("bot" = String, Path), ("session" = String, Path), PositionQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
-               description = "Events `record` and `tombstone`, data an entry, id a position"),
+               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
               (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
               (status = 429, body = Problem)))]
 async fn watch_session(
@@ -456,7 +467,7 @@ async fn watch_session(
 #[utoipa::path(get, path = "/v1/watch",
     params(PositionQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
-               description = "Events `record` and `tombstone`, data an entry, id a position"),
+               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
               (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
               (status = 429, body = Problem)))]
 async fn watch_store(
@@ -644,13 +655,13 @@ async fn healthz() -> axum::Json<Value> {
     axum::Json(json!({"ok": true}))
 }
 
-/// The replica takes writes and serves reads: its shard is its own (not fenced), its
-/// writer runs, its view has been read.
+/// The replica takes writes and serves reads: its shard is its own (not fenced) and usable
+/// (not waiting to be reopened), its writer runs, its view has been read.
 #[utoipa::path(get, path = "/readyz", responses((status = 200, body = ReadyOut), (status = 503, body = ReadyOut)))]
 async fn readyz(State(r): Shared) -> Response {
     let writer = r.writer.writer().as_str().to_string();
-    let reason = if r.writer.fenced() {
-        Some("fenced: another process claimed this writer id; this replica takes no more writes".to_string())
+    let reason = if let Some(why) = r.writer.unready() {
+        Some(why)
     } else if *r.shutdown.borrow() {
         Some("shutting down".to_string())
     } else {

@@ -9,6 +9,12 @@
 //! ([`Change`]), each marked with whether it is an event a watcher shows: a put that is its
 //! id's live winner, or a tombstone. A retried or divergent put of an id already live is not
 //! one.
+//!
+//! A hand-out goes from what was last handed out, never from where the projector stood
+//! before the refresh: a refresh cut short by its deadline keeps the rows it applied, and a
+//! read may refresh the projector outside this task (a first scan after a failed refresh),
+//! so the projector can move without a hand-out. The next hand-out then covers those rows
+//! too: every entry is handed out once, in order, whatever refreshes failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,10 +42,12 @@ pub(crate) struct Event {
     pub(crate) shown: bool,
 }
 
-/// What one refresh added: the view's position after it, and its entries (per shard in seq
-/// order, shards in order) — or `None` when there were too many to hand out.
+/// What the view added since the last change: its entries past `from` up to `to` (per shard
+/// in seq order, shards in order) — or `None` when there were too many to hand out. Each
+/// change starts where the one before ended.
 #[derive(Debug)]
 pub(crate) struct Change {
+    pub(crate) from: Checkpoint,
     pub(crate) to: Checkpoint,
     pub(crate) events: Option<Vec<Event>>,
 }
@@ -137,36 +145,57 @@ impl View {
         self.changes.subscribe()
     }
 
+    /// Streams that hold a subscription to the changes (tests: a slow one lets go).
+    #[cfg(test)]
+    pub(crate) fn subscribed(&self) -> usize {
+        self.changes.receiver_count()
+    }
+
     /// Every entry past `from` up to `to` (per shard), read from the store, with whether
-    /// watchers show it; `keep` picks the ones of a watcher's scope.
-    pub(crate) async fn entries_between(
-        &self,
-        from: &Checkpoint,
-        to: &Checkpoint,
-        keep: impl Fn(&Entry) -> bool,
-    ) -> Result<Vec<Event>, Problem> {
+    /// watchers show it.
+    async fn entries_between(&self, from: &Checkpoint, to: &Checkpoint) -> Result<Vec<Event>, Problem> {
         let mut kept = Vec::new();
         for (&shard, &end) in &to.0 {
             let mut after = from.get(shard);
             while after < end {
-                let page = self
-                    .store
-                    .read_shard(shard, after, READ_CHUNK)
-                    .await
-                    .map_err(Problem::from)?;
-                let Some(last) = page.last().map(|e| e.seq) else { break };
-                kept.extend(page.into_iter().filter(|e| e.seq <= end && keep(e)));
+                let page = self.read_page(shard, after).await?;
+                let Some(last) = page.last().map(|e| e.entry.seq) else {
+                    break;
+                };
+                kept.extend(page.into_iter().filter(|e| e.entry.seq <= end));
                 after = last;
             }
         }
+        Ok(kept)
+    }
+
+    /// One page of `shard`'s entries past seq `after`, with whether watchers show each:
+    /// empty when the shard holds nothing past it. A page never ends inside the entries of
+    /// one seq (a fenced writer's that landed and its successor's): the next page starts
+    /// after the page's last seq, so it would skip the rest of them.
+    pub(crate) async fn read_page(&self, shard: ShardId, after: u64) -> Result<Vec<Event>, Problem> {
+        let mut page = self
+            .store
+            .read_shard(shard, after, READ_CHUNK)
+            .await
+            .map_err(Problem::from)?;
+        if page.len() == READ_CHUNK
+            && let (Some(first), Some(last)) = (page.first().map(|e| e.seq), page.last().map(|e| e.seq))
+            && first < last
+        {
+            page.retain(|e| e.seq < last);
+        }
         let p = self.projector.lock().await;
-        Ok(kept.into_iter().map(|e| shown(&**p, e)).collect())
+        Ok(page.into_iter().map(|e| shown(&**p, e)).collect())
     }
 
     /// The refreshing task: until `stop` turns true.
     pub(crate) async fn run(self: Arc<Self>, poll_min: Duration, poll_max: Duration, mut stop: watch::Receiver<bool>) {
         let mut interval = poll_min;
-        let mut scanned = false;
+        // Every entry up to here was handed out (or watchers were told to read it); `None`
+        // until the first successful scan, which is no change a watcher waits for: watchers
+        // start from a position they read after it.
+        let mut handed: Option<Checkpoint> = None;
         loop {
             tokio::select! {
                 _ = self.wake.notified() => {}
@@ -177,7 +206,6 @@ impl View {
             let covers = self.requested.load(Ordering::Acquire);
             let started = Instant::now();
             let mut p = self.projector.lock().await;
-            let before = p.checkpoint();
             let result = p.refresh().await;
             self.metrics.refreshes.inc();
             self.metrics.refresh_latency.observe(started.elapsed().as_secs_f64());
@@ -186,14 +214,24 @@ impl View {
                     self.metrics.refreshed();
                     let after = p.checkpoint();
                     drop(p);
-                    let moved = after != before;
+                    let moved = match handed.take() {
+                        // The projector holds something not handed out yet.
+                        Some(from) if after.first_beyond(&from).is_some() => {
+                            let to = max(&from, &after);
+                            self.hand_out(from, to.clone()).await;
+                            handed = Some(to);
+                            true
+                        }
+                        Some(from) => {
+                            handed = Some(max(&from, &after));
+                            false
+                        }
+                        None => {
+                            handed = Some(after);
+                            false
+                        }
+                    };
                     interval = if moved { poll_min } else { (interval * 2).min(poll_max) };
-                    // The first scan is no change a watcher waits for: watchers start from
-                    // a position they read after it.
-                    if moved && scanned {
-                        self.hand_out(before, after).await;
-                    }
-                    scanned = true;
                     self.done.send_replace(Done { covers, failed: None });
                 }
                 Err(e) => {
@@ -210,12 +248,12 @@ impl View {
     }
 
     /// Read the entries between two positions once and hand them to every watcher.
-    async fn hand_out(&self, before: Checkpoint, after: Checkpoint) {
-        let count: u64 = after.0.iter().map(|(s, seq)| seq.saturating_sub(before.get(*s))).sum();
+    async fn hand_out(&self, from: Checkpoint, to: Checkpoint) {
+        let count: u64 = to.0.iter().map(|(s, seq)| seq.saturating_sub(from.get(*s))).sum();
         let events = if usize::try_from(count).unwrap_or(usize::MAX) > MAX_CHANGE_ENTRIES {
             None
         } else {
-            match self.entries_between(&before, &after, |_| true).await {
+            match self.entries_between(&from, &to).await {
                 Ok(events) => Some(events),
                 Err(e) => {
                     tracing::warn!(detail = %e.detail, "reading new entries for watchers failed; they read them themselves");
@@ -224,7 +262,7 @@ impl View {
             }
         };
         // No receiver is no error: nobody watches.
-        let _ = self.changes.send(Arc::new(Change { to: after, events }));
+        let _ = self.changes.send(Arc::new(Change { from, to, events }));
     }
 }
 

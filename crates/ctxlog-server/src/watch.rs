@@ -2,13 +2,25 @@
 //!
 //! Each event's id is a position (per shard, the last seq the stream has gone through).
 //! Every shard is read as a prefix, so "every entry of the scope past this position" is
-//! exactly what the client has not been shown: a stream that starts from a position (the
-//! `Last-Event-ID` of a reconnecting client, or a page's `position`) first reads those from
-//! the store, then follows the view's changes, skipping what it has already gone past. A
-//! stream that falls behind the changes kept reads the gap from the store the same way.
+//! exactly what the client has not been shown. The first event is `position`: where the
+//! stream starts (the `Last-Event-ID` of a reconnecting client, a page's `position`, or the
+//! view's position now), so that a client whose connection drops before any record arrives
+//! resumes from there. A position past what the store holds (a fresh view's) is refused:
+//! it would hide every record of its shard up to it.
 //!
-//! Events: `record` (a put that is its id's live record) and `tombstone`, each with the
-//! entry as JSON; comments keep an idle connection open.
+//! A stream reads what it has not been shown from the store first, then follows the view's
+//! changes, skipping what it has already gone past. A change that starts past the stream's
+//! position (it never does, but a stream does not rely on that), one too large to hand out,
+//! a stream that fell behind the changes kept, and a client that has not taken
+//! [`QUEUED_BYTES`] of events yet all send the stream back to the store: it lets go of the
+//! view's changes (so a client that never reads pins none of them) and reads the gap in
+//! pages, each sent as the client takes the one before.
+//!
+//! Events: `position`, `record` (a put that is its id's live record) and `tombstone`, each
+//! with the entry as JSON, and `end` when the stream must stop (shutdown, a store read that
+//! failed): its id is the position the stream went through, its data `{"reason": …,
+//! "resume": true}`: reconnect with that id as `Last-Event-ID`. Comments keep an idle
+//! connection open.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,15 +29,18 @@ use std::time::Duration;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use ctxlog::{Checkpoint, Entry, Kind};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use ctxlog::{Checkpoint, Entry, Kind, ShardId};
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::Replica;
 use crate::api::EntryOut;
 use crate::cursor;
+use crate::metrics::Metrics;
 use crate::problem::{Problem, types};
-use crate::view::{Change, Event, max};
+use crate::view::{Change, Event, View};
 
 /// What a stream shows.
 #[derive(Clone, Debug)]
@@ -72,121 +87,539 @@ impl Watchers {
     }
 }
 
-/// Events queued for a slow client before the stream waits for it.
-const QUEUE: usize = 256;
+/// Bytes of events queued for one client (sent, not yet taken by its connection) beyond
+/// which a stream stops following the view's changes and reads from the store as the client
+/// takes what it was sent: what a client that never reads costs the replica. One event
+/// larger than this is still sent, alone.
+pub(crate) const QUEUED_BYTES: usize = 4 << 20;
 
-/// Start a stream of `scope` from `from` (a position), or from the view's position now.
+/// One event of a stream, before it is written out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Out {
+    /// The first: the position the stream starts from.
+    Position { id: String },
+    /// A `record` or `tombstone` (`kind`): the entry as JSON, and the position through it.
+    Entry {
+        kind: &'static str,
+        id: String,
+        data: String,
+    },
+    /// The last, when the stream must stop: the position it went through, and why.
+    End { id: String, reason: &'static str },
+}
+
+impl Out {
+    fn bytes(&self) -> usize {
+        let body = match self {
+            Out::Entry { id, data, .. } => id.len() + data.len(),
+            Out::Position { id } | Out::End { id, .. } => 2 * id.len(),
+        };
+        body + 32
+    }
+
+    fn into_sse(self) -> SseEvent {
+        match self {
+            Out::Position { id } => SseEvent::default()
+                .event("position")
+                .data(json!({ "position": id }).to_string())
+                .id(id),
+            Out::Entry { kind, id, data } => SseEvent::default().event(kind).id(id).data(data),
+            Out::End { id, reason } => SseEvent::default()
+                .event("end")
+                .id(id)
+                .data(json!({ "reason": reason, "resume": true }).to_string()),
+        }
+    }
+}
+
+/// Why a stream stops.
+enum Stop {
+    /// The client is gone: nobody to tell.
+    Gone,
+    /// The stream ends with an `end` event of this reason.
+    End(&'static str),
+}
+
+/// The sending side of one stream: events and their sizes, and the bytes not yet taken.
+struct Outbox {
+    tx: mpsc::UnboundedSender<(Out, usize)>,
+    queued: Arc<watch::Sender<usize>>,
+}
+
+impl Outbox {
+    fn room_for(queued: usize, n: usize) -> bool {
+        queued == 0 || queued + n <= QUEUED_BYTES
+    }
+
+    fn has_room(&self, n: usize) -> bool {
+        Self::room_for(*self.queued.borrow(), n)
+    }
+
+    fn push(&self, out: Out) -> Result<(), Stop> {
+        let n = out.bytes();
+        self.queued.send_modify(|q| *q += n);
+        self.tx.send((out, n)).map_err(|_| Stop::Gone)
+    }
+
+    /// Push `out` once the client has taken enough of what it was sent.
+    async fn push_when_room(&self, out: Out, shutdown: &mut watch::Receiver<bool>) -> Result<(), Stop> {
+        let n = out.bytes();
+        let mut queued = self.queued.subscribe();
+        let room = async { queued.wait_for(|q| Self::room_for(*q, n)).await.is_ok() };
+        tokio::select! {
+            ok = room => if !ok { return Err(Stop::Gone) },
+            _ = self.tx.closed() => return Err(Stop::Gone),
+            _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
+        }
+        self.push(out)
+    }
+}
+
+/// Start a stream of `scope` from `from` (a position, and the field that gave it), or from
+/// the view's position now.
 pub(crate) async fn stream(
     replica: Arc<Replica>,
     scope: Scope,
-    from: Option<Checkpoint>,
+    from: Option<(&'static str, Checkpoint)>,
     permit: OwnedSemaphorePermit,
 ) -> Result<Response, Problem> {
-    // Subscribed before the start is read: nothing between the two is missed.
-    let changes = replica.view.subscribe();
-    let start = {
-        let p = replica.view.fresh().await?;
-        p.checkpoint()
+    // A fresh view holds every position any replica gave out (rule 1).
+    let start = replica.view.fresh().await?.checkpoint();
+    let from = match from {
+        Some((field, from)) => {
+            if let Some((shard, seq)) = from.first_beyond(&start) {
+                return Err(Problem::invalid(
+                    field,
+                    None,
+                    format!(
+                        "names seq {seq} of shard {shard}, past what the store holds ({}): not a position of this store",
+                        start.get(shard)
+                    ),
+                ));
+            }
+            from
+        }
+        None => start.clone(),
     };
-    let from = from.unwrap_or_else(|| start.clone());
-    let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(follow(replica, scope, from, start, changes, tx, permit));
-    Ok(Sse::new(ReceiverStream::new(rx))
+    let (events, _) = open(
+        replica.view.clone(),
+        replica.metrics.clone(),
+        replica.shutdown.clone(),
+        scope,
+        from,
+        start,
+        permit,
+    );
+    Ok(Sse::new(events.map(|out| Ok::<_, Infallible>(out.into_sse())))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
 }
 
-type Tx = mpsc::Sender<Result<SseEvent, Infallible>>;
-
-/// Send the events of `events` that the stream has not gone past; move `at` along. False
-/// when the client is gone.
-async fn send_all(tx: &Tx, scope: &Scope, at: &mut Checkpoint, events: &[Event]) -> bool {
-    // Entries of one seq (a fenced writer's that landed and its successor's) come together
-    // and are gone through together.
-    let mut group = None;
-    for ev in events {
-        let e = &ev.entry;
-        let past = at.get(e.shard);
-        if e.seq < past || (e.seq == past && group != Some((e.shard, e.seq))) {
-            continue;
-        }
-        group = Some((e.shard, e.seq));
-        at.0.insert(e.shard, e.seq);
-        if !ev.shown || !scope.keeps(e) {
-            continue;
-        }
-        let kind = match e.record.kind {
-            Kind::Put | Kind::Summary => "record",
-            Kind::Tombstone => "tombstone",
-        };
-        let data = serde_json::to_string(&EntryOut::from(e)).unwrap_or_default();
-        let event = SseEvent::default().event(kind).id(cursor::position(at)).data(data);
-        if tx.send(Ok(event)).await.is_err() {
-            return false;
-        }
-    }
-    true
-}
-
-/// Read from the store what lies between `at` and `to` for `scope`, send it, and move `at`
-/// to `to`. False when the client is gone or the read failed (the stream ends; the client
-/// reconnects from its last event id).
-async fn catch_up(replica: &Replica, tx: &Tx, scope: &Scope, at: &mut Checkpoint, to: &Checkpoint) -> bool {
-    let wanted = scope.clone();
-    match replica.view.entries_between(at, to, move |e| wanted.keeps(e)).await {
-        Ok(events) => {
-            if !send_all(tx, scope, at, &events).await {
-                return false;
-            }
-            *at = max(at, to);
-            true
-        }
-        Err(p) => {
-            tracing::warn!(detail = %p.detail, "a watch stream could not read what it missed; it ends");
-            false
-        }
-    }
-}
-
-async fn follow(
-    replica: Arc<Replica>,
+/// The events of a stream from `from` (the view being at `start` or later): its `position`
+/// at once, then what follows, from a task of its own; and the bytes of them not yet taken.
+fn open(
+    view: Arc<View>,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
     scope: Scope,
     from: Checkpoint,
     start: Checkpoint,
-    mut changes: broadcast::Receiver<Arc<Change>>,
-    tx: Tx,
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+) -> (impl Stream<Item = Out> + Send + 'static, watch::Receiver<usize>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(watch::Sender::new(0usize));
+    let out = Outbox {
+        tx,
+        queued: queued.clone(),
+    };
+    let _ = out.push(Out::Position {
+        id: cursor::position(&from),
+    });
+    tokio::spawn(async move {
+        metrics.watchers.inc();
+        follow(&view, shutdown, &scope, from, start, &out).await;
+        metrics.watchers.dec();
+        drop(permit);
+    });
+    let waiting = queued.subscribe();
+    let events = UnboundedReceiverStream::new(rx).map(move |(out, n)| {
+        queued.send_modify(|q| *q = q.saturating_sub(n));
+        out
+    });
+    (events, waiting)
+}
+
+async fn follow(
+    view: &View,
+    mut shutdown: watch::Receiver<bool>,
+    scope: &Scope,
+    from: Checkpoint,
+    start: Checkpoint,
+    out: &Outbox,
 ) {
-    replica.metrics.watchers.inc();
-    let mut shutdown = replica.shutdown.clone();
     let mut at = from;
-    if catch_up(&replica, &tx, &scope, &mut at, &start).await {
-        loop {
-            let change = tokio::select! {
-                c = changes.recv() => c,
-                _ = tx.closed() => break,
-                _ = crate::stopped(&mut shutdown) => break,
+    let mut target = Some(start);
+    let stop = loop {
+        // Behind the view: read from the store, holding none of the view's changes.
+        let to = match target.take() {
+            Some(t) => t,
+            None => view.current().await.checkpoint(),
+        };
+        if let Err(s) = catch_up(view, out, scope, &mut at, &to, &mut shutdown).await {
+            break s;
+        }
+        let mut changes = view.subscribe();
+        // What the view took between the read above and the subscription.
+        let now = view.current().await.checkpoint();
+        if let Err(s) = catch_up(view, out, scope, &mut at, &now, &mut shutdown).await {
+            break s;
+        }
+        match follow_changes(out, scope, &mut at, &mut changes, &mut shutdown).await {
+            // Behind again: back to the store.
+            Ok(()) => continue,
+            Err(s) => break s,
+        }
+    };
+    if let Stop::End(reason) = stop {
+        if reason != "shutdown" {
+            tracing::warn!(reason, "a watch stream ends; its client resumes from its last event id");
+        }
+        let _ = out.push(Out::End {
+            id: cursor::position(&at),
+            reason,
+        });
+    }
+}
+
+/// Where a stream is: the position it went through, and the seq it is in (entries of one
+/// seq — a fenced writer's that landed and its successor's — come together and are gone
+/// through together).
+struct Through<'a> {
+    at: &'a mut Checkpoint,
+    group: Option<(ShardId, u64)>,
+}
+
+impl Through<'_> {
+    /// The position through `e`, when the stream has not gone past it.
+    fn next(&self, e: &Entry) -> Option<Checkpoint> {
+        let past = self.at.get(e.shard);
+        if e.seq < past || (e.seq == past && self.group != Some((e.shard, e.seq))) {
+            return None;
+        }
+        let mut next = self.at.clone();
+        next.0.insert(e.shard, e.seq);
+        Some(next)
+    }
+
+    fn in_group(&self, e: &Entry) -> bool {
+        self.group == Some((e.shard, e.seq))
+    }
+
+    fn went_through(&mut self, e: &Entry, next: Checkpoint) {
+        self.group = Some((e.shard, e.seq));
+        *self.at = next;
+    }
+}
+
+/// The event a stream of `scope` sends for `ev`, at position `through`; `None` when it
+/// shows none.
+fn event(scope: &Scope, ev: &Event, through: &Checkpoint) -> Option<Out> {
+    let e = &ev.entry;
+    if !ev.shown || !scope.keeps(e) {
+        return None;
+    }
+    let kind = match e.record.kind {
+        Kind::Put | Kind::Summary => "record",
+        Kind::Tombstone => "tombstone",
+    };
+    Some(Out::Entry {
+        kind,
+        id: cursor::position(through),
+        data: serde_json::to_string(&EntryOut::from(e)).unwrap_or_default(),
+    })
+}
+
+/// Read from the store what lies between `at` and `to`, page by page, and send what
+/// `scope` shows as the client takes it; `at` reaches `to` only by going through every
+/// entry up to it.
+async fn catch_up(
+    view: &View,
+    out: &Outbox,
+    scope: &Scope,
+    at: &mut Checkpoint,
+    to: &Checkpoint,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), Stop> {
+    for (&shard, &end) in &to.0 {
+        while at.get(shard) < end {
+            let read = tokio::select! {
+                r = view.read_page(shard, at.get(shard)) => r,
+                _ = out.tx.closed() => return Err(Stop::Gone),
+                _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
             };
-            let ok = match change {
-                Ok(change) => match &change.events {
-                    Some(events) => {
-                        let sent = send_all(&tx, &scope, &mut at, events).await;
-                        at = max(&at, &change.to);
-                        sent
-                    }
-                    None => catch_up(&replica, &tx, &scope, &mut at, &change.to).await,
-                },
-                // Fell behind the changes kept: read the gap up to the view's position now.
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let now = replica.view.current().await.checkpoint();
-                    catch_up(&replica, &tx, &scope, &mut at, &now).await
+            let page = match read {
+                Ok(page) => page,
+                Err(p) => {
+                    tracing::warn!(detail = %p.detail, "a watch stream could not read what it has not been shown");
+                    return Err(Stop::End("unavailable"));
                 }
-                Err(broadcast::error::RecvError::Closed) => false,
             };
-            if !ok {
-                break;
+            let mut through = Through {
+                at: &mut *at,
+                group: None,
+            };
+            let mut went = false;
+            for ev in page.iter().filter(|ev| ev.entry.seq <= end) {
+                let Some(next) = through.next(&ev.entry) else { continue };
+                if let Some(o) = event(scope, ev, &next) {
+                    out.push_when_room(o, shutdown).await?;
+                }
+                through.went_through(&ev.entry, next);
+                went = true;
+            }
+            if !went {
+                // Nothing is stored past here up to `end` (purged): nothing to show.
+                at.advance(shard, end);
             }
         }
     }
-    replica.metrics.watchers.dec();
+    Ok(())
+}
+
+/// Follow the view's changes while the client keeps up. `Ok` when the stream must read
+/// from the store again (it fell behind the changes or the client's queue is full, or a
+/// change does not start where the stream is); `Err` when it stops.
+async fn follow_changes(
+    out: &Outbox,
+    scope: &Scope,
+    at: &mut Checkpoint,
+    changes: &mut broadcast::Receiver<Arc<Change>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), Stop> {
+    loop {
+        let change = tokio::select! {
+            c = changes.recv() => c,
+            _ = out.tx.closed() => return Err(Stop::Gone),
+            _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
+        };
+        let change = match change {
+            Ok(change) => change,
+            Err(broadcast::error::RecvError::Lagged(_)) => return Ok(()),
+            Err(broadcast::error::RecvError::Closed) => return Err(Stop::End("stopped")),
+        };
+        // A change past the stream's position would skip what lies between.
+        if change.from.first_beyond(at).is_some() {
+            return Ok(());
+        }
+        let Some(events) = &change.events else { return Ok(()) };
+        let mut through = Through {
+            at: &mut *at,
+            group: None,
+        };
+        for ev in events {
+            let Some(next) = through.next(&ev.entry) else { continue };
+            if let Some(o) = event(scope, ev, &next) {
+                // The rest of one seq goes with it, whatever the queue holds.
+                if !through.in_group(&ev.entry) && !out.has_room(o.bytes()) {
+                    return Ok(());
+                }
+                out.push(o)?;
+            }
+            through.went_through(&ev.entry, next);
+        }
+        // The change holds every entry up to its end, and the stream went through them.
+        for (&shard, &seq) in &change.to.0 {
+            at.advance(shard, seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ctxlog::testing::ReferenceStore;
+    use ctxlog::{Record, Shard, Store, StoreOptions, WriterId};
+    use futures::stream::BoxStream;
+
+    const WITHIN: Duration = Duration::from_secs(30);
+
+    /// A view of a reference store that refreshes only when asked (no schedule decides what
+    /// a test sees), a shard to append to, and the replica's shutdown switch.
+    struct Rig {
+        view: Arc<View>,
+        shard: Box<dyn Shard>,
+        stop: watch::Sender<bool>,
+    }
+
+    async fn rig(name: &str) -> Rig {
+        let options = StoreOptions::default().with_timeout(Duration::from_secs(10));
+        let store: Arc<dyn Store> = Arc::new(ReferenceStore::open(name, options).unwrap());
+        let view = View::new(store.clone(), Arc::new(Metrics::new()));
+        let (stop, stopped) = watch::channel(false);
+        let hour = Duration::from_secs(3600);
+        tokio::spawn(view.clone().run(hour, hour, stopped));
+        drop(view.fresh().await.unwrap());
+        let shard = store.open_shard(&WriterId::new("w").unwrap()).await.unwrap();
+        Rig { view, shard, stop }
+    }
+
+    fn recs(prefix: &str, n: usize, text: &str) -> Vec<Record> {
+        (0..n)
+            .map(|i| Record::text(format!("{prefix}-{i}"), "bot", "s", "user", text))
+            .collect()
+    }
+
+    impl Rig {
+        /// Refresh the view (a hand-out to watchers follows when it moved).
+        async fn refreshed(&self) {
+            drop(self.view.fresh().await.unwrap());
+        }
+
+        /// A stream of session `s` from the view's position now.
+        async fn watch(&self) -> (BoxStream<'static, Out>, watch::Receiver<usize>) {
+            let start = self.view.fresh().await.unwrap().checkpoint();
+            let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+            let scope = Scope::Session {
+                bot: "bot".into(),
+                session: "s".into(),
+            };
+            let (events, queued) = open(
+                self.view.clone(),
+                Arc::new(Metrics::new()),
+                self.stop.subscribe(),
+                scope,
+                start.clone(),
+                start,
+                permit,
+            );
+            let mut events = events.boxed();
+            assert!(matches!(next(&mut events).await, Out::Position { .. }));
+            (events, queued)
+        }
+    }
+
+    async fn next(events: &mut BoxStream<'static, Out>) -> Out {
+        tokio::time::timeout(WITHIN, events.next())
+            .await
+            .expect("an event within the deadline")
+            .expect("the stream goes on")
+    }
+
+    /// The ids of the next `n` record events, and the position of the last.
+    async fn ids(events: &mut BoxStream<'static, Out>, n: usize) -> (Vec<String>, String) {
+        let (mut ids, mut position) = (Vec::new(), String::new());
+        for _ in 0..n {
+            match next(events).await {
+                Out::Entry {
+                    kind: "record",
+                    id,
+                    data,
+                } => {
+                    let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+                    ids.push(v["id"].as_str().unwrap().to_string());
+                    position = id;
+                }
+                other => panic!("expected a record after {ids:?}, got {other:?}"),
+            }
+        }
+        (ids, position)
+    }
+
+    fn names(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}-{i}")).collect()
+    }
+
+    /// Issue 32 §2: the projector moves without a hand-out — a refresh outside the refresh
+    /// task (a read's first scan after a failed refresh), or one cut short by its deadline
+    /// that kept the rows it applied (the task hands out nothing after a failure) — and the
+    /// next hand-out must still bring those entries: a watcher sees every record once, in
+    /// order, with nothing skipped.
+    #[tokio::test]
+    async fn a_watch_gets_every_record_once_whatever_moved_the_view() {
+        let mut rig = rig("watch-no-skip").await;
+        let (mut events, _) = rig.watch().await;
+        let mut changes = rig.view.subscribe();
+        rig.shard.append(recs("a", 3, "x")).await.unwrap();
+        // The projector takes `a` outside the refresh task.
+        rig.view.current().await.refresh().await.unwrap();
+        rig.shard.append(recs("b", 2, "x")).await.unwrap();
+        rig.refreshed().await;
+        // The hand-out itself holds `a` (a stream also reads from the store a change that
+        // does not start where it is, but it must not have to).
+        let change = tokio::time::timeout(WITHIN, changes.recv()).await.unwrap().unwrap();
+        let handed: Vec<String> = change
+            .events
+            .as_ref()
+            .expect("a small change is handed out")
+            .iter()
+            .map(|e| e.entry.record.id.clone())
+            .collect();
+        assert_eq!(
+            handed,
+            [names("a", 3), names("b", 2)].concat(),
+            "the hand-out skipped a gap"
+        );
+        let (seen, _) = ids(&mut events, 5).await;
+        assert_eq!(
+            seen,
+            [names("a", 3), names("b", 2)].concat(),
+            "the watcher skipped a gap"
+        );
+        rig.shard.append(recs("c", 1, "x")).await.unwrap();
+        rig.refreshed().await;
+        assert_eq!(ids(&mut events, 1).await.0, names("c", 1), "and nothing twice");
+    }
+
+    /// Issue 32 §5: a client that does not read holds at most its bound of queued events,
+    /// never the view's changes; once it reads, every record arrives once, in order, and it
+    /// follows live again. Shutdown ends the stream at once with a resumable `end` through
+    /// the last record it was sent.
+    #[tokio::test]
+    async fn a_watcher_that_does_not_read_holds_its_bound_and_misses_nothing() {
+        let mut rig = rig("watch-bounded").await;
+        let (mut events, mut queued) = rig.watch().await;
+        let big = "x".repeat(256 << 10);
+        // Each batch its own change; together far more than the bound.
+        for i in 0..40 {
+            rig.shard.append(recs(&format!("big{i:02}"), 1, &big)).await.unwrap();
+            rig.refreshed().await;
+        }
+        let full = QUEUED_BYTES - (300 << 10);
+        let filled = tokio::time::timeout(WITHIN, queued.wait_for(|q| *q >= full))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        assert!(filled, "the stream never queued up to its bound");
+        let held = *queued.borrow();
+        assert!(
+            held <= QUEUED_BYTES,
+            "{held} bytes queued for a client that does not read"
+        );
+        // It let go of the view's changes: it reads the rest from the store as the client
+        // takes what it was sent.
+        // (Falling back happens in the poll that met the full queue; give the stream's task
+        // its turns, no time.)
+        for _ in 0..16 {
+            if rig.view.subscribed() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(rig.view.subscribed(), 0, "a slow stream still holds the view's changes");
+        let want: Vec<String> = (0..40).map(|i| format!("big{i:02}-0")).collect();
+        assert_eq!(ids(&mut events, 40).await.0, want);
+        // Caught up, it follows the view's changes again.
+        rig.shard.append(recs("live", 2, "x")).await.unwrap();
+        rig.refreshed().await;
+        let (live, through) = ids(&mut events, 2).await;
+        assert_eq!(live, names("live", 2));
+        rig.stop.send_replace(true);
+        match next(&mut events).await {
+            Out::End { id, reason } => {
+                assert_eq!(reason, "shutdown");
+                assert_eq!(id, through, "the end names the position through the last record sent");
+            }
+            other => panic!("expected the end, got {other:?}"),
+        }
+        assert!(tokio::time::timeout(WITHIN, events.next()).await.unwrap().is_none());
+    }
 }

@@ -113,22 +113,8 @@ impl ReferenceStore {
         failpoint::arm(AFTER_WRITE, self.shared.name.clone(), failpoint::Action::Pause)
     }
 
-    fn timeout(&self) -> Duration {
-        self.options.timeout
-    }
-}
-
-#[async_trait]
-impl Store for ReferenceStore {
-    fn backend(&self) -> &'static str {
-        "reference"
-    }
-
-    fn options(&self) -> &StoreOptions {
-        &self.options
-    }
-
-    async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>> {
+    /// Take the shard's next epoch; with `held`, only while the newest claim is `held`.
+    fn claim(&self, writer: &WriterId, held: Option<Epoch>) -> Result<Box<dyn Shard>> {
         let shard = writer.shard_id();
         let (epoch, last_seq, max_hlc) = {
             let mut data = self.shared.data.lock().expect("not poisoned");
@@ -137,6 +123,17 @@ impl Store for ReferenceStore {
                 epoch: 0,
                 entries: Vec::new(),
             });
+            if let Some(held) = held
+                && s.epoch != held
+            {
+                return Err(Error::Fenced {
+                    shard,
+                    writer: writer.to_string(),
+                    epoch: held,
+                    current: Some(s.epoch),
+                    written: Written::Nothing,
+                });
+            }
             s.epoch += 1;
             s.writer = writer.clone();
             let last_seq = s.entries.iter().map(|e| e.seq).max().unwrap_or(0);
@@ -155,6 +152,29 @@ impl Store for ReferenceStore {
             ),
             store: self.clone(),
         }))
+    }
+
+    fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+}
+
+#[async_trait]
+impl Store for ReferenceStore {
+    fn backend(&self) -> &'static str {
+        "reference"
+    }
+
+    fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn Shard>> {
+        self.claim(writer, None)
+    }
+
+    async fn reopen_shard(&self, writer: &WriterId, held: Epoch) -> Result<Box<dyn Shard>> {
+        self.claim(writer, Some(held))
     }
 
     async fn shards(&self) -> Result<Vec<ShardInfo>> {
