@@ -248,6 +248,7 @@ mod tests {
         let acks = vec![ack(&["a"], "cold-1", 1, 1)];
         let mut found = faithful(&acks);
         found.conflicts = vec![Conflict::WriteAfterDelete {
+            bot_id: "bot".into(),
             id: "a".into(),
             tombstone: key(5, 1),
             entry: key(1, 1),

@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use ctxlog_core::backend::history::HistoryConflicts;
 use ctxlog_core::backend::projector::IndexedProjector;
 use ctxlog_core::{
-    CompactOptions, CompactReport, ConflictDiscovery, Entry, Epoch, Error, GcOptions, GcReport, Projector, PurgeOptions,
-    PurgeReport, Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
+    CompactOptions, CompactReport, ConflictDiscovery, Entry, Epoch, Error, GcOptions, GcReport, Projector,
+    PurgeOptions, PurgeReport, Result, Shard, ShardId, ShardInfo, Store, StoreOptions, WriterId, Written,
 };
 
 use crate::conn::{Access, BACKEND, Conn, sql_error};

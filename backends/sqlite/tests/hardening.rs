@@ -547,6 +547,19 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
     let view = p.context("bot", "s").await.unwrap();
     assert_eq!(view.entries.len(), 1, "the summary stands for both records");
     assert_eq!(view.covered, 2);
+    // Another release moves the store on while this writer runs: its next append is
+    // refused, writing nothing (the format is checked in every append's transaction).
+    let set = |f: &str| {
+        let c = Connection::open(&path).unwrap();
+        c.execute("UPDATE ctxlog_meta SET value = ?1 WHERE key = 'format'", [f])
+            .unwrap();
+    };
+    set("4");
+    match shard.append(recs("late", 1)).await {
+        Err(e @ Error::NotAStore { .. }) => assert_eq!(e.written(), ctxlog_core::Written::Nothing),
+        other => panic!("a writer wrote into a store of format 4: {other:?}"),
+    }
+    set("2");
     shard.close().await.unwrap();
     drop((p, store));
 
@@ -554,7 +567,7 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
     outside::copy_file(&path, &newer).unwrap();
     {
         let c = Connection::open(&newer).unwrap();
-        c.execute("UPDATE ctxlog_meta SET value = '3' WHERE key = 'format'", [])
+        c.execute("UPDATE ctxlog_meta SET value = '4' WHERE key = 'format'", [])
             .unwrap();
     }
     // The database file itself: SQLite's read-only check of a WAL-mode file may leave its
@@ -563,9 +576,9 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
     let refused = SqliteStore::open(newer.to_str().unwrap(), options(Duration::from_secs(10))).await;
     match refused {
         Err(Error::NotAStore { reason, .. }) => {
-            assert!(reason.contains("format 3") && reason.contains("1 and 2"), "{reason}")
+            assert!(reason.contains("format 4") && reason.contains("1, 2, 3"), "{reason}")
         }
-        other => panic!("a format-3 store was not refused: {:?}", other.map(|_| ())),
+        other => panic!("a format-4 store was not refused: {:?}", other.map(|_| ())),
     }
     assert!(
         outside::read_file(&newer).unwrap() == before,

@@ -65,7 +65,7 @@ async fn append_then_read_with_the_documented_fields_and_exit_codes() {
     assert_eq!(acks[1]["last_seq"], 3);
     assert_eq!(acks[1]["ids"], serde_json::json!(["m3"]));
 
-    let out = ctxlog(&store, &["get", "m1"], "").await;
+    let out = ctxlog(&store, &["get", "--bot", "b", "m1"], "").await;
     assert!(out.status.success());
     let rec = &lines(&out)[0];
     assert_eq!(rec["text"], "hello");
@@ -85,7 +85,10 @@ async fn append_then_read_with_the_documented_fields_and_exit_codes() {
     ] {
         assert!(rec.get(k).is_some(), "field {k} missing from {rec}");
     }
-    assert_eq!(ctxlog(&store, &["get", "nope"], "").await.status.code(), Some(1));
+    assert_eq!(
+        ctxlog(&store, &["get", "--bot", "b", "nope"], "").await.status.code(),
+        Some(1)
+    );
 
     let out = ctxlog(&store, &["session", "--bot", "b", "--session", "s"], "").await;
     let view = lines(&out);
@@ -119,7 +122,21 @@ async fn append_then_read_with_the_documented_fields_and_exit_codes() {
     let conflicts = lines(&out);
     assert_eq!(conflicts.len(), 1);
     assert_eq!(conflicts[0]["kind"], "divergent_put");
-    assert_eq!(ctxlog(&store, &["get", "m3"], "").await.status.code(), Some(1));
+    assert_eq!(conflicts[0]["bot_id"], "b", "a conflict names its bot");
+    assert_eq!(
+        ctxlog(&store, &["get", "--bot", "b", "m3"], "").await.status.code(),
+        Some(1)
+    );
+    // Ids are scoped by bot: the same id under another bot is another record.
+    assert_eq!(
+        ctxlog(&store, &["get", "--bot", "other", "m1"], "").await.status.code(),
+        Some(1)
+    );
+    assert_eq!(
+        ctxlog(&store, &["get", "m1"], "").await.status.code(),
+        Some(2),
+        "--bot is required"
+    );
     let out = ctxlog(&store, &["stats"], "").await;
     let stats = &lines(&out)[0];
     assert_eq!(stats["live"], 2);

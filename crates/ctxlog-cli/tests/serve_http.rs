@@ -36,8 +36,9 @@ fn token_for(f: &Fixture, name: &str) -> String {
         .unwrap_or_default()
 }
 
-/// A SQLite store served with three tokens: `admin` (every bot, every right), `writer-a`
-/// (bot `a`: read and write) and `reader-a` (bot `a`: read).
+/// A SQLite store served with four tokens: `admin` (every bot, every right), `writer-a`
+/// (bot `a`: read and write), `reader-a` (bot `a`: read) and `writer-b` (bot `b`: read and
+/// write).
 async fn fixture(extra: &[&str]) -> anyhow::Result<Fixture> {
     let dir = tempfile::tempdir()?;
     let mut tokens = Vec::new();
@@ -46,6 +47,7 @@ async fn fixture(extra: &[&str]) -> anyhow::Result<Fixture> {
         ("admin", json!(["*"]), json!(["read", "write", "admin"])),
         ("writer-a", json!(["a"]), json!(["read", "write"])),
         ("reader-a", json!(["a"]), json!(["read"])),
+        ("writer-b", json!(["b"]), json!(["read", "write"])),
     ] {
         let token = format!("token-of-{name}-{}", uuid_like());
         entries.push(
@@ -509,6 +511,94 @@ async fn without_tokens_only_loopback() -> anyhow::Result<()> {
         ensure!(out.status.code() == Some(2), "{:?}", out.status);
         ensure!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
         ensure!(!dir.path().join("s.db").exists(), "the store was created");
+        Ok(())
+    })
+    .await
+}
+
+/// Rule 23 over HTTP, as a hostile tenant would try it: a token for bot `b` tombstones,
+/// squats and probes ids that bot `a` holds — through every write route (a session append
+/// of a tombstone, a bot-wide append, DELETE) — and changes, hides, pre-empts and learns
+/// nothing of `a`'s records; a purge erases `b`'s bytes only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_for_one_bot_cannot_touch_another_bots_records() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&[]).await?;
+        let a = f.server.client().with_token(&token_for(&f, "writer-a"));
+        let b = f.server.client().with_token(&token_for(&f, "writer-b"));
+        // B writes m3 first; A writes m1, m2, m3 after it.
+        ensure!(b.append("b", "t", &[rec("m3", "b's m3")]).await?.status == StatusCode::OK);
+        let wrote = a
+            .append(
+                "a",
+                "s",
+                &[rec("m1", "a's m1"), rec("m2", "a's m2"), rec("m3", "a's m3")],
+            )
+            .await?;
+        ensure!(wrote.status == StatusCode::OK, "{}", wrote.text);
+        // B tombstones A's ids in its own session, bot-wide, and by DELETE.
+        let tomb = b.append("b", "t", &[json!({"id": "m2", "kind": "tombstone"})]).await?;
+        ensure!(tomb.status == StatusCode::OK, "{}", tomb.text);
+        let wide = b
+            .post(
+                "/v1/bots/b/records",
+                &json!({"records": [{"id": "m1", "session_id": "t", "kind": "tombstone"},
+                                    {"id": "m9", "session_id": "t", "role": "user", "text": "b's m9"}]}),
+            )
+            .await?;
+        ensure!(wide.status == StatusCode::OK, "{}", wide.text);
+        let deleted = b.delete("/v1/bots/b/records/m1").await?;
+        ensure!(
+            deleted.status == StatusCode::NOT_FOUND,
+            "b has no live m1: {}",
+            deleted.text
+        );
+        // Probing: B's answer for an id A holds is the answer for an id nobody holds.
+        let held = b.get("/v1/bots/b/records/m2").await?;
+        let unheld = b.get("/v1/bots/b/records/never-written").await?;
+        ensure!(
+            held.status == StatusCode::NOT_FOUND && unheld.status == StatusCode::NOT_FOUND,
+            "{} / {}",
+            held.status,
+            unheld.status
+        );
+        let probe = b.append("b", "t", &[rec("m1", "b's m1")]).await?;
+        ensure!(probe.status == StatusCode::OK, "{}", probe.text);
+        let m1 = b.get("/v1/bots/b/records/m1").await?;
+        ensure!(
+            m1.status == StatusCode::NOT_FOUND,
+            "b's own m1 is tombstoned (by b), whatever a holds: {}",
+            m1.text
+        );
+        let m3 = b.get("/v1/bots/b/records/m3").await?;
+        ensure!(m3.json["text"] == "b's m3", "{}", m3.text);
+        // A's records are all there, with A's content.
+        for id in ["m1", "m2", "m3"] {
+            let got = a.get(&format!("/v1/bots/a/records/{id}")).await?;
+            ensure!(got.status == StatusCode::OK, "a's {id}: {}", got.text);
+            ensure!(got.json["text"] == format!("a's {id}"), "a's {id}: {}", got.text);
+        }
+        let ids: Vec<String> = a
+            .session("a", "s")
+            .await?
+            .iter()
+            .map(|r| r["id"].as_str().unwrap_or_default().to_string())
+            .collect();
+        ensure!(ids == ["m1", "m2", "m3"], "a's session: {ids:?}");
+        // B cannot even ask about A.
+        ensure!(b.get("/v1/bots/a/records/m1").await?.status == StatusCode::FORBIDDEN);
+        // Nothing of A's is a conflict; a purge erases B's tombstoned ids only.
+        let conflicts = f.admin.get("/v1/conflicts").await?;
+        let of_a: Vec<&Value> = conflicts.json["conflicts"]
+            .as_array()
+            .context("a conflict list")?
+            .iter()
+            .filter(|c| c["bot_id"] != "b")
+            .collect();
+        ensure!(of_a.is_empty(), "conflicts not of b: {of_a:?}");
+        ensure!(f.admin.post("/v1/admin/purge", &json!({})).await?.status == StatusCode::OK);
+        let m2 = a.get("/v1/bots/a/records/m2").await?;
+        ensure!(m2.json["text"] == "a's m2", "a's m2 after a purge: {}", m2.text);
         Ok(())
     })
     .await
