@@ -296,7 +296,7 @@ pub(crate) async fn run(store_uri: Option<&str>, options: StoreOptions) -> Resul
         ms(first_scan),
         ms(discovery)
     );
-    let hidden = projector.get("ticket-1042/m06").await?;
+    let hidden = projector.get(BOT, "ticket-1042/m06").await?;
     println!(
         "── the forgotten message ticket-1042/m06 is {}",
         if hidden.is_none() {
