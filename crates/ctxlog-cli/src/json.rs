@@ -294,6 +294,17 @@ pub(crate) fn retain_json(r: &RetainReport) -> Value {
     })
 }
 
+/// What `ctxlog upgrade` prints.
+pub(crate) fn upgrade_json(r: &ctxlog::UpgradeReport) -> Value {
+    json!({
+        "from": r.from,
+        "to": r.to,
+        "upgraded": r.upgraded(),
+        "entries_read": r.entries_read,
+        "shared_ids": r.shared_ids.iter().map(|s| json!({"id": s.id, "bots": s.bots})).collect::<Vec<_>>(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,15 +375,4 @@ mod tests {
         }
         assert_eq!(parse_record(&v.to_string()).unwrap(), rec);
     }
-}
-
-/// What `ctxlog upgrade` prints.
-pub(crate) fn upgrade_json(r: &ctxlog::UpgradeReport) -> Value {
-    json!({
-        "from": r.from,
-        "to": r.to,
-        "upgraded": r.upgraded(),
-        "entries_read": r.entries_read,
-        "shared_ids": r.shared_ids.iter().map(|s| json!({"id": s.id, "bots": s.bots})).collect::<Vec<_>>(),
-    })
 }

@@ -575,6 +575,20 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
     }
 }
 
+/// Every view of `views` prints what `expected` holds for it.
+async fn same_as_before(ext: &str, store: &str, expected: &std::path::Path, views: &[(&str, Vec<&str>)], why: &str) {
+    for (name, args) in views {
+        let out = ctxlog(store, args, "").await;
+        assert!(
+            out.status.success(),
+            "{ext} {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let want = std::fs::read_to_string(expected.join(format!("{name}.jsonl"))).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{ext}: {name} {why}");
+    }
+}
+
 /// Rule 22 with rule 6: a store written by the release before ids were scoped by bot
 /// (format 2, with a summary; the fixtures in `tests/fixtures/format-2`, made by its
 /// `make.sh`), in which id `m2` is under two bots, opens with every view byte-identical to
@@ -591,7 +605,6 @@ async fn a_format_2_store_with_an_id_under_two_bots_upgrades_only_when_told() {
         copy_tree(&fixtures.join(format!("store.{ext}")), &path);
         let store = path.display().to_string();
         let expected = fixtures.join(format!("expected-{ext}"));
-        let read = |name: &str| std::fs::read_to_string(expected.join(format!("{name}.jsonl"))).unwrap();
         let views: [(&str, Vec<&str>); 7] = [
             ("session-alpha-s1", vec!["session", "--bot", "alpha", "--session", "s1"]),
             ("session-beta-t1", vec!["session", "--bot", "beta", "--session", "t1"]),
@@ -601,22 +614,7 @@ async fn a_format_2_store_with_an_id_under_two_bots_upgrades_only_when_told() {
             ("shards", vec!["shards"]),
             ("get-m2", vec!["get", "--bot", "alpha", "m2"]),
         ];
-        let same_as_before = |views: &[(&str, Vec<&str>)], why: &'static str| {
-            let (store, read) = (store.clone(), &read);
-            let views = views.to_vec();
-            async move {
-                for (name, args) in &views {
-                    let out = ctxlog(&store, args, "").await;
-                    assert!(
-                        out.status.success(),
-                        "{ext} {name}: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    assert_eq!(String::from_utf8_lossy(&out.stdout), read(name), "{ext}: {name} {why}");
-                }
-            }
-        };
-        same_as_before(&views, "differs from format 2's").await;
+        same_as_before(ext, &store, &expected, &views, "differs from format 2's").await;
         let beta_m2 = ["get", "--bot", "beta", "m2"];
         assert_eq!(
             ctxlog(&store, &beta_m2, "").await.status.code(),
@@ -637,7 +635,7 @@ async fn a_format_2_store_with_an_id_under_two_bots_upgrades_only_when_told() {
             serde_json::json!([{"id": "m2", "bots": ["alpha", "beta"]}])
         );
         assert_eq!((report["from"].clone(), report["to"].clone()), (2.into(), 2.into()));
-        same_as_before(&views, "changed by a refused upgrade").await;
+        same_as_before(ext, &store, &expected, &views, "changed by a refused upgrade").await;
 
         let out = ctxlog(&store, &["upgrade", "--accept-changed-views"], "").await;
         assert!(out.status.success(), "{ext}: {}", String::from_utf8_lossy(&out.stderr));
@@ -647,7 +645,7 @@ async fn a_format_2_store_with_an_id_under_two_bots_upgrades_only_when_told() {
         }
         // Alpha's views stay; beta's m2 is its own record now, and no longer a conflict.
         let alpha: Vec<(&str, Vec<&str>)> = [0, 2, 5, 6].iter().map(|i| views[*i].clone()).collect();
-        same_as_before(&alpha, "changed by the upgrade").await;
+        same_as_before(ext, &store, &expected, &alpha, "changed by the upgrade").await;
         let out = ctxlog(&store, &beta_m2, "").await;
         assert!(out.status.success(), "{ext}: beta's m2 after the upgrade");
         assert_eq!(lines(&out)[0]["text"], "Beta's own m2.");

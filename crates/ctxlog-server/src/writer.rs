@@ -525,6 +525,12 @@ mod tests {
         async fn shards(&self) -> ctxlog::Result<Vec<ctxlog::ShardInfo>> {
             self.inner.shards().await
         }
+        async fn format(&self) -> ctxlog::Result<u32> {
+            self.inner.format().await
+        }
+        async fn set_format(&self, from: u32, to: u32) -> ctxlog::Result<()> {
+            self.inner.set_format(from, to).await
+        }
         async fn read_shard(&self, shard: ShardId, after: u64, limit: usize) -> ctxlog::Result<Vec<ctxlog::Entry>> {
             self.inner.read_shard(shard, after, limit).await
         }
