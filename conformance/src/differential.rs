@@ -68,7 +68,13 @@ fn step() -> impl Strategy<Value = Step> {
     let record = (0u8..IDS, prop_oneof![4 => (0u8..3).prop_map(Some), 1 => Just(None)]);
     prop_oneof![
         8 => (0..WRITERS, proptest::collection::vec(record, 1..5))
-            .prop_map(|(writer, records)| Step::Append { writer, records }),
+            // One id once per batch: a batch that writes an id twice differently is refused
+            // (rule 6); across batches and writers ids repeat freely.
+            .prop_map(|(writer, mut records)| {
+                let mut seen = std::collections::HashSet::new();
+                records.retain(|(id, _)| seen.insert(*id));
+                Step::Append { writer, records }
+            }),
         1 => (0..WRITERS).prop_map(|writer| Step::Reopen { writer }),
         1 => (0..WRITERS).prop_map(|writer| Step::Observe { writer }),
         1 => Just(Step::Snapshot),

@@ -537,12 +537,14 @@ async fn a_token_for_one_bot_cannot_touch_another_bots_records() -> anyhow::Resu
             .await?;
         ensure!(wrote.status == StatusCode::OK, "{}", wrote.text);
         // B tombstones A's ids in its own session, bot-wide, and by DELETE.
-        let tomb = b.append("b", "t", &[json!({"id": "m2", "kind": "tombstone"})]).await?;
+        let tomb = b
+            .append("b", "t", &[json!({"id": "m2", "role": "user", "kind": "tombstone"})])
+            .await?;
         ensure!(tomb.status == StatusCode::OK, "{}", tomb.text);
         let wide = b
             .post(
                 "/v1/bots/b/records",
-                &json!({"records": [{"id": "m1", "session_id": "t", "kind": "tombstone"},
+                &json!({"records": [{"id": "m1", "session_id": "t", "role": "user", "kind": "tombstone"},
                                     {"id": "m9", "session_id": "t", "role": "user", "text": "b's m9"}]}),
             )
             .await?;

@@ -74,23 +74,6 @@ impl Limits {
                 ),
             ));
         }
-        // One id of one bot twice with different content contradicts itself: the first would
-        // win and the second be a divergent put the caller cannot see (rule 6). Refused.
-        let mut seen: std::collections::HashMap<(&str, &str), (usize, &Record)> = std::collections::HashMap::new();
-        for (i, r) in records.iter().enumerate() {
-            if let Some((first, earlier)) = seen.insert((&r.bot_id, &r.id), (i, r))
-                && !same_content(earlier, r)
-            {
-                return Err(Error::invalid(
-                    "id",
-                    Some(i),
-                    format!(
-                        "`{}` is record {first} of this batch too, with other content: one batch cannot write an id twice differently",
-                        r.id
-                    ),
-                ));
-            }
-        }
         let mut total = 0usize;
         for (i, r) in records.iter().enumerate() {
             let size = self.validate(r).map_err(|e| match e {
@@ -109,6 +92,23 @@ impl Limits {
                     format!(
                         "the batch reaches {total} bytes at this record, the limit is {} bytes per append",
                         self.max_batch_bytes
+                    ),
+                ));
+            }
+        }
+        // One id of one bot twice with different content contradicts itself: the first would
+        // win and the second be a divergent put the caller cannot see (rule 6). Refused.
+        let mut seen: std::collections::HashMap<(&str, &str), (usize, &Record)> = std::collections::HashMap::new();
+        for (i, r) in records.iter().enumerate() {
+            if let Some((first, earlier)) = seen.insert((&r.bot_id, &r.id), (i, r))
+                && !same_content(earlier, r)
+            {
+                return Err(Error::invalid(
+                    "id",
+                    Some(i),
+                    format!(
+                        "`{}` is record {first} of this batch too, with other content: one batch cannot write an id twice differently",
+                        r.id
                     ),
                 ));
             }
@@ -363,6 +363,7 @@ mod tests {
         l.validate_batch(std::slice::from_ref(&big)).unwrap();
         // A batch of exactly the limit is accepted: 64 + 36 = 100.
         let mut rest = big.clone();
+        rest.id = "c".into();
         rest.body = Body::Text("x".repeat(47 - 28));
         assert_eq!(l.validate(&rest).unwrap(), 36);
         l.validate_batch(&[big.clone(), rest]).unwrap();
