@@ -105,3 +105,82 @@ def test_prune_keeps_what_a_delta_channel_is_rebuilt_from(server: Server) -> Non
     # Pruned something, and kept the chain back to the last snapshot of `steps`.
     assert 1 < kept < total, (kept, total)
     assert delta_graph(CtxlogSaver(server.url)).get_state(config).values["steps"] == before
+
+
+def test_an_empty_checkpoint_id_means_the_latest(server: Server) -> None:
+    """As LangGraph's own savers (and this saver's `list()`): `checkpoint_id: ""`."""
+    saver = CtxlogSaver(server.url)
+    config = {"configurable": {"thread_id": "empty-id"}}
+    graph(saver, "a").invoke({"steps": ["start"]}, config)
+    latest = saver.get_tuple(config)
+    empty = {"configurable": {"thread_id": "empty-id", "checkpoint_ns": "", "checkpoint_id": ""}}
+    assert latest is not None and saver.get_tuple(empty) == latest  # type: ignore[arg-type]
+
+
+async def test_re_putting_a_checkpoint_with_other_content_is_a_conflict(server: Server) -> None:
+    """A checkpoint's record is written once (rule 6): a put of an existing checkpoint id
+    with other content is refused as `CheckpointConflict` (SqliteSaver would overwrite it;
+    this log would keep the first, so the caller is told); the same content again is a
+    retry and lands once."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from ctxlog.langgraph import CheckpointConflict
+
+    saver = CtxlogSaver(server.url)
+    config = {"configurable": {"thread_id": "re-put", "checkpoint_ns": ""}}
+    cp = empty_checkpoint()
+    saver.put(config, cp, {"step": 0}, {})  # type: ignore[arg-type]
+    saver.put(config, cp, {"step": 0}, {})  # type: ignore[arg-type]
+    changed = {**cp, "channel_values": {"steps": ["other"]}}
+    with pytest.raises(CheckpointConflict) as e:
+        saver.put(config, changed, {"step": 0}, {})  # type: ignore[arg-type]
+    assert e.value.checkpoint_id == cp["id"]
+    with pytest.raises(CheckpointConflict):
+        await saver.aput(config, changed, {"step": 0}, {})  # type: ignore[arg-type]
+    got = saver.get_tuple({"configurable": {**config["configurable"], "checkpoint_id": cp["id"]}})  # type: ignore[arg-type]
+    assert got is not None and got.checkpoint["channel_values"] == {}
+    assert len(list(saver.list(config))) == 1  # type: ignore[arg-type]
+
+
+ADVANCE = """
+import operator, sys
+from typing import Annotated, TypedDict
+from langgraph.graph import END, START, StateGraph
+from ctxlog.langgraph import CtxlogSaver
+
+class State(TypedDict):
+    steps: Annotated[list[str], operator.add]
+
+url, name, checkpoint_id = sys.argv[1:]
+g = StateGraph(State)
+g.add_node("step", lambda s: {"steps": [name]})
+g.add_edge(START, "step")
+g.add_edge("step", END)
+config = {"configurable": {"thread_id": "lineage", "checkpoint_ns": "",
+                           "checkpoint_id": checkpoint_id}}
+g.compile(checkpointer=CtxlogSaver(url)).invoke({"steps": ["from " + name]}, config)
+"""
+
+
+def test_reads_follow_the_first_writer_s_lineage_from_two_processes(
+    store: str, servers: list[Server]
+) -> None:
+    """Two processes advance one checkpoint, one after the other (through two replicas):
+    the thread keeps the first writer's lineage, whichever branch is newer, in both."""
+    import subprocess
+    import sys
+
+    a, b = start(store, "replica-a"), start(store, "replica-b")
+    servers.extend([a, b])
+    config = {"configurable": {"thread_id": "lineage"}}
+    graph(CtxlogSaver(a.url), "a").invoke({"steps": ["start"]}, config)
+    head = CtxlogSaver(a.url).get_tuple(config)  # type: ignore[arg-type]
+    assert head is not None
+    pinned = head.config["configurable"]["checkpoint_id"]
+    for url, name in ((a.url, "first"), (b.url, "second")):
+        subprocess.run([sys.executable, "-c", ADVANCE, url, name, pinned], check=True, timeout=120)
+    for url in (a.url, b.url):
+        saver = CtxlogSaver(url)
+        assert saver.forks(), "two runs advanced one checkpoint and no conflict says so"
+        state = graph(saver, "x").get_state(config)  # type: ignore[arg-type]
+        assert state.values["steps"] == ["start", "a", "from first", "first"], url

@@ -15,12 +15,22 @@ or `put_writes` counts once, and two processes cannot silently fork a thread:
   its metadata and its parent.
 - `next:{thread}:{ns}:{parent_id}` — which checkpoint follows `parent_id`. Two runs that
   advance one thread from the same checkpoint in two processes write this id with different
-  content: the
-  log keeps the first (rule 6) and reports a `divergent_put` conflict, where a plain
-  database would fork the thread without a word. `CtxlogSaver.forks()` lists them.
+  content: the log keeps the first (rule 6) and reports a `divergent_put` conflict, where a
+  plain database would fork the thread without a word. `CtxlogSaver.forks()` lists them.
+  The thread keeps the first writer's lineage: its latest checkpoint (`get_tuple` without
+  an id, or with `checkpoint_id: ""`) is the newest one whose every ancestor is the one its
+  parent's `next:` record names, so the branch of the run that lost stays readable by id
+  and in `list()`, but is never the thread's latest, however new. (Resuming a thread from
+  an older checkpoint to fork it on purpose is the same write, and is treated the same.)
 - `w:{thread}:{ns}:{checkpoint_id}:{task_id}:{idx}` — a pending write (the first of an id
   wins, as in LangGraph's own savers); special writes (errors, interrupts; negative idx)
   are replaced by later ones, so theirs carry a unique suffix and the newest is used.
+
+A checkpoint is written once. `put` of a checkpoint id the thread holds with other content
+(LangGraph's `SqliteSaver` would overwrite it; this log would keep the first) raises
+`CheckpointConflict` and writes nothing; the same content again is a retry and lands once.
+(Two processes that put one id with two contents at the very same time both pass that
+check: the log keeps the first and reports a `divergent_put` of the `cp:` id.)
 
 `delete_thread` tombstones every record of the thread (final; `purge` then erases them).
 The extended capabilities are there too: `copy_thread` copies every record of a thread under
@@ -53,6 +63,7 @@ from langgraph.checkpoint.base import (
 
 from ._async_client import AsyncClient
 from ._client import Client
+from ._errors import CtxlogError
 from ._ids import new_id
 from ._types import Record
 
@@ -63,6 +74,19 @@ MAX_BATCH = 5_000
 MAX_BATCH_TEXT = 8 << 20
 
 _Batch = list[dict[str, Any]]
+
+
+class CheckpointConflict(CtxlogError):
+    """A put of a checkpoint id the thread already holds with other content: refused,
+    nothing written (a checkpoint is written once)."""
+
+    def __init__(self, thread_id: str, checkpoint_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} holds checkpoint {checkpoint_id!r} with other content",
+            problem={"written": "nothing", "field": "checkpoint"},
+        )
+        self.thread_id = thread_id
+        self.checkpoint_id = checkpoint_id
 
 
 def _pack(typed: tuple[str, bytes]) -> dict[str, str]:
@@ -85,11 +109,14 @@ class _Thread:
         self.records: list[Record] = []
         # (ns, checkpoint id) -> the ids of its checkpoint, its writes, its lineage record
         self.owned: dict[tuple[str, str], list[str]] = {}
-        lineage: list[tuple[str, str]] = []
+        # (ns, parent id) -> the checkpoint its live `next:` record names
+        self.nexts: dict[tuple[str, str], str] = {}
+        lineage: list[tuple[str, str, str]] = []
         for order, r in enumerate(records):
             if r.role == "lineage" and r.content_type == LINEAGE_TYPE and r.text is not None:
                 self.records.append(r)
-                lineage.append((r.id, json.loads(r.text)["next"]))
+                link = json.loads(r.text)
+                lineage.append((r.id, link["parent"], link["next"]))
                 continue
             if r.content_type != CONTENT_TYPE or r.text is None:
                 continue
@@ -112,10 +139,34 @@ class _Thread:
                     )
                 )
         # A lineage record (`next:…:{parent}`) belongs to the checkpoint it names as next.
-        for rid, nxt in lineage:
+        for rid, parent, nxt in lineage:
             target = self.find(nxt)
             if target is not None:
                 self.owned.setdefault(target, []).append(rid)
+                self.nexts[(target[0], parent)] = nxt
+
+    def latest(self, ns: str) -> str | None:
+        """The newest checkpoint of `ns` on the first writer's lineage: every ancestor of
+        it (as far as they are stored) is the checkpoint its parent's `next:` names."""
+        cps = self.checkpoints.get(ns, {})
+        on: dict[str, bool] = {}
+        for cid in cps:
+            chain: list[str] = []
+            at: str | None = cid
+            ok = True
+            while at is not None and at in cps and at not in on:
+                chain.append(at)
+                parent = cps[at].get("parent")
+                if parent and self.nexts.get((ns, parent), at) != at:
+                    ok = False
+                    break
+                at = parent
+            if ok and at is not None and at in on:
+                ok = on[at]
+            for c in chain:
+                on[c] = ok
+        kept = [cid for cid, ok in on.items() if ok]
+        return max(kept) if kept else None
 
     def pending(self, ns: str, checkpoint_id: str) -> list[tuple[str, str, dict[str, str]]]:
         """The pending writes of a checkpoint: per (task, idx) the first (idx ≥ 0) or the
@@ -193,12 +244,9 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         thread_id = config["configurable"]["thread_id"]
         ns = config["configurable"].get("checkpoint_ns", "")
         cps = t.checkpoints.get(ns, {})
-        cid = get_checkpoint_id(config)
-        if cid is None:
-            if not cps:
-                return None
-            cid = max(cps)
-        if cid not in cps:
+        # An empty id is "the latest", as in LangGraph's own savers and in `list()`.
+        cid = get_checkpoint_id(config) or t.latest(ns)
+        if cid is None or cid not in cps:
             return None
         return self._tuple(t, thread_id, ns, cid)
 
@@ -267,6 +315,18 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
         }
 
+    @staticmethod
+    def _check_put(record: dict[str, Any], stored: Record | None, config: RunnableConfig) -> None:
+        """Refuse a put of a checkpoint the thread holds with other content (see the module
+        docs); the same content is a retry."""
+        if stored is None or stored.text == record["text"]:
+            return
+        if json.loads(stored.text or "{}") == json.loads(record["text"]):
+            return
+        raise CheckpointConflict(
+            config["configurable"]["thread_id"], json.loads(record["text"])["id"]
+        )
+
     def _write_records(
         self,
         config: RunnableConfig,
@@ -324,7 +384,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             raise ValueError(f"unknown prune strategy {strategy!r}: 'keep_latest' or 'delete'")
         keep: set[tuple[str, str]] = set()
         for ns, cps in t.checkpoints.items():
-            latest = max(cps)
+            latest = t.latest(ns) or max(cps)
             # Channels whose value the latest checkpoint does not hold (a `DeltaChannel`
             # between snapshots) are rebuilt from its ancestors and their writes: keep them,
             # back to one that holds the value.
@@ -399,6 +459,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         records, out = self._put_records(config, checkpoint, metadata)
+        self._check_put(records[0], self.client.get(self.bot, records[0]["id"]), config)
         self.client.session(self.bot, config["configurable"]["thread_id"]).append(records)
         return out
 
@@ -470,6 +531,8 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         records, out = self._put_records(config, checkpoint, metadata)
+        stored = await self.aclient.get(self.bot, records[0]["id"])
+        self._check_put(records[0], stored, config)
         await self.aclient.session(self.bot, config["configurable"]["thread_id"]).append(records)
         return out
 
