@@ -56,25 +56,6 @@ def test_a_graph_run_and_resumed(server: Server) -> None:
     )
 
 
-def test_two_processes_advancing_one_thread_leave_a_conflict(
-    store: str, servers: list[Server]
-) -> None:
-    a, b = start(store, "replica-a"), start(store, "replica-b")
-    servers.extend([a, b])
-    sa, sb = CtxlogSaver(a.url), CtxlogSaver(b.url)
-    config = {"configurable": {"thread_id": "shared"}}
-    graph(sa, "a").invoke({"steps": ["start"]}, config)
-    # Both processes read the same latest checkpoint, then each advances the thread from it.
-    head = sa.get_tuple(config)
-    assert head is not None and sb.get_tuple(config) == head
-    pinned = head.config
-    graph(sa, "a").invoke({"steps": ["from a"]}, pinned)
-    graph(sb, "b").invoke({"steps": ["from b"]}, pinned)
-    forks = sa.forks()
-    assert forks, "two runs advanced one checkpoint and no conflict says so"
-    assert all(f["id"].startswith("next:shared:") for f in forks)
-
-
 def _concat(state: list[str] | None, writes: list[list[str]]) -> list[str]:
     return (state or []) + [x for w in writes for x in w]
 
@@ -143,30 +124,28 @@ async def test_re_putting_a_checkpoint_with_other_content_is_a_conflict(server: 
 
 
 ADVANCE = """
-import operator, sys
-from typing import Annotated, TypedDict
-from langgraph.graph import END, START, StateGraph
+import sys
+from langgraph.checkpoint.base import create_checkpoint
 from ctxlog.langgraph import CtxlogSaver
 
-class State(TypedDict):
-    steps: Annotated[list[str], operator.add]
-
-url, name, checkpoint_id = sys.argv[1:]
-g = StateGraph(State)
-g.add_node("step", lambda s: {"steps": [name]})
-g.add_edge(START, "step")
-g.add_edge("step", END)
-config = {"configurable": {"thread_id": "lineage", "checkpoint_ns": "",
-                           "checkpoint_id": checkpoint_id}}
-g.compile(checkpointer=CtxlogSaver(url)).invoke({"steps": ["from " + name]}, config)
+url, name = sys.argv[1:]
+saver = CtxlogSaver(url)
+head = saver.get_tuple({"configurable": {"thread_id": "lineage", "checkpoint_ns": ""}})
+print("read", flush=True)
+sys.stdin.readline()
+step = head.metadata["step"] + 1
+checkpoint = create_checkpoint(head.checkpoint, None, step)
+saver.put(head.config, checkpoint, {"source": "loop", "step": step, "writer": name}, {})
+print(checkpoint["id"], flush=True)
 """
 
 
 def test_reads_follow_the_first_writer_s_lineage_from_two_processes(
     store: str, servers: list[Server]
 ) -> None:
-    """Two processes advance one checkpoint, one after the other (through two replicas):
-    the thread keeps the first writer's lineage, whichever branch is newer, in both."""
+    """Two processes read the thread's head, then each advances it (through two replicas,
+    one after the other): the thread keeps the first writer's lineage, in both, though the
+    second's checkpoint is newer; a conflict says so; the second's stays readable by id."""
     import subprocess
     import sys
 
@@ -174,13 +153,51 @@ def test_reads_follow_the_first_writer_s_lineage_from_two_processes(
     servers.extend([a, b])
     config = {"configurable": {"thread_id": "lineage"}}
     graph(CtxlogSaver(a.url), "a").invoke({"steps": ["start"]}, config)
-    head = CtxlogSaver(a.url).get_tuple(config)  # type: ignore[arg-type]
-    assert head is not None
-    pinned = head.config["configurable"]["checkpoint_id"]
-    for url, name in ((a.url, "first"), (b.url, "second")):
-        subprocess.run([sys.executable, "-c", ADVANCE, url, name, pinned], check=True, timeout=120)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ADVANCE, url, name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for url, name in ((a.url, "first"), (b.url, "second"))
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "read\n"
+        made = []
+        for p in procs:
+            out, _ = p.communicate("go\n", timeout=120)
+            assert p.returncode == 0
+            made.append(out.strip())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    first, second = made
+    assert second > first  # time-ordered ids: the second branch is the newer
     for url in (a.url, b.url):
         saver = CtxlogSaver(url)
+        latest = saver.get_tuple(config)  # type: ignore[arg-type]
+        assert latest is not None and latest.checkpoint["id"] == first, url
+        assert latest.metadata["writer"] == "first"
         assert saver.forks(), "two runs advanced one checkpoint and no conflict says so"
-        state = graph(saver, "x").get_state(config)  # type: ignore[arg-type]
-        assert state.values["steps"] == ["start", "a", "from first", "first"], url
+        pinned = {
+            "configurable": {"thread_id": "lineage", "checkpoint_ns": "", "checkpoint_id": second}
+        }
+        assert saver.get_tuple(pinned) is not None  # type: ignore[arg-type]
+
+
+def test_a_fork_from_an_older_checkpoint_is_the_thread_s_latest(server: Server) -> None:
+    """LangGraph's time travel: resuming from a checkpoint that was advanced already is a
+    deliberate fork; the new branch is the thread's latest, and no conflict is reported."""
+    saver = CtxlogSaver(server.url)
+    config = {"configurable": {"thread_id": "travel"}}
+    g = graph(saver, "a")
+    g.invoke({"steps": ["one"]}, config)
+    head = saver.get_tuple(config)  # type: ignore[arg-type]
+    assert head is not None
+    g.invoke({"steps": ["two"]}, config)
+    assert g.invoke({"steps": ["fork"]}, head.config)["steps"] == ["one", "a", "fork", "a"]
+    assert g.get_state(config).values["steps"] == ["one", "a", "fork", "a"]  # type: ignore[arg-type]
+    assert not saver.forks()

@@ -19,9 +19,16 @@ or `put_writes` counts once, and two processes cannot silently fork a thread:
   plain database would fork the thread without a word. `CtxlogSaver.forks()` lists them.
   The thread keeps the first writer's lineage: its latest checkpoint (`get_tuple` without
   an id, or with `checkpoint_id: ""`) is the newest one whose every ancestor is the one its
-  parent's `next:` record names, so the branch of the run that lost stays readable by id
-  and in `list()`, but is never the thread's latest, however new. (Resuming a thread from
-  an older checkpoint to fork it on purpose is the same write, and is treated the same.)
+  parent's `next:` record names (or a deliberate fork, below), so the branch of the run
+  that lost stays readable by id and in `list()`, but is never the thread's latest, however
+  new.
+- `fork:{thread}:{ns}:{parent_id}:{checkpoint_id}` — a deliberate fork: a put whose parent
+  this saver read (by `get_tuple` or `list`) when it had a successor already (LangGraph's
+  time travel: a replay, or `update_state`, from an older checkpoint). A writer that read
+  its parent as the thread's head and advanced it writes `next:` (and loses to an earlier
+  one); one that knew its parent had a successor branches on purpose, and the new branch is
+  the thread's latest, as in LangGraph's own savers. (What a saver read is kept per
+  process: a put from a parent this object never read counts as an advance.)
 - `w:{thread}:{ns}:{checkpoint_id}:{task_id}:{idx}` — a pending write (the first of an id
   wins, as in LangGraph's own savers); special writes (errors, interrupts; negative idx)
   are replaced by later ones, so theirs carry a unique suffix and the newest is used.
@@ -46,6 +53,8 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -70,6 +79,8 @@ from ._types import Record
 CONTENT_TYPE = "application/vnd.langgraph.checkpoint+json"
 LINEAGE_TYPE = "application/json"
 MAX_BATCH = 5_000
+# The checkpoints read whose successors a saver remembers (for telling a fork from an advance).
+MAX_READS = 10_000
 # A copy's records carry checkpoints: batches are bounded by size too.
 MAX_BATCH_TEXT = 8 << 20
 
@@ -111,12 +122,14 @@ class _Thread:
         self.owned: dict[tuple[str, str], list[str]] = {}
         # (ns, parent id) -> the checkpoint its live `next:` record names
         self.nexts: dict[tuple[str, str], str] = {}
-        lineage: list[tuple[str, str, str]] = []
+        # (ns, checkpoint id) of deliberate forks
+        self.forks: set[tuple[str, str]] = set()
+        lineage: list[tuple[str, str, str, bool]] = []
         for order, r in enumerate(records):
             if r.role == "lineage" and r.content_type == LINEAGE_TYPE and r.text is not None:
                 self.records.append(r)
                 link = json.loads(r.text)
-                lineage.append((r.id, link["parent"], link["next"]))
+                lineage.append((r.id, link["parent"], link["next"], bool(link.get("fork"))))
                 continue
             if r.content_type != CONTENT_TYPE or r.text is None:
                 continue
@@ -138,12 +151,19 @@ class _Thread:
                         body.get("task_path", ""),
                     )
                 )
-        # A lineage record (`next:…:{parent}`) belongs to the checkpoint it names as next.
-        for rid, parent, nxt in lineage:
+        # A lineage record (`next:` or `fork:`) belongs to the checkpoint it names as next.
+        for rid, parent, nxt, fork in lineage:
             target = self.find(nxt)
             if target is not None:
                 self.owned.setdefault(target, []).append(rid)
-                self.nexts[(target[0], parent)] = nxt
+                if fork:
+                    self.forks.add(target)
+                else:
+                    self.nexts[(target[0], parent)] = nxt
+
+    def advanced(self, ns: str, cid: str) -> bool:
+        """Whether any checkpoint of the thread follows `cid`."""
+        return any(body.get("parent") == cid for body in self.checkpoints.get(ns, {}).values())
 
     def latest(self, ns: str) -> str | None:
         """The newest checkpoint of `ns` on the first writer's lineage: every ancestor of
@@ -157,7 +177,8 @@ class _Thread:
             while at is not None and at in cps and at not in on:
                 chain.append(at)
                 parent = cps[at].get("parent")
-                if parent and self.nexts.get((ns, parent), at) != at:
+                forked = (ns, at) in self.forks
+                if parent and not forked and self.nexts.get((ns, parent), at) != at:
                     ok = False
                     break
                 at = parent
@@ -207,6 +228,10 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(**kwargs)
         self.bot = bot
+        # (thread, ns, checkpoint id) -> whether it had a successor when this saver read it:
+        # a put from it is then a deliberate fork (see the module docs).
+        self._reads: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+        self._reads_lock = threading.Lock()
         self.client = client or Client(url, token=token)
         self.aclient = aclient or AsyncClient(url, token=token)
 
@@ -248,7 +273,17 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         cid = get_checkpoint_id(config) or t.latest(ns)
         if cid is None or cid not in cps:
             return None
+        self._read(t, thread_id, ns, cid)
         return self._tuple(t, thread_id, ns, cid)
+
+    def _read(self, t: _Thread, thread_id: str, ns: str, cid: str) -> None:
+        """Remember whether checkpoint `cid` had a successor when it was read (a put from it
+        is then a deliberate fork; see the module docs)."""
+        with self._reads_lock:
+            self._reads[(thread_id, ns, cid)] = t.advanced(ns, cid)
+            self._reads.move_to_end((thread_id, ns, cid))
+            while len(self._reads) > MAX_READS:
+                self._reads.popitem(last=False)
 
     def _select(
         self,
@@ -276,6 +311,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
                         continue
                     if limit is not None and len(out) >= limit:
                         return out
+                    self._read(t, thread_id, ns, cid)
                     out.append(tup)
         return out
 
@@ -303,12 +339,21 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             }
         ]
         if parent:
+            with self._reads_lock:
+                fork = self._reads.get((thread_id, ns, parent), False)
+            link: dict[str, Any] = {"parent": parent, "next": cid}
+            if fork:
+                link["fork"] = True
             records.append(
                 {
-                    "id": f"next:{thread_id}:{ns}:{parent}",
+                    "id": (
+                        f"fork:{thread_id}:{ns}:{parent}:{cid}"
+                        if fork
+                        else f"next:{thread_id}:{ns}:{parent}"
+                    ),
                     "role": "lineage",
                     "content_type": LINEAGE_TYPE,
-                    "text": json.dumps({"parent": parent, "next": cid}),
+                    "text": json.dumps(link),
                 }
             )
         return records, {
