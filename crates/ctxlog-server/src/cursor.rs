@@ -69,11 +69,15 @@ fn seqs(checkpoint: &Checkpoint) -> String {
     parts.join(",")
 }
 
-fn parse_seqs(body: &str, bad: impl Fn() -> Problem) -> Result<Checkpoint, Problem> {
+fn parse_seqs(field: &str, body: &str, bad: impl Fn() -> Problem) -> Result<Checkpoint, Problem> {
     let mut map = BTreeMap::new();
     for part in body.split(',').filter(|p| !p.is_empty()) {
         let (s, seq) = part.split_once('=').ok_or_else(&bad)?;
-        map.insert(shard(s).ok_or_else(&bad)?, seq.parse().map_err(|_| bad())?);
+        let shard = shard(s).ok_or_else(&bad)?;
+        // A shard named twice has no one position: refused, never one of them picked.
+        if map.insert(shard, seq.parse().map_err(|_| bad())?).is_some() {
+            return Err(Problem::invalid(field, None, format!("names shard {shard} twice")));
+        }
     }
     Ok(Checkpoint(map))
 }
@@ -87,7 +91,7 @@ pub(crate) fn position(checkpoint: &Checkpoint) -> String {
 pub(crate) fn parse_position(field: &str, cursor: &str) -> Result<Checkpoint, Problem> {
     let text = decode(field, cursor)?;
     let bad = || Problem::invalid(field, None, "not a position this server gave out");
-    parse_seqs(text.strip_prefix("p1.").ok_or_else(bad)?, bad)
+    parse_seqs(field, text.strip_prefix("p1.").ok_or_else(bad)?, bad)
 }
 
 /// The hash that binds a covers token to its bot and session (length-prefixed, so no two
@@ -130,7 +134,7 @@ pub(crate) fn parse_covers(field: &str, token: &str, bot: &str, session: &str) -
              session",
         ));
     }
-    parse_seqs(body, bad)
+    parse_seqs(field, body, bad)
 }
 
 /// A name cursor for `name`.
@@ -167,7 +171,15 @@ mod tests {
             Checkpoint::default()
         );
         assert_eq!(parse_name("after", &name("s-1")).unwrap(), "s-1");
-        for bad in ["", "!!", &B64.encode("k1.x"), &B64.encode("p1.nope=1"), &page(&key)] {
+        let twice = B64.encode(format!("p1.{s}=1,{s}=2"));
+        for bad in [
+            "",
+            "!!",
+            &B64.encode("k1.x"),
+            &B64.encode("p1.nope=1"),
+            &page(&key),
+            &twice,
+        ] {
             assert!(parse_position("after", bad).is_err(), "{bad}");
         }
         assert!(parse_page("after", &position(&cp)).is_err());
@@ -184,6 +196,10 @@ mod tests {
             let e = parse_covers("covers", &token, bot, session).unwrap_err();
             assert_eq!(e.field.as_deref(), Some("covers"), "{bot}/{session}");
         }
+        // A shard named twice is refused in a covers token as in a position.
+        let tag = session_tag("bot", "s-1");
+        let twice = B64.encode(format!("c1.{tag}.{s}=1,{s}=2"));
+        assert!(parse_covers("covers", &twice, "bot", "s-1").is_err());
         // A page's position is refused as covers, and a covers token as a position.
         assert!(parse_covers("covers", &position(&cp), "bot", "s-1").is_err());
         assert!(parse_position("after", &token).is_err());
