@@ -7,8 +7,9 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -122,16 +123,75 @@ def spying_client(url: str) -> tuple[ctxlog.AsyncClient, list[httpx.URL]]:
 class LosesFirstAnswer(httpx.BaseTransport):
     """A transport that loses the answer of the first POST after it landed (a proxy that
     drops it): the request reached the server, the client sees a read error. `lost` counts
-    the answers lost."""
+    the answers lost; `then` runs once the answer is lost (before the client's retry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[], object] | None = None) -> None:
         self.real = httpx.HTTPTransport()
         self.lost = 0
+        self.then = then
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         resp = self.real.handle_request(request)
         if request.method == "POST" and self.lost == 0:
             self.lost += 1
             resp.read()
+            if self.then is not None:
+                self.then()
             raise httpx.ReadError("the answer was lost", request=request)
         return resp
+
+
+class AsyncLosesFirstAnswer(httpx.AsyncBaseTransport):
+    """The async twin of `LosesFirstAnswer`."""
+
+    def __init__(self, then: Callable[[], object] | None = None) -> None:
+        self.real = httpx.AsyncHTTPTransport()
+        self.lost = 0
+        self.then = then
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self.real.handle_async_request(request)
+        if request.method == "POST" and self.lost == 0:
+            self.lost += 1
+            await resp.aread()
+            if self.then is not None:
+                self.then()
+            raise httpx.ReadError("the answer was lost", request=request)
+        return resp
+
+
+class CutsFirstWatch(httpx.BaseTransport):
+    """A transport that cuts the first watch stream right after its `position` event (a
+    proxy that drops the connection before any record), runs `then` (appends while the
+    client is away), and lets later streams through. `cut` is set once it did."""
+
+    def __init__(self, then: Callable[[], object]) -> None:
+        self.real = httpx.HTTPTransport()
+        self.then = then
+        self.cut = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = self.real.handle_request(request)
+        if not request.url.path.endswith("/watch") or self.cut.is_set():
+            return resp
+        transport = self
+
+        class Cut(httpx.SyncByteStream):
+            def __iter__(self) -> Iterator[bytes]:
+                seen = b""
+                for chunk in resp.stream:
+                    seen += chunk
+                    at = seen.find(b"event: position")
+                    end = seen.find(b"\n\n", at) if at >= 0 else -1
+                    if end < 0:
+                        yield chunk
+                        continue
+                    yield chunk[: len(chunk) - (len(seen) - end - 2)]
+                    transport.then()
+                    transport.cut.set()
+                    raise httpx.ReadError("the stream was cut", request=request)
+
+            def close(self) -> None:
+                resp.close()
+
+        return httpx.Response(resp.status_code, headers=resp.headers, stream=Cut())

@@ -181,3 +181,38 @@ async def test_an_event_the_store_did_not_take_leaves_the_session_unchanged(
     assert [x.id for x in s.events] == ["e1"] and s.state == {"n": 1}
     got = await svc.get_session(app_name="app", user_id="u", session_id="d")
     assert got is not None and [x.id for x in got.events] == ["e1"] and got.state == {"n": 1}
+
+
+async def test_a_deleted_session_id_can_be_created_again(server: Server) -> None:
+    """As ADK's own services allow: the re-created session is there, with its new state,
+    none of the old events, and takes events (and `user:` state) of its own."""
+    svc = CtxlogSessionService(server.url)
+    s = await svc.create_session(
+        app_name="app", user_id="u", session_id="again", state={"n": 1, "user:u": 1}
+    )
+    await svc.append_event(s, Event(id="e1", author="a", invocation_id="i"))
+    await svc.delete_session(app_name="app", user_id="u", session_id="again")
+    assert await svc.get_session(app_name="app", user_id="u", session_id="again") is None
+    new = await svc.create_session(
+        app_name="app", user_id="u", session_id="again", state={"n": 2, "user:u": 2}
+    )
+    got = await svc.get_session(app_name="app", user_id="u", session_id="again")
+    assert got is not None and got.events == [] and got.state == {"n": 2, "user:u": 2}
+    await svc.append_event(new, Event(id="e1", author="a", invocation_id="i"))
+    got = await svc.get_session(app_name="app", user_id="u", session_id="again")
+    assert got is not None and [e.id for e in got.events] == ["e1"]
+    listed = (await svc.list_sessions(app_name="app", user_id="u")).sessions
+    assert [x.id for x in listed] == ["again"]
+
+
+async def test_last_update_time_is_the_last_event_s(server: Server) -> None:
+    """ADK's `test_append_event_complete`: the session's time is its last event's, even an
+    event stamped before the session's creation time."""
+    svc = CtxlogSessionService(server.url)
+    s = await svc.create_session(app_name="app", user_id="u", session_id="t")
+    stamped = s.last_update_time - 100.0
+    await svc.append_event(s, Event(id="e1", author="a", invocation_id="i", timestamp=stamped))
+    got = await svc.get_session(app_name="app", user_id="u", session_id="t")
+    assert got is not None and got.last_update_time == stamped
+    (listed,) = (await svc.list_sessions(app_name="app", user_id="u")).sessions
+    assert listed.last_update_time == stamped

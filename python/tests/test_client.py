@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import http.server
 import ipaddress
+import json
 import ssl
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LosesFirstAnswer, Server, start
+from conftest import AsyncLosesFirstAnswer, CutsFirstWatch, LosesFirstAnswer, Server, start
 
 import ctxlog
 
@@ -110,6 +112,133 @@ def test_a_definite_failure_is_never_retried(server: Server) -> None:
         c.session("b", "s").append([{"id": "", "role": "user"}])
     assert sent["n"] == 1
     c.close()
+
+
+def test_a_definite_refusal_after_an_indeterminate_attempt_is_unknown(
+    store: str, servers: list[Server]
+) -> None:
+    """Attempt 1 lands and its answer is lost; before attempt 2 another process takes the
+    replica's writer id, so attempt 2 is refused as `Fenced`. Attempt 1 may have landed
+    (it did): the caller is told `written == "unknown"`, never "nothing"."""
+    old = start(store, "replica-a")
+    servers.append(old)
+    loses = LosesFirstAnswer(then=lambda: servers.append(start(store, "replica-a")))
+    c = ctxlog.Client(old.url, http=httpx.Client(base_url=old.url, transport=loses, timeout=30))
+    with pytest.raises(ctxlog.Indeterminate) as e:
+        c.session("b", "s").append([{"id": "r-1", "role": "user", "text": "once"}])
+    assert e.value.written == "unknown" and isinstance(e.value.__cause__, ctxlog.Fenced)
+    with ctxlog.Client(servers[-1].url) as newer:
+        assert [r.id for r in newer.session("b", "s").iter_records()] == ["r-1"]
+    c.close()
+
+
+async def test_the_async_retry_after_an_indeterminate_attempt_is_unknown(
+    store: str, servers: list[Server]
+) -> None:
+    old = start(store, "replica-a")
+    servers.append(old)
+    loses = AsyncLosesFirstAnswer(then=lambda: servers.append(start(store, "replica-a")))
+    http = httpx.AsyncClient(base_url=old.url, transport=loses, timeout=30)
+    async with ctxlog.AsyncClient(old.url, http=http) as c:
+        with pytest.raises(ctxlog.Indeterminate) as e:
+            await c.session("b", "s").append([{"id": "r-1", "role": "user", "text": "once"}])
+    assert e.value.written == "unknown" and isinstance(e.value.__cause__, ctxlog.Fenced)
+
+
+def test_watch_without_after_resumes_from_where_its_first_stream_started(server: Server) -> None:
+    """The first stream drops right after the server said where it starts, before any
+    record; a record appended while the client is away is still delivered (the reconnect
+    resumes from that starting position, not from "now")."""
+    writer = ctxlog.Client(server.url)
+    chat = writer.session("bot", "from-start")
+    appended: list[str] = []
+    cut = CutsFirstWatch(
+        then=lambda: appended.extend(chat.append([{"role": "user", "text": "away"}]).ids)
+    )
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        http = httpx.Client(base_url=server.url, transport=cut, timeout=30)
+        with ctxlog.Client(server.url, http=http) as c:
+            for ev in c.session("bot", "from-start").watch(reconnects=100, backoff=0.02):
+                seen.append(ev.record.id)
+                if len(seen) == 2:
+                    done.set()
+                    return
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert cut.cut.wait(30), "the stream sent no `position` event first"
+    appended.extend(chat.append([{"role": "user", "text": "back"}]).ids)
+    assert done.wait(30), f"the watch saw {seen} of {appended}"
+    assert seen == appended
+    writer.close()
+
+
+class _EndingStreams(http.server.BaseHTTPRequestHandler):
+    """Watch streams that a server had to stop: the first ends (resumable) past its last
+    record, the second ends as not resumable. Each request's `Last-Event-ID` is kept."""
+
+    asked: list[str | None] = []
+    streams = [
+        b"event: position\nid: P0\ndata: {}\n\n"
+        b"event: record\nid: P1\ndata: %s\n\n"
+        b'event: end\nid: P2\ndata: {"reason": "slow", "resume": true}\n\n',
+        b"event: position\nid: P2\ndata: {}\n\n"
+        b'event: end\nid: P2\ndata: {"reason": "behind", "resume": false}\n\n',
+    ]
+
+    def do_GET(self) -> None:
+        n = len(self.asked)
+        self.asked.append(self.headers.get("last-event-id"))
+        body = self.streams[min(n, 1)]
+        if b"%s" in body:
+            body = body % json.dumps(_RECORD).encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+_RECORD = {
+    "id": "r-1",
+    "bot_id": "b",
+    "session_id": "s",
+    "role": "user",
+    "content_type": "text/plain",
+    "kind": "put",
+    "shard": "x",
+    "seq": 1,
+    "epoch": 1,
+    "hlc": 1,
+    "text": "hi",
+}
+
+
+def test_an_ended_stream_is_resumed_from_its_end_and_a_final_end_raises() -> None:
+    """A stream the server ends with `resume: true` is reopened from the end's position
+    (past the last record), not counted as a failure; one that cannot be resumed raises
+    `WatchEnded` naming the reason (a fake SSE server on 127.0.0.1: the real one ends
+    streams only under shutdown or a slow reader)."""
+    _EndingStreams.asked = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EndingStreams)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        with ctxlog.Client(url, timeout=10) as c:
+            seen: list[str] = []
+            with pytest.raises(ctxlog.WatchEnded) as e:
+                for ev in c.session("b", "s").watch(reconnects=0):
+                    seen.append(ev.record.id)
+        assert seen == ["r-1"] and _EndingStreams.asked == [None, "P2"]
+        assert e.value.reason == "behind" and e.value.position == "P2"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_watch_resumes_across_a_server_restart(store: str, servers: list[Server]) -> None:

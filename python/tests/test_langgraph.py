@@ -56,25 +56,6 @@ def test_a_graph_run_and_resumed(server: Server) -> None:
     )
 
 
-def test_two_processes_advancing_one_thread_leave_a_conflict(
-    store: str, servers: list[Server]
-) -> None:
-    a, b = start(store, "replica-a"), start(store, "replica-b")
-    servers.extend([a, b])
-    sa, sb = CtxlogSaver(a.url), CtxlogSaver(b.url)
-    config = {"configurable": {"thread_id": "shared"}}
-    graph(sa, "a").invoke({"steps": ["start"]}, config)
-    # Both processes read the same latest checkpoint, then each advances the thread from it.
-    head = sa.get_tuple(config)
-    assert head is not None and sb.get_tuple(config) == head
-    pinned = head.config
-    graph(sa, "a").invoke({"steps": ["from a"]}, pinned)
-    graph(sb, "b").invoke({"steps": ["from b"]}, pinned)
-    forks = sa.forks()
-    assert forks, "two runs advanced one checkpoint and no conflict says so"
-    assert all(f["id"].startswith("next:shared:") for f in forks)
-
-
 def _concat(state: list[str] | None, writes: list[list[str]]) -> list[str]:
     return (state or []) + [x for w in writes for x in w]
 
@@ -105,3 +86,118 @@ def test_prune_keeps_what_a_delta_channel_is_rebuilt_from(server: Server) -> Non
     # Pruned something, and kept the chain back to the last snapshot of `steps`.
     assert 1 < kept < total, (kept, total)
     assert delta_graph(CtxlogSaver(server.url)).get_state(config).values["steps"] == before
+
+
+def test_an_empty_checkpoint_id_means_the_latest(server: Server) -> None:
+    """As LangGraph's own savers (and this saver's `list()`): `checkpoint_id: ""`."""
+    saver = CtxlogSaver(server.url)
+    config = {"configurable": {"thread_id": "empty-id"}}
+    graph(saver, "a").invoke({"steps": ["start"]}, config)
+    latest = saver.get_tuple(config)
+    empty = {"configurable": {"thread_id": "empty-id", "checkpoint_ns": "", "checkpoint_id": ""}}
+    assert latest is not None and saver.get_tuple(empty) == latest  # type: ignore[arg-type]
+
+
+async def test_re_putting_a_checkpoint_with_other_content_is_a_conflict(server: Server) -> None:
+    """A checkpoint's record is written once (rule 6): a put of an existing checkpoint id
+    with other content is refused as `CheckpointConflict` (SqliteSaver would overwrite it;
+    this log would keep the first, so the caller is told); the same content again is a
+    retry and lands once."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from ctxlog.langgraph import CheckpointConflict
+
+    saver = CtxlogSaver(server.url)
+    config = {"configurable": {"thread_id": "re-put", "checkpoint_ns": ""}}
+    cp = empty_checkpoint()
+    saver.put(config, cp, {"step": 0}, {})  # type: ignore[arg-type]
+    saver.put(config, cp, {"step": 0}, {})  # type: ignore[arg-type]
+    changed = {**cp, "channel_values": {"steps": ["other"]}}
+    with pytest.raises(CheckpointConflict) as e:
+        saver.put(config, changed, {"step": 0}, {})  # type: ignore[arg-type]
+    assert e.value.checkpoint_id == cp["id"]
+    with pytest.raises(CheckpointConflict):
+        await saver.aput(config, changed, {"step": 0}, {})  # type: ignore[arg-type]
+    got = saver.get_tuple({"configurable": {**config["configurable"], "checkpoint_id": cp["id"]}})  # type: ignore[arg-type]
+    assert got is not None and got.checkpoint["channel_values"] == {}
+    assert len(list(saver.list(config))) == 1  # type: ignore[arg-type]
+
+
+ADVANCE = """
+import sys
+from langgraph.checkpoint.base import create_checkpoint
+from ctxlog.langgraph import CtxlogSaver
+
+url, name = sys.argv[1:]
+saver = CtxlogSaver(url)
+head = saver.get_tuple({"configurable": {"thread_id": "lineage", "checkpoint_ns": ""}})
+print("read", flush=True)
+sys.stdin.readline()
+step = head.metadata["step"] + 1
+checkpoint = create_checkpoint(head.checkpoint, None, step)
+saver.put(head.config, checkpoint, {"source": "loop", "step": step, "writer": name}, {})
+print(checkpoint["id"], flush=True)
+"""
+
+
+def test_reads_follow_the_first_writer_s_lineage_from_two_processes(
+    store: str, servers: list[Server]
+) -> None:
+    """Two processes read the thread's head, then each advances it (through two replicas,
+    one after the other): the thread keeps the first writer's lineage, in both, though the
+    second's checkpoint is newer; a conflict says so; the second's stays readable by id."""
+    import subprocess
+    import sys
+
+    a, b = start(store, "replica-a"), start(store, "replica-b")
+    servers.extend([a, b])
+    config = {"configurable": {"thread_id": "lineage"}}
+    graph(CtxlogSaver(a.url), "a").invoke({"steps": ["start"]}, config)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ADVANCE, url, name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for url, name in ((a.url, "first"), (b.url, "second"))
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "read\n"
+        made = []
+        for p in procs:
+            out, _ = p.communicate("go\n", timeout=120)
+            assert p.returncode == 0
+            made.append(out.strip())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    first, second = made
+    assert second > first  # time-ordered ids: the second branch is the newer
+    for url in (a.url, b.url):
+        saver = CtxlogSaver(url)
+        latest = saver.get_tuple(config)  # type: ignore[arg-type]
+        assert latest is not None and latest.checkpoint["id"] == first, url
+        assert latest.metadata["writer"] == "first"
+        assert saver.forks(), "two runs advanced one checkpoint and no conflict says so"
+        pinned = {
+            "configurable": {"thread_id": "lineage", "checkpoint_ns": "", "checkpoint_id": second}
+        }
+        assert saver.get_tuple(pinned) is not None  # type: ignore[arg-type]
+
+
+def test_a_fork_from_an_older_checkpoint_is_the_thread_s_latest(server: Server) -> None:
+    """LangGraph's time travel: resuming from a checkpoint that was advanced already is a
+    deliberate fork; the new branch is the thread's latest, and no conflict is reported."""
+    saver = CtxlogSaver(server.url)
+    config = {"configurable": {"thread_id": "travel"}}
+    g = graph(saver, "a")
+    g.invoke({"steps": ["one"]}, config)
+    head = saver.get_tuple(config)  # type: ignore[arg-type]
+    assert head is not None
+    g.invoke({"steps": ["two"]}, config)
+    assert g.invoke({"steps": ["fork"]}, head.config)["steps"] == ["one", "a", "fork", "a"]
+    assert g.get_state(config).values["steps"] == ["one", "a", "fork", "a"]  # type: ignore[arg-type]
+    assert not saver.forks()

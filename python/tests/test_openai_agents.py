@@ -234,7 +234,7 @@ async def test_get_items_is_the_context_view(server: Server) -> None:
         ctx = await chat.context()
         await s.add_items([item(5)])  # after the summariser's read: not covered
         summary = [{"role": "assistant", "content": "summary of 0..4"}, item(4)]
-        await chat.summarize(json.dumps(summary), ctx.position, content_type=SUMMARY_CONTENT_TYPE)
+        await chat.summarize(json.dumps(summary), ctx, content_type=SUMMARY_CONTENT_TYPE)
         await s.add_items([item(6), item(7)])
         full = await context_items(server.url, "view")
         assert full == summary + [item(5), item(6), item(7)]
@@ -356,3 +356,20 @@ async def test_pop_and_clear_after_a_compaction(store: str, servers: list[Server
     await theirs.add_items([item(5)])
     await ours.clear_session()
     assert await ours.get_items() == [] and await live_records(a.url, "pop-clear") == []
+
+
+async def test_the_compaction_input_applies_the_session_s_item_limit(server: Server) -> None:
+    """As the SDK's own sessions: `_read_compaction_items(None)` reads at most the session's
+    `SessionSettings(limit=…)` items, and says whether that is all of them."""
+    from agents.memory import SessionSettings
+
+    ours = CtxlogSession("limited", server.url, session_settings=SessionSettings(limit=3))
+    theirs = SQLiteSession("limited", session_settings=SessionSettings(limit=3))
+    for s in (ours, theirs):
+        await s.add_items([item(i) for i in range(5)])
+    # The SDK's compaction reads a session without the hook by `get_items()` (limited).
+    want = await theirs.get_items()
+    assert want == [item(i) for i in (2, 3, 4)]
+    assert await ours._read_compaction_items(None) == (want, False)
+    assert await ours._read_compaction_items(5) == ([item(i) for i in range(5)], True)
+    theirs.close()

@@ -27,7 +27,7 @@ def test_a_summary_governs_the_context_view(server: Server) -> None:
         assert ids(ctx.records) == old and ctx.summary is None and ctx.covered == 0
         # Appended by someone else while the summariser works: after the read, not covered.
         late = s.append([{"role": "user", "text": "late"}]).ids
-        ack = s.summarize("m0..m2 in short", ctx.position, metadata={"model": "small"})
+        ack = s.summarize("m0..m2 in short", ctx, metadata={"model": "small"})
         (summary_id,) = ack.ids
 
         now = s.context()
@@ -47,7 +47,7 @@ def test_a_summary_governs_the_context_view(server: Server) -> None:
         # A summary of that view governs in its turn; the earlier one is left out and not
         # counted (it is a summary, not a record it stands for).
         more = s.append([{"role": "assistant", "text": "after"}]).ids
-        second = s.summarize(b"\x00binary", now.position, id="sum-2", role="memory").ids
+        second = s.summarize(b"\x00binary", now, id="sum-2", role="memory").ids
         assert second == ["sum-2"]
         last = s.context()
         assert last.summary == "sum-2" and last.covered == 4
@@ -68,7 +68,7 @@ async def test_the_async_twin(server: Server) -> None:
         ctx = await s.context()
         assert ids(ctx.records) == old and ctx.summary is None
         late = (await s.append([{"role": "user", "text": "late"}])).ids
-        (summary_id,) = (await s.summarize("short", covers=ctx.position)).ids
+        (summary_id,) = (await s.summarize("short", covers=ctx)).ids
         now = await s.context()
         assert now.summary == summary_id and now.covered == 2
         assert ids(now.records) == [summary_id] + late
@@ -91,10 +91,14 @@ def test_wrong_covers_is_invalid_input_naming_the_field(
         s.append([{"role": "user", "text": "hi"}])
         other = x.session("b", "s")
         other.append([{"role": "user", "text": str(i)} for i in range(5)])
-        foreign = other.context().position
+        foreign = other.context()
         cases = [
             lambda: s.summarize("x", "not-a-position"),
             lambda: s.summarize("x", foreign),
+            # A page's position, and the covers of another session's or bot's view.
+            lambda: s.summarize("x", s.records().position),
+            lambda: s.summarize("x", c.session("b", "t").context()),
+            lambda: s.summarize("x", c.session("c", "s").context()),
             # A summary without `covers`, and `covers` on a record that is not a summary.
             lambda: s.append([{"role": "summary", "kind": "summary", "text": "x"}]),
             lambda: s.append(
@@ -112,6 +116,22 @@ def test_wrong_covers_is_invalid_input_naming_the_field(
         assert s.context().summary is None
 
 
+def test_a_summary_cannot_cover_a_page(server: Server) -> None:
+    """A page's position is the whole view's: a summary written from a 2-record page of a
+    5-record session would hide all 5. Neither the page nor its position is taken."""
+    with ctxlog.Client(server.url) as c:
+        s = c.session("b", "paged")
+        written = s.append([{"role": "user", "text": str(i)} for i in range(5)]).ids
+        page = s.records(limit=2)
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            s.summarize("the first two", page.position)
+        assert e.value.field == "covers" and e.value.written == "nothing"
+        with pytest.raises(TypeError):
+            s.summarize("the first two", page)  # type: ignore[arg-type]
+        view = s.context()
+        assert view.summary is None and ids(view.records) == written
+
+
 def test_a_retried_summary_lands_once(server: Server) -> None:
     """The first answer of a summary's append is lost after it landed: the client retries
     with the same id, and there is one summary."""
@@ -121,7 +141,7 @@ def test_a_retried_summary_lands_once(server: Server) -> None:
     http = httpx.Client(base_url=server.url, transport=loses, timeout=30)
     with ctxlog.Client(server.url, http=http) as c:
         s = c.session("b", "r")
-        ack = s.summarize("short", s.context().position)
+        ack = s.summarize("short", s.context())
         assert loses.lost == 1
         summaries = [r for r in s.iter_records() if r.kind == "summary"]
         assert ids(summaries) == ack.ids
@@ -133,7 +153,7 @@ def test_the_bot_wide_append_takes_summaries(server: Server) -> None:
         one, two = c.session("b", "one"), c.session("b", "two")
         one.append([{"role": "user", "text": "1"}])
         two.append([{"role": "user", "text": "2"}])
-        p1, p2 = one.context().position, two.context().position
+        p1, p2 = one.context().covers, two.context().covers
         ack = c.append_many(
             "b",
             [
@@ -153,7 +173,7 @@ async def test_a_summary_arrives_in_a_watch_stream(server: Server) -> None:
         await s.append([{"role": "user", "text": "hi"}])
         ctx = await s.context()
         events = s.watch(after=ctx.position)
-        (summary_id,) = (await s.summarize("short", ctx.position)).ids
+        (summary_id,) = (await s.summarize("short", ctx)).ids
         ev = await asyncio.wait_for(anext(events), 30)
         await events.aclose()
         assert ev.kind == "record" and ev.record.id == summary_id

@@ -1,6 +1,7 @@
 //! `cargo xtask test`'s Python step: the `ctxlog` Python package (`python/`) linted, type
 //! checked and tested against real `ctxlog serve` processes (the debug binary the Rust tests
-//! built), on SQLite and on Lance on the run's loopback S3 server.
+//! built), on SQLite and on Lance on the run's loopback S3 server; then the frameworks' own
+//! tests (vendored under `python/tests/upstream/`) against its adapters.
 //!
 //! The environment is a virtualenv under the target directory holding exactly
 //! `python/requirements-test.txt` (installed once per change of that file); the package is
@@ -28,12 +29,31 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
             .arg("benchmarks")
             .current_dir(&python_dir),
     )?;
+    let ctxlog = cargo::target_dir()?.join("debug").join("ctxlog");
     cargo::step(
         "python: pytest",
         Command::new(bin.join("python"))
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .args([
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--ignore",
+                "tests/upstream",
+            ])
             .current_dir(&python_dir)
-            .env("CTXLOG_BIN", cargo::target_dir()?.join("debug").join("ctxlog"))
+            .env("CTXLOG_BIN", &ctxlog)
+            .env(s3_loopback::ENDPOINT_ENV, s3.endpoint()),
+    )?;
+    // The frameworks' own session and saver tests (a pinned subset vendored from the
+    // released sdists, their fixtures swapped for the adapters): `tests/upstream/`.
+    cargo::step(
+        "python: the frameworks' own tests against the adapters",
+        Command::new(bin.join("python"))
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/upstream"])
+            .current_dir(&python_dir)
+            .env("CTXLOG_BIN", &ctxlog)
             .env(s3_loopback::ENDPOINT_ENV, s3.endpoint()),
     )
 }

@@ -433,7 +433,7 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
     let during: Vec<Value> = (0..4).map(|i| rec(&format!("during-{i}"), "x")).collect();
     ensure!(ca.append("bot", "c", &during).await?.status == StatusCode::OK);
     let summary = json!({"id": "sum", "role": "summary", "text": "six records", "kind": "summary",
-                         "covers": read.json["position"]});
+                         "covers": read.json["covers"]});
     let ack = ca.append("bot", "c", &[summary]).await?;
     ensure!(ack.status == StatusCode::OK, "{}", ack.text);
     for c in [&ca, &cb] {
@@ -464,9 +464,12 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
         seen.iter().any(|(id, kind)| id == "sum" && kind == "summary"),
         "the watcher saw {seen:?}"
     );
-    // A position no replica gave out (a seq far past the shard's end) is refused.
+    // A covers token no replica gave out (this view's, its seq far past the shard's end) is
+    // refused.
     let shard = ack.json["shard"].as_str().context("shard")?;
-    let forged = base64_position(&format!("p1.{shard}=1000000"));
+    let token = String::from_utf8(base64_decode(read.json["covers"].as_str().context("covers")?)?)?;
+    let (scope, _) = token.rsplit_once('.').context("a covers token")?;
+    let forged = base64_encode(&format!("{scope}.{shard}=1000000"));
     let bad = json!({"id": "forged", "role": "summary", "text": "x", "kind": "summary", "covers": forged});
     let refused = ca.append("bot", "c", &[bad]).await?;
     ensure!(
@@ -480,7 +483,12 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
 }
 
 /// A position as the server encodes one (URL-safe base64 of its text, no padding).
-fn base64_position(text: &str) -> String {
+fn base64_encode(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
+}
+
+fn base64_decode(text: &str) -> anyhow::Result<Vec<u8>> {
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text)?)
 }

@@ -414,7 +414,7 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
         ensure!(t.json["records"][0]["id"] == "d-4", "{}", t.text);
         let context = c.get("/v1/bots/a/sessions/s/context").await?;
         let summary = json!({"id": "d-5", "role": "summary", "text": "all of it", "kind": "summary",
-                             "covers": context.json["position"]});
+                             "covers": context.json["covers"]});
         let summarised = c.append("a", "s", &[summary]).await?;
         ensure!(summarised.status == StatusCode::OK, "{}", summarised.text);
         let bad_covers = c

@@ -51,8 +51,9 @@ pub struct RecordIn {
     /// Put (default), tombstone or summary.
     #[serde(default)]
     pub kind: KindJson,
-    /// What a summary covers: the `position` of the view its writer read (a page's or the
-    /// context view's). Required for a summary, refused for anything else.
+    /// What a summary covers: the `covers` token of the context view of this session its
+    /// writer read (a page's or a stream's `position` is refused). Required for a summary,
+    /// refused for anything else.
     #[serde(default)]
     pub covers: Option<String>,
     /// The record's session: required by the bot-wide append (one atomic batch across
@@ -103,15 +104,17 @@ impl RecordIn {
             ),
         };
         let covers = match (self.kind, self.covers) {
-            (KindJson::Summary, Some(c)) => Some(crate::cursor::parse_position("covers", &c).map_err(|mut p| {
-                p.record = Some(index);
-                p
-            })?),
+            (KindJson::Summary, Some(c)) => Some(crate::cursor::parse_covers("covers", &c, bot, session).map_err(
+                |mut p| {
+                    p.record = Some(index);
+                    p
+                },
+            )?),
             (KindJson::Summary, None) => {
                 return Err(Problem::invalid(
                     "covers",
                     Some(index),
-                    "a summary needs the `position` of the view it summarises",
+                    "a summary needs the `covers` of the context view it summarises",
                 ));
             }
             (_, Some(_)) => return Err(Problem::invalid("covers", Some(index), "only a summary covers records")),
@@ -264,9 +267,11 @@ pub struct ContextOut {
     pub summary: Option<String>,
     /// Live records the summary stands for (left out).
     pub covered: u64,
-    /// The view's position when it was read: give it as `covers` of a summary of this view,
-    /// or watch from it.
+    /// The view's position when it was read: watch from it.
     pub position: String,
+    /// The same position bound to this bot and session: give it as `covers` of a summary of
+    /// this view (the only thing `covers` takes).
+    pub covers: String,
 }
 
 /// A session of a bot with live records.

@@ -293,8 +293,9 @@ async fn read_session(
 }
 
 /// A session's context view (rule 21): its governing summary and every live record that
-/// summary does not cover, in the contract's order, with the view's position (give it as
-/// `covers` of a summary written from this view).
+/// summary does not cover, in the contract's order, with the view's position (to watch
+/// from) and its `covers` token (for a summary written from this view: bound to this
+/// session, it is the only thing `covers` takes).
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/context",
     params(("bot" = String, Path), ("session" = String, Path)),
     responses((status = 200, body = ContextOut), (status = 401, body = Problem), (status = 403, body = Problem)))]
@@ -305,7 +306,7 @@ async fn read_context(
 ) -> Result<axum::Json<ContextOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
     let mut p = r.view.fresh().await?;
-    let position = cursor::position(&p.checkpoint());
+    let checkpoint = p.checkpoint();
     let view = p.context(&bot, &session).await.map_err(Problem::from)?;
     drop(p);
     let summary = view
@@ -316,7 +317,8 @@ async fn read_context(
         records: view.entries.iter().map(EntryOut::from).collect(),
         summary,
         covered: view.covered,
-        position,
+        position: cursor::position(&checkpoint),
+        covers: cursor::covers(&bot, &session, &checkpoint),
     }))
 }
 

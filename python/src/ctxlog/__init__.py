@@ -2,7 +2,7 @@
 
 `Client` and `AsyncClient` have the same surface; errors are typed (`ctxlog.errors`).
 A session's `context()` is what an agent sends its model (its governing summary and the
-records it does not cover); `summarize(body, covers=context.position)` writes a summary."""
+records it does not cover); `summarize(body, covers=context)` writes a summary of that view."""
 
 from ._async_client import AsyncClient, AsyncSession
 from ._client import Client, Session
@@ -20,6 +20,7 @@ from ._errors import (
     TooManyWatchers,
     Unauthorized,
     Unavailable,
+    WatchEnded,
 )
 from ._ids import new_id
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
@@ -49,5 +50,6 @@ __all__ = [
     "TooManyWatchers",
     "Unauthorized",
     "Unavailable",
+    "WatchEnded",
     "new_id",
 ]

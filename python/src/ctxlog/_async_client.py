@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -17,11 +18,18 @@ from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 
 class AsyncClient:
-    """An asynchronous client of one `ctxlog serve` replica.
+    """An asynchronous client of one `ctxlog serve` replica, usable from any event loop.
 
     `retry` bounds how an append that may have landed is retried with the same ids; a
     definite failure is never retried. `verify` is httpx's: for a server with a private CA,
     an `ssl.SSLContext` that trusts it.
+
+    An `httpx.AsyncClient` is bound to the loop it first ran on, so this client keeps one
+    per running loop, made on first use there: one object serves a second `asyncio.run`, a
+    thread with its own loop, or a framework's `run_sync`, as the frameworks' own SQLite
+    and in-memory stores do. `close()` closes the current loop's and those of loops still
+    running; a closed loop's is dropped (its connections cannot be closed any more). An
+    `http` client given here is used as it is, from its own loop only.
     """
 
     def __init__(
@@ -34,10 +42,30 @@ class AsyncClient:
         verify: ssl.SSLContext | bool = True,
         http: httpx.AsyncClient | None = None,
     ) -> None:
-        self._http = http or httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, headers=_core.headers(token), verify=verify
-        )
+        self._given = http
+        self._options: dict[str, Any] = {
+            "base_url": base_url,
+            "timeout": timeout,
+            "headers": _core.headers(token),
+            "verify": verify,
+        }
+        self._per_loop: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._lock = threading.Lock()
         self.retry = retry or Retry()
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """The HTTP client of the running loop."""
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            http = self._per_loop.get(loop)
+            if http is None:
+                for closed in [other for other in self._per_loop if other.is_closed()]:
+                    del self._per_loop[closed]
+                http = self._per_loop[loop] = httpx.AsyncClient(**self._options)
+            return http
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -46,7 +74,18 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._given is not None:
+            await self._given.aclose()
+            return
+        here = asyncio.get_running_loop()
+        with self._lock:
+            clients, self._per_loop = self._per_loop, {}
+        for loop, http in clients.items():
+            if loop is here:
+                await http.aclose()
+            elif loop.is_running():
+                # Closed on its own loop (an httpx client cannot be closed from another).
+                asyncio.run_coroutine_threadsafe(http.aclose(), loop)
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
@@ -57,17 +96,24 @@ class AsyncClient:
 
     async def _append(self, path: str, body: dict[str, Any]) -> Ack:
         """POST one batch; an answer that may have been lost is retried with the same body
-        (the same ids, counted once), a bounded number of times; a definite one never."""
+        (the same ids, counted once), a bounded number of times; a definite one never.
+        Once any attempt may have landed, the error raised says `written == "unknown"`
+        whatever later attempts answered."""
         wait = self.retry.backoff
         content = _core.encode(body)
+        unknown: CtxlogError | None = None
         for attempt in range(1, self.retry.attempts + 1):
             try:
                 return _core.ack(
                     await self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
                 )
             except CtxlogError as e:
+                if e.written == "unknown":
+                    unknown = e
                 if attempt == self.retry.attempts or not _core.retryable(e):
-                    raise
+                    if e is unknown or unknown is None:
+                        raise
+                    raise _core.unknown_after(e, unknown) from e
             await asyncio.sleep(wait)
             wait = min(wait * 2, self.retry.max_backoff)
         raise AssertionError("unreachable")
@@ -161,26 +207,27 @@ class AsyncSession:
 
     async def context(self) -> Context:
         """The session's context view: its governing summary (if any) and every live record
-        it does not cover, in the log's order, with the view's `position` (give it as
-        `covers` of a summary written from this view)."""
+        it does not cover, in the log's order, with the view's `position` (to watch from)
+        and `covers` (what a summary written from this view covers: give the view)."""
         return _core.context(await self.client._call("GET", f"{self._path}/context"))
 
     async def summarize(
         self,
         body: str | bytes,
-        covers: str,
+        covers: Context | str,
         *,
         id: str | None = None,
         role: str = "summary",
         content_type: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Ack:
-        """Append a summary of the records the view at `covers` held (the `position` of
-        the context view or page its writer read): it stands for them in the context view
-        from then on. Records appended after that read are not covered, so never lost. The
-        id is made here if not given, once: a retry after an answer that may have landed
-        sends the same one. A `covers` that is not a position of this store raises
-        `InvalidInput` (`field == "covers"`)."""
+        """Append a summary of the records the context view `covers` held (the view its
+        writer read, or its `covers` token; a page is refused, since its position is the
+        whole view's): it stands for them in the context view from then on. Records
+        appended after that read are not covered, so never lost. The id is made here if not
+        given, once: a retry after an answer that may have landed sends the same one. A
+        `covers` of another session, or not given out by this store, raises `InvalidInput`
+        (`field == "covers"`)."""
         record = _core.summary_record(
             body, covers, id=id, role=role, content_type=content_type, metadata=metadata
         )
@@ -211,28 +258,31 @@ class AsyncSession:
         self, *, after: str | None = None, reconnects: int = 5, backoff: float = 0.2
     ) -> AsyncIterator[Event]:
         """New records as they arrive (after `after`, a position from a page or an event;
-        from now without one). A dropped connection is reopened from the last event's
-        position: nothing is missed or seen twice. Gives up after `reconnects` failed tries
-        in a row."""
-        last = after
+        without one, from the position the first stream started at, which the server
+        sends first). A dropped or ended stream is reopened from the last position it
+        gave: nothing is missed or seen twice. Gives up after `reconnects` failed tries in
+        a row; raises `WatchEnded` if the server ends the stream as not resumable."""
+        state = _core.Watch(after)
         failures = 0
         while True:
-            headers = {"last-event-id": last} if last else {}
             try:
                 async with aconnect_sse(
-                    self.client._http, "GET", f"{self._path}/watch", headers=headers
+                    self.client._http, "GET", f"{self._path}/watch", headers=state.headers()
                 ) as source:
                     if source.response.status_code >= 400:
                         await source.response.aread()
                         _core.check(source.response)
                     failures = 0
                     async for sse in source.aiter_sse():
-                        if sse.event not in ("record", "tombstone"):
-                            continue
-                        last = sse.id
-                        yield Event(sse.event, Record.from_json(sse.json()), sse.id)
+                        event = state.on(sse.event, sse.id, sse.data)
+                        if event is not None:
+                            yield event
+                        elif state.ended:
+                            break
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 pass
+            if state.ended:
+                continue
             failures += 1
             if failures > reconnects:
                 raise CtxlogError(f"the watch stream could not be reopened {reconnects} times")

@@ -57,17 +57,24 @@ class Client:
 
     def _append(self, path: str, body: dict[str, Any]) -> Ack:
         """POST one batch; an answer that may have been lost is retried with the same body
-        (the same ids, counted once), a bounded number of times; a definite one never."""
+        (the same ids, counted once), a bounded number of times; a definite one never.
+        Once any attempt may have landed, the error raised says `written == "unknown"`
+        whatever later attempts answered."""
         wait = self.retry.backoff
         content = _core.encode(body)
+        unknown: CtxlogError | None = None
         for attempt in range(1, self.retry.attempts + 1):
             try:
                 return _core.ack(
                     self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
                 )
             except CtxlogError as e:
+                if e.written == "unknown":
+                    unknown = e
                 if attempt == self.retry.attempts or not _core.retryable(e):
-                    raise
+                    if e is unknown or unknown is None:
+                        raise
+                    raise _core.unknown_after(e, unknown) from e
             time.sleep(wait)
             wait = min(wait * 2, self.retry.max_backoff)
         raise AssertionError("unreachable")
@@ -158,26 +165,27 @@ class Session:
 
     def context(self) -> Context:
         """The session's context view: its governing summary (if any) and every live record
-        it does not cover, in the log's order, with the view's `position` (give it as
-        `covers` of a summary written from this view)."""
+        it does not cover, in the log's order, with the view's `position` (to watch from)
+        and `covers` (what a summary written from this view covers: give the view)."""
         return _core.context(self.client._call("GET", f"{self._path}/context"))
 
     def summarize(
         self,
         body: str | bytes,
-        covers: str,
+        covers: Context | str,
         *,
         id: str | None = None,
         role: str = "summary",
         content_type: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Ack:
-        """Append a summary of the records the view at `covers` held (the `position` of
-        the context view or page its writer read): it stands for them in the context view
-        from then on. Records appended after that read are not covered, so never lost. The
-        id is made here if not given, once: a retry after an answer that may have landed
-        sends the same one. A `covers` that is not a position of this store raises
-        `InvalidInput` (`field == "covers"`)."""
+        """Append a summary of the records the context view `covers` held (the view its
+        writer read, or its `covers` token; a page is refused, since its position is the
+        whole view's): it stands for them in the context view from then on. Records
+        appended after that read are not covered, so never lost. The id is made here if not
+        given, once: a retry after an answer that may have landed sends the same one. A
+        `covers` of another session, or not given out by this store, raises `InvalidInput`
+        (`field == "covers"`)."""
         record = _core.summary_record(
             body, covers, id=id, role=role, content_type=content_type, metadata=metadata
         )
@@ -207,28 +215,31 @@ class Session:
         self, *, after: str | None = None, reconnects: int = 5, backoff: float = 0.2
     ) -> Iterator[Event]:
         """New records as they arrive (after `after`, a position from a page or an event;
-        from now without one). A dropped connection is reopened from the last event's
-        position: nothing is missed or seen twice. Gives up after `reconnects` failed tries
-        in a row."""
-        last = after
+        without one, from the position the first stream started at, which the server
+        sends first). A dropped or ended stream is reopened from the last position it
+        gave: nothing is missed or seen twice. Gives up after `reconnects` failed tries in
+        a row; raises `WatchEnded` if the server ends the stream as not resumable."""
+        state = _core.Watch(after)
         failures = 0
         while True:
-            headers = {"last-event-id": last} if last else {}
             try:
                 with connect_sse(
-                    self.client._http, "GET", f"{self._path}/watch", headers=headers
+                    self.client._http, "GET", f"{self._path}/watch", headers=state.headers()
                 ) as source:
                     if source.response.status_code >= 400:
                         source.response.read()
                         _core.check(source.response)
                     failures = 0
                     for sse in source.iter_sse():
-                        if sse.event not in ("record", "tombstone"):
-                            continue
-                        last = sse.id
-                        yield Event(sse.event, Record.from_json(sse.json()), sse.id)
+                        event = state.on(sse.event, sse.id, sse.data)
+                        if event is not None:
+                            yield event
+                        elif state.ended:
+                            break
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 pass
+            if state.ended:
+                continue
             failures += 1
             if failures > reconnects:
                 raise CtxlogError(f"the watch stream could not be reopened {reconnects} times")

@@ -11,9 +11,9 @@ from urllib.parse import quote
 
 import httpx
 
-from ._errors import CtxlogError, Indeterminate, ReplicaUnavailable, from_problem
+from ._errors import CtxlogError, Indeterminate, ReplicaUnavailable, WatchEnded, from_problem
 from ._ids import new_id
-from ._types import Ack, Context, Page, Record, SessionInfo
+from ._types import Ack, Context, Event, Page, Record, SessionInfo
 
 RecordInput = Mapping[str, Any]
 
@@ -67,6 +67,17 @@ def retryable(e: Exception) -> bool:
     return isinstance(e, httpx.TransportError)
 
 
+def unknown_after(e: CtxlogError, earlier_unknown: CtxlogError) -> Indeterminate:
+    """What a retried append's caller is told when its last attempt was refused definitely
+    (`e`) after an earlier one that may have landed: the refusal does not undo that
+    attempt, so the outcome is unknown (the caller must not retry with new ids)."""
+    return Indeterminate(
+        f"{e} (an earlier attempt may have landed: {earlier_unknown})",
+        status=e.status,
+        problem={**e.problem, "written": "unknown"},
+    )
+
+
 def transport_error(e: httpx.TransportError) -> Indeterminate:
     return Indeterminate(f"transport error: {e}", problem={"written": "unknown"})
 
@@ -86,12 +97,26 @@ def context(v: dict[str, Any]) -> Context:
         summary=v.get("summary"),
         covered=int(v.get("covered", 0)),
         position=v["position"],
+        covers=v["covers"],
+    )
+
+
+def covers_token(covers: Context | str) -> str:
+    """What a summary's `covers` sends: a context view's token, never a page's position (a
+    page's position is the whole view's, so a summary covering it would hide records the
+    page did not hold); the server refuses a token of another session."""
+    if isinstance(covers, Context):
+        return covers.covers
+    if isinstance(covers, str):
+        return covers
+    raise TypeError(
+        f"covers takes a context view (or its `covers` token), not {type(covers).__name__}"
     )
 
 
 def summary_record(
     body: str | bytes,
-    covers: str,
+    covers: Context | str,
     *,
     id: str | None,
     role: str,
@@ -103,7 +128,7 @@ def summary_record(
         "id": id,
         "role": role,
         "kind": "summary",
-        "covers": covers,
+        "covers": covers_token(covers),
         "content_type": content_type,
         "metadata": metadata,
         ("bytes" if isinstance(body, bytes) else "text"): body,
@@ -120,6 +145,42 @@ def sessions(v: dict[str, Any]) -> tuple[list[SessionInfo], str | None]:
 
 def ack(v: dict[str, Any]) -> Ack:
     return Ack.from_json(v)
+
+
+class Watch:
+    """Where a watch stream stands, the same for the sync and async clients (the protocol
+    of the server's streams): the first event of every stream is `position` (where it
+    starts: resuming from it misses nothing even if the stream drops before any record);
+    `record` and `tombstone` events carry entries; `end` closes a stream the server had to
+    stop, with the position it went through and whether to resume from there."""
+
+    def __init__(self, after: str | None) -> None:
+        self.last = after
+        self.ended = False
+
+    def headers(self) -> dict[str, str]:
+        self.ended = False
+        return {"last-event-id": self.last} if self.last else {}
+
+    def on(self, kind: str, id: str | None, data: str) -> Event | None:
+        """The event to hand the caller, if any; `ended` tells the caller to reconnect."""
+        if kind in ("record", "tombstone"):
+            self.last = id
+            return Event(kind, Record.from_json(json.loads(data)), str(id))
+        if kind == "position" and id:
+            self.last = id
+        elif kind == "end":
+            end = json.loads(data) if data else {}
+            if id:
+                self.last = id
+            if not end.get("resume", False):
+                reason = str(end.get("reason", ""))
+                raise WatchEnded(
+                    f"the server ended the watch stream ({reason}) and it cannot be resumed",
+                    problem={"reason": reason, "position": self.last, "written": "nothing"},
+                )
+            self.ended = True
+        return None
 
 
 def headers(token: str | None) -> dict[str, str]:

@@ -97,6 +97,21 @@ class TooManyWatchers(CtxlogError):
     """The token has as many watch streams open as it may."""
 
 
+class WatchEnded(CtxlogError):
+    """The server ended a watch stream and said it cannot be resumed from where it was
+    (`reason`, e.g. the position fell behind what the store keeps): read the session
+    afresh, then watch from that read's position. `position` is where the stream ended."""
+
+    @property
+    def reason(self) -> str:
+        return str(self.problem.get("reason", ""))
+
+    @property
+    def position(self) -> str | None:
+        p = self.problem.get("position")
+        return None if p is None else str(p)
+
+
 _BY_TYPE: dict[str, type[CtxlogError]] = {
     "invalid-input": InvalidInput,
     "malformed-request": MalformedRequest,

@@ -85,14 +85,16 @@ class Context:
     summary does not cover, in the log's order — what an agent sends its model.
 
     `summary` is the governing summary's record id (it is among `records`), `covered` how
-    many live records it stands for (left out), and `position` the view's position when it
-    was read: give it as `covers` of a summary of this view (records appended after the read
-    are not covered, so never lost), or watch from it."""
+    many live records it stands for (left out), `position` the view's position when it was
+    read (watch from it), and `covers` that position bound to this bot and session: a summary
+    of this view covers it (`summarize(body, covers=context)`; records appended after the
+    read are not covered, so never lost)."""
 
     records: list[Record]
     summary: str | None
     covered: int
     position: str
+    covers: str
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,17 @@ session two ctxlog sessions hold its events and its state (its creation and each
 session-scoped state delta), and per user and per app one holds the `user:` and `app:`
 state deltas. An event, its state delta and its `user:`/`app:` deltas are appended as one
 atomic batch (a bot-wide append), so state never runs ahead of or behind its events; `temp:`
-state is never stored. Every record's id is derived from what it is (the event's id), so a
-retried `append_event` counts once. `get_session` with `num_recent_events` reads the state
-records and those events only, never the whole session.
+state is never stored. Every record's id is derived from what it is (the event's id, within
+one creation of the session), so a retried `append_event` counts once. `get_session` with
+`num_recent_events` reads the state records and those events only, never the whole session.
+
+A session's creation record has an id of its own (made once per `create_session`), and the
+ids of its events and state deltas name that creation: `delete_session` tombstones them
+for good, and `create_session` with the same session id then starts a new session whose
+records no tombstone hides (ADK's own services allow re-using an id). Two processes that
+create one session id at once may both succeed (each check reads no creation); their
+states merge. `last_update_time` is the time of the session's last state record in the
+log's order: its last event's timestamp, or its creation time.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
 from ._async_client import AsyncClient
+from ._ids import new_id
 from ._types import Record
 
 EVENT = "application/vnd.google.adk.event+json"
@@ -78,8 +87,22 @@ class CtxlogSessionService(BaseSessionService):
     APP = "!app"
 
     @staticmethod
-    def _created_id(app: str, user: str, sid: str) -> str:
-        return f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:created"
+    def _prefix(app: str, user: str, sid: str) -> str:
+        return f"adk:{_q(app)}:{_q(user)}:{_q(sid)}"
+
+    @classmethod
+    def _created_id(cls, app: str, user: str, sid: str) -> str:
+        """A new creation record's id: a fresh one per creation, so that no tombstone of an
+        earlier session with this id hides it."""
+        return f"{cls._prefix(app, user, sid)}:created:{new_id()}"
+
+    @classmethod
+    def _creation_prefix(cls, app: str, user: str, sid: str, created_id: str) -> str:
+        """The prefix of the ids of a creation's events and deltas (a store written before
+        creations had ids of their own uses the session's)."""
+        base = cls._prefix(app, user, sid)
+        generation = created_id.removeprefix(f"{base}:created").removeprefix(":")
+        return f"{base}:{generation}" if generation else base
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -88,18 +111,42 @@ class CtxlogSessionService(BaseSessionService):
         return [r async for r in s.iter_records()]
 
     async def _fold(self, app: str, session: str) -> tuple[dict[str, Any], float, bool]:
-        """The state the records of `session` build, the newest time, and whether it holds
-        a creation record."""
+        """The state the records of `session` build, the time of the last one (in the
+        log's order), and whether it holds a creation record."""
         state: dict[str, Any] = {}
-        newest, created = 0.0, False
+        last, created = 0.0, False
         for r in await self._records(app, session):
             if r.content_type != STATE or r.text is None:
                 continue
             body = json.loads(r.text)
             created |= body.get("created", False)
             state.update(body.get("delta", {}))
-            newest = max(newest, float(body.get("time", 0.0)))
-        return state, newest, created
+            if "time" in body:
+                last = float(body["time"])
+        return state, last, created
+
+    async def _creation(self, app: str, user: str, sid: str) -> str | None:
+        """The id of the live creation record of a session, if it exists."""
+        s = self.client.session(self._bot(app), self._state(user, sid))
+        # The creation is the session's first state record (its events' come after it):
+        # one record read, the whole session only when something else comes first.
+        first = (await s.records(limit=1)).records
+        if not first:
+            return None
+        if self._is_creation(first[0]):
+            return first[0].id
+        async for r in s.iter_records():
+            if self._is_creation(r):
+                return r.id
+        return None
+
+    @staticmethod
+    def _is_creation(r: Record) -> bool:
+        return (
+            r.content_type == STATE
+            and r.text is not None
+            and bool(json.loads(r.text).get("created", False))
+        )
 
     async def _merge(self, app: str, user: str, session: Session) -> Session:
         app_state, _, _ = await self._fold(app, self.APP)
@@ -123,9 +170,10 @@ class CtxlogSessionService(BaseSessionService):
         sid = session_id.strip() if session_id else None
         sid = sid or str(uuid.uuid4())
         bot = self._bot(app_name)
-        created_id = self._created_id(app_name, user_id, sid)
-        if await self.client.get(bot, created_id) is not None:
+        if await self._creation(app_name, user_id, sid) is not None:
             raise AlreadyExistsError(f"Session with id {sid} already exists.")
+        created_id = self._created_id(app_name, user_id, sid)
+        prefix = self._creation_prefix(app_name, user_id, sid, created_id)
         deltas = _session_util.extract_state_delta(state or {})
         now = time.time()
         records = [
@@ -137,7 +185,7 @@ class CtxlogSessionService(BaseSessionService):
                 "text": json.dumps({"created": True, "delta": deltas["session"], "time": now}),
             }
         ]
-        records += self._scoped(app_name, user_id, sid, "created", deltas, now)
+        records += self._scoped(prefix, user_id, "created", deltas, now)
         await self.client.append_many(bot, records)
         session = Session(
             app_name=app_name,
@@ -149,15 +197,15 @@ class CtxlogSessionService(BaseSessionService):
         return await self._merge(app_name, user_id, session)
 
     def _scoped(
-        self, app: str, user: str, sid: str, key: str, deltas: dict[str, Any], now: float
+        self, prefix: str, user: str, key: str, deltas: dict[str, Any], now: float
     ) -> list[dict[str, Any]]:
-        """Records of the `user:` and `app:` deltas."""
+        """Records of the `user:` and `app:` deltas (ids under the creation's `prefix`)."""
         out = []
         for scope, session in (("user", self._user(user)), ("app", self.APP)):
             if deltas[scope]:
                 out.append(
                     {
-                        "id": f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:{scope}:{key}",
+                        "id": f"{prefix}:{scope}:{key}",
                         "session_id": session,
                         "role": "state",
                         "content_type": STATE,
@@ -175,7 +223,7 @@ class CtxlogSessionService(BaseSessionService):
         config: GetSessionConfig | None = None,
     ) -> Session | None:
         sid = session_id.strip() if session_id else session_id
-        state, newest, created = await self._fold(app_name, self._state(user_id, sid))
+        state, last, created = await self._fold(app_name, self._state(user_id, sid))
         if not created:
             return None
         events_session = self.client.session(self._bot(app_name), self._events(user_id, sid))
@@ -207,7 +255,7 @@ class CtxlogSessionService(BaseSessionService):
             id=sid,
             state=state,
             events=events,
-            last_update_time=newest,
+            last_update_time=last,
         )
         return await self._merge(app_name, user_id, session)
 
@@ -223,11 +271,11 @@ class CtxlogSessionService(BaseSessionService):
             user, sid = unquote(user_q), unquote(sid_q)
             if user_id is not None and user != user_id:
                 continue
-            state, newest, created = await self._fold(app_name, name)
+            state, last, created = await self._fold(app_name, name)
             if not created:
                 continue
             session = Session(
-                app_name=app_name, user_id=user, id=sid, state=state, last_update_time=newest
+                app_name=app_name, user_id=user, id=sid, state=state, last_update_time=last
             )
             out.append(await self._merge(app_name, user, session))
         out.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
@@ -254,9 +302,11 @@ class CtxlogSessionService(BaseSessionService):
             return event  # in the session already: a retry counts once
         app, user, sid = session.app_name, session.user_id, session.id
         bot = self._bot(app)
-        if await self.client.get(bot, self._created_id(app, user, sid)) is None:
+        created_id = await self._creation(app, user, sid)
+        if created_id is None:
             raise SessionNotFoundError(f"Session {sid} not found.")
-        event_id = f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:e:{event.id}"
+        prefix = self._creation_prefix(app, user, sid, created_id)
+        event_id = f"{prefix}:e:{event.id}"
         # As ADK's own services: temp state reaches this session object, never the store.
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
@@ -273,14 +323,14 @@ class CtxlogSessionService(BaseSessionService):
         deltas = _session_util.extract_state_delta(delta or {})
         records.append(
             {
-                "id": f"adk:{_q(app)}:{_q(user)}:{_q(sid)}:s:{event.id}",
+                "id": f"{prefix}:s:{event.id}",
                 "session_id": self._state(user, sid),
                 "role": "state",
                 "content_type": STATE,
                 "text": json.dumps({"delta": deltas["session"], "time": event.timestamp}),
             }
         )
-        records += self._scoped(app, user, sid, event.id, deltas, event.timestamp)
+        records += self._scoped(prefix, user, event.id, deltas, event.timestamp)
         # Ids are the event's: a retry after an answer that was lost lands once. The session
         # object changes only once the store has the event.
         await self.client.append_many(bot, records)

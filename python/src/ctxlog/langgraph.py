@@ -15,12 +15,29 @@ or `put_writes` counts once, and two processes cannot silently fork a thread:
   its metadata and its parent.
 - `next:{thread}:{ns}:{parent_id}` — which checkpoint follows `parent_id`. Two runs that
   advance one thread from the same checkpoint in two processes write this id with different
-  content: the
-  log keeps the first (rule 6) and reports a `divergent_put` conflict, where a plain
-  database would fork the thread without a word. `CtxlogSaver.forks()` lists them.
+  content: the log keeps the first (rule 6) and reports a `divergent_put` conflict, where a
+  plain database would fork the thread without a word. `CtxlogSaver.forks()` lists them.
+  The thread keeps the first writer's lineage: its latest checkpoint (`get_tuple` without
+  an id, or with `checkpoint_id: ""`) is the newest one whose every ancestor is the one its
+  parent's `next:` record names (or a deliberate fork, below), so the branch of the run
+  that lost stays readable by id and in `list()`, but is never the thread's latest, however
+  new.
+- `fork:{thread}:{ns}:{parent_id}:{checkpoint_id}` — a deliberate fork: a put whose parent
+  this saver read (by `get_tuple` or `list`) when it had a successor already (LangGraph's
+  time travel: a replay, or `update_state`, from an older checkpoint). A writer that read
+  its parent as the thread's head and advanced it writes `next:` (and loses to an earlier
+  one); one that knew its parent had a successor branches on purpose, and the new branch is
+  the thread's latest, as in LangGraph's own savers. (What a saver read is kept per
+  process: a put from a parent this object never read counts as an advance.)
 - `w:{thread}:{ns}:{checkpoint_id}:{task_id}:{idx}` — a pending write (the first of an id
   wins, as in LangGraph's own savers); special writes (errors, interrupts; negative idx)
   are replaced by later ones, so theirs carry a unique suffix and the newest is used.
+
+A checkpoint is written once. `put` of a checkpoint id the thread holds with other content
+(LangGraph's `SqliteSaver` would overwrite it; this log would keep the first) raises
+`CheckpointConflict` and writes nothing; the same content again is a retry and lands once.
+(Two processes that put one id with two contents at the very same time both pass that
+check: the log keeps the first and reports a `divergent_put` of the `cp:` id.)
 
 `delete_thread` tombstones every record of the thread (final; `purge` then erases them).
 The extended capabilities are there too: `copy_thread` copies every record of a thread under
@@ -36,6 +53,8 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -53,16 +72,32 @@ from langgraph.checkpoint.base import (
 
 from ._async_client import AsyncClient
 from ._client import Client
+from ._errors import CtxlogError
 from ._ids import new_id
 from ._types import Record
 
 CONTENT_TYPE = "application/vnd.langgraph.checkpoint+json"
 LINEAGE_TYPE = "application/json"
 MAX_BATCH = 5_000
+# The checkpoints read whose successors a saver remembers (for telling a fork from an advance).
+MAX_READS = 10_000
 # A copy's records carry checkpoints: batches are bounded by size too.
 MAX_BATCH_TEXT = 8 << 20
 
 _Batch = list[dict[str, Any]]
+
+
+class CheckpointConflict(CtxlogError):
+    """A put of a checkpoint id the thread already holds with other content: refused,
+    nothing written (a checkpoint is written once)."""
+
+    def __init__(self, thread_id: str, checkpoint_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} holds checkpoint {checkpoint_id!r} with other content",
+            problem={"written": "nothing", "field": "checkpoint"},
+        )
+        self.thread_id = thread_id
+        self.checkpoint_id = checkpoint_id
 
 
 def _pack(typed: tuple[str, bytes]) -> dict[str, str]:
@@ -85,11 +120,16 @@ class _Thread:
         self.records: list[Record] = []
         # (ns, checkpoint id) -> the ids of its checkpoint, its writes, its lineage record
         self.owned: dict[tuple[str, str], list[str]] = {}
-        lineage: list[tuple[str, str]] = []
+        # (ns, parent id) -> the checkpoint its live `next:` record names
+        self.nexts: dict[tuple[str, str], str] = {}
+        # (ns, checkpoint id) of deliberate forks
+        self.forks: set[tuple[str, str]] = set()
+        lineage: list[tuple[str, str, str, bool]] = []
         for order, r in enumerate(records):
             if r.role == "lineage" and r.content_type == LINEAGE_TYPE and r.text is not None:
                 self.records.append(r)
-                lineage.append((r.id, json.loads(r.text)["next"]))
+                link = json.loads(r.text)
+                lineage.append((r.id, link["parent"], link["next"], bool(link.get("fork"))))
                 continue
             if r.content_type != CONTENT_TYPE or r.text is None:
                 continue
@@ -111,11 +151,43 @@ class _Thread:
                         body.get("task_path", ""),
                     )
                 )
-        # A lineage record (`next:…:{parent}`) belongs to the checkpoint it names as next.
-        for rid, nxt in lineage:
+        # A lineage record (`next:` or `fork:`) belongs to the checkpoint it names as next.
+        for rid, parent, nxt, fork in lineage:
             target = self.find(nxt)
             if target is not None:
                 self.owned.setdefault(target, []).append(rid)
+                if fork:
+                    self.forks.add(target)
+                else:
+                    self.nexts[(target[0], parent)] = nxt
+
+    def advanced(self, ns: str, cid: str) -> bool:
+        """Whether any checkpoint of the thread follows `cid`."""
+        return any(body.get("parent") == cid for body in self.checkpoints.get(ns, {}).values())
+
+    def latest(self, ns: str) -> str | None:
+        """The newest checkpoint of `ns` on the first writer's lineage: every ancestor of
+        it (as far as they are stored) is the checkpoint its parent's `next:` names."""
+        cps = self.checkpoints.get(ns, {})
+        on: dict[str, bool] = {}
+        for cid in cps:
+            chain: list[str] = []
+            at: str | None = cid
+            ok = True
+            while at is not None and at in cps and at not in on:
+                chain.append(at)
+                parent = cps[at].get("parent")
+                forked = (ns, at) in self.forks
+                if parent and not forked and self.nexts.get((ns, parent), at) != at:
+                    ok = False
+                    break
+                at = parent
+            if ok and at is not None and at in on:
+                ok = on[at]
+            for c in chain:
+                on[c] = ok
+        kept = [cid for cid, ok in on.items() if ok]
+        return max(kept) if kept else None
 
     def pending(self, ns: str, checkpoint_id: str) -> list[tuple[str, str, dict[str, str]]]:
         """The pending writes of a checkpoint: per (task, idx) the first (idx ≥ 0) or the
@@ -156,6 +228,10 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(**kwargs)
         self.bot = bot
+        # (thread, ns, checkpoint id) -> whether it had a successor when this saver read it:
+        # a put from it is then a deliberate fork (see the module docs).
+        self._reads: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+        self._reads_lock = threading.Lock()
         self.client = client or Client(url, token=token)
         self.aclient = aclient or AsyncClient(url, token=token)
 
@@ -193,14 +269,21 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         thread_id = config["configurable"]["thread_id"]
         ns = config["configurable"].get("checkpoint_ns", "")
         cps = t.checkpoints.get(ns, {})
-        cid = get_checkpoint_id(config)
-        if cid is None:
-            if not cps:
-                return None
-            cid = max(cps)
-        if cid not in cps:
+        # An empty id is "the latest", as in LangGraph's own savers and in `list()`.
+        cid = get_checkpoint_id(config) or t.latest(ns)
+        if cid is None or cid not in cps:
             return None
+        self._read(t, thread_id, ns, cid)
         return self._tuple(t, thread_id, ns, cid)
+
+    def _read(self, t: _Thread, thread_id: str, ns: str, cid: str) -> None:
+        """Remember whether checkpoint `cid` had a successor when it was read (a put from it
+        is then a deliberate fork; see the module docs)."""
+        with self._reads_lock:
+            self._reads[(thread_id, ns, cid)] = t.advanced(ns, cid)
+            self._reads.move_to_end((thread_id, ns, cid))
+            while len(self._reads) > MAX_READS:
+                self._reads.popitem(last=False)
 
     def _select(
         self,
@@ -228,6 +311,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
                         continue
                     if limit is not None and len(out) >= limit:
                         return out
+                    self._read(t, thread_id, ns, cid)
                     out.append(tup)
         return out
 
@@ -255,17 +339,38 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             }
         ]
         if parent:
+            with self._reads_lock:
+                fork = self._reads.get((thread_id, ns, parent), False)
+            link: dict[str, Any] = {"parent": parent, "next": cid}
+            if fork:
+                link["fork"] = True
             records.append(
                 {
-                    "id": f"next:{thread_id}:{ns}:{parent}",
+                    "id": (
+                        f"fork:{thread_id}:{ns}:{parent}:{cid}"
+                        if fork
+                        else f"next:{thread_id}:{ns}:{parent}"
+                    ),
                     "role": "lineage",
                     "content_type": LINEAGE_TYPE,
-                    "text": json.dumps({"parent": parent, "next": cid}),
+                    "text": json.dumps(link),
                 }
             )
         return records, {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}
         }
+
+    @staticmethod
+    def _check_put(record: dict[str, Any], stored: Record | None, config: RunnableConfig) -> None:
+        """Refuse a put of a checkpoint the thread holds with other content (see the module
+        docs); the same content is a retry."""
+        if stored is None or stored.text == record["text"]:
+            return
+        if json.loads(stored.text or "{}") == json.loads(record["text"]):
+            return
+        raise CheckpointConflict(
+            config["configurable"]["thread_id"], json.loads(record["text"])["id"]
+        )
 
     def _write_records(
         self,
@@ -324,7 +429,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             raise ValueError(f"unknown prune strategy {strategy!r}: 'keep_latest' or 'delete'")
         keep: set[tuple[str, str]] = set()
         for ns, cps in t.checkpoints.items():
-            latest = max(cps)
+            latest = t.latest(ns) or max(cps)
             # Channels whose value the latest checkpoint does not hold (a `DeltaChannel`
             # between snapshots) are rebuilt from its ancestors and their writes: keep them,
             # back to one that holds the value.
@@ -399,6 +504,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         records, out = self._put_records(config, checkpoint, metadata)
+        self._check_put(records[0], self.client.get(self.bot, records[0]["id"]), config)
         self.client.session(self.bot, config["configurable"]["thread_id"]).append(records)
         return out
 
@@ -470,6 +576,8 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         records, out = self._put_records(config, checkpoint, metadata)
+        stored = await self.aclient.get(self.bot, records[0]["id"])
+        self._check_put(records[0], stored, config)
         await self.aclient.session(self.bot, config["configurable"]["thread_id"]).append(records)
         return out
 

@@ -48,13 +48,15 @@ and the clear would be tombstoned with the rest, and lost. The SDK (0.24) lets a
 replace history itself through three hooks of the underlying session, which this one
 provides, so that a compaction writes one summary instead:
 
-- `_read_compaction_items(limit)`: the compaction's input, read from the context view; the
-  read's position is kept for the replacement. (The SDK then reads the input afresh each
+- `_read_compaction_items(limit)`: the compaction's input, read from the context view (the
+  latest `limit` items; without one, the session's item limit); the read's position is
+  kept for the replacement. (The SDK then reads the input afresh each
   time instead of from its in-process cache, which cannot see other processes' appends.)
 - `_atomic_replace_items(items)` (manual `run_compaction()`): one summary of `items`
   covering that read's position (when a wrapper such as the SDK's `EncryptedSession` reads
-  the input through `get_items` instead, the position of the first read since this object
-  last wrote). Nothing else is written.
+  the input through `get_items` instead, the position of the first context read since this
+  object last wrote; after only tail reads, `get_items(limit)`, the view as it is then).
+  Nothing else is written.
 - `_get_compaction_snapshot(limit)` (automatic compaction after a `Runner` turn): the newest
   `limit` items of one context read; its `replace_suffix(start, output)` writes one
   summary covering that read, whose items are the view's items before `start` and then
@@ -78,7 +80,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.memory.session import _CompactionSnapshot
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 
 from ._async_client import AsyncClient, AsyncSession
 from ._errors import NotFound
@@ -117,12 +123,12 @@ def _items(r: Record) -> list[Any]:
 @dataclass(frozen=True)
 class _View:
     """One read of the context view: its items, and for each the record it came from and
-    whether that record is a summary; the read's position, the governing summary and the
-    ids of every record in the view."""
+    whether that record is a summary; the read's covers token (its position, bound to the
+    session), the governing summary and the ids of every record in the view."""
 
     items: list[Any]
     origins: list[tuple[str, bool]]
-    position: str
+    covers: str
     summary: str | None
     record_ids: list[str]
 
@@ -136,10 +142,15 @@ class CtxlogSession:
         client: AsyncClient | str,
         *,
         bot: str = "openai-agents",
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         self.session_id = session_id
-        self.session_settings = session_settings or SessionSettings()
+        # As the SDK's own sessions: a dict of settings is taken too.
+        self.session_settings = (
+            SessionSettings()
+            if session_settings is None
+            else coerce_session_settings(session_settings)
+        )
         self._client = AsyncClient(client) if isinstance(client, str) else client
         self._session: AsyncSession = self._client.session(bot, session_id)
         # The position of the compaction's input read (`_read_compaction_items`), and of the
@@ -156,14 +167,14 @@ class CtxlogSession:
 
     async def _view(self) -> _View:
         ctx = await self._session.context()
-        self._read(ctx.position)
+        self._read(ctx.covers)
         items: list[Any] = []
         origins: list[tuple[str, bool]] = []
         for r in ctx.records:
             got = _items(r)
             items.extend(got)
             origins.extend([(r.id, r.kind == "summary")] * len(got))
-        return _View(items, origins, ctx.position, ctx.summary, [r.id for r in ctx.records])
+        return _View(items, origins, ctx.covers, ctx.summary, [r.id for r in ctx.records])
 
     async def _summarize(self, items: list[Any], covers: str) -> None:
         """One summary record: `items` stand for everything the view at `covers` held."""
@@ -185,7 +196,6 @@ class CtxlogSession:
             # none is covered (a summary covers only records before it in the log's order)
             # and the governing summary stands before them: they are the view's last `n`.
             page = await self._session.tail(n)
-            self._read(page.position)
             if not any(r.kind == "summary" for r in page.records):
                 items = [item for r in page.records for item in _items(r)]
                 if len(items) >= n or not page.has_more:
@@ -221,7 +231,7 @@ class CtxlogSession:
                 return None
             record_id, in_summary = view.origins[-1]
             if in_summary:
-                await self._summarize(view.items[:-1], view.position)
+                await self._summarize(view.items[:-1], view.covers)
                 return view.items[-1]
             try:
                 await self._session.delete(record_id)
@@ -251,26 +261,31 @@ class CtxlogSession:
         the summary's items. Returns the summary's items."""
         view = await self._view()
         out = await summarize(view.items)
-        await self._summarize(out, view.position)
+        await self._summarize(out, view.covers)
         return out
 
     # ---- the SDK's compaction hooks (see the module docs) -----------------------------------
 
     async def _read_compaction_items(self, limit: int | None) -> tuple[list[Any], bool]:
-        """The compaction's input: the context view's items (the latest `limit`), and
-        whether they are all of it. The read's position is what the summary will cover."""
+        """The compaction's input: the context view's latest `limit` items (without one,
+        the session's item limit, `SessionSettings(limit=…)`, as the SDK's own sessions
+        read it through `get_items()`), and whether they are all of it. The read's position
+        is what the summary will cover."""
         view = await self._view()
-        self._compaction_read = view.position
-        if limit is None:
+        self._compaction_read = view.covers
+        n = resolve_session_limit(limit, self.session_settings)
+        if n is None:
             return view.items, True
-        return view.items[-limit:] if limit > 0 else [], len(view.items) <= limit
+        return view.items[-n:] if n > 0 else [], len(view.items) <= n
 
     async def _atomic_replace_items(self, items: list[Any]) -> bool:
         """Replace the compaction's input by `items`: one summary covering the position of
         the read that gave that input; items appended after it stay."""
         covers = self._compaction_read or self._first_read
         if covers is None:
-            raise RuntimeError("a compaction's replacement without a read of its input")
+            # Its input came from a tail read (`get_items(limit)`), whose position is the
+            # whole view's: cover the view as it is now.
+            covers = (await self._session.context()).covers
         await self._summarize(items, covers)
         return True
 
@@ -296,7 +311,7 @@ class CtxlogSession:
             if prune_prefix is not None:
                 while drop < len(retained) and prune_prefix(retained[drop]):
                     drop += 1
-            await self._summarize(retained[drop:] + list(output), view.position)
+            await self._summarize(retained[drop:] + list(output), view.covers)
             return True
 
         return _CompactionSnapshot(items, start0 == 0, replace_suffix)
