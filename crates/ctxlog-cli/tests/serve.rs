@@ -244,7 +244,7 @@ async fn serve_watch_on_another_replica_resumes_without_gap_or_duplicate(ctx: Ct
         (format!("p1.{shard}=18446744073709551615"), "past what the store holds"),
         (format!("p1.{shard}=1,{shard}=2"), "twice"),
     ] {
-        let forged = base64_position(&forged);
+        let forged = base64_encode(&forged);
         let refused = cb.get(&format!("{path}?after={forged}")).await?;
         ensure!(
             refused.status == StatusCode::BAD_REQUEST && refused.json["field"] == "after" && refused.text.contains(why),
