@@ -425,6 +425,9 @@ async fn serve_replica(serve: ctxlog_server::ServeOptions) -> Result<ExitCode, F
             return Ok(ExitCode::from(2));
         }
     };
+    // Before the address is printed: a script that reads it may send SIGTERM at once.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::backend("server", "signal", None, ctxlog::Written::Nothing, e))?;
     // The address first, on its own line: a script (or a test) reads it to connect.
     println!(
         "{}",
@@ -432,8 +435,6 @@ async fn serve_replica(serve: ctxlog_server::ServeOptions) -> Result<ExitCode, F
     );
     let _ = std::io::stdout().flush();
     tracing::info!(listen = %running.addr(), writer = %writer, "serving");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::backend("server", "signal", None, ctxlog::Written::Nothing, e))?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -294,12 +294,13 @@ async fn body(r: &Replica, request: Request) -> Result<(Bytes, tokio::sync::Owne
             // that sends at once has up to `max` bytes read and dropped first (nothing kept),
             // so that it is reading, not still writing, when the refusal comes.
             if !expects_continue(request.headers()) {
+                let mut stop = r.shutdown.clone();
                 let mut data = request.into_body().into_data_stream();
                 let mut dropped = 0;
                 while dropped <= max {
                     tokio::select! {
                         biased;
-                        _ = crate::stopped(&mut r.shutdown.clone()) => break,
+                        _ = crate::stopped(&mut stop) => break,
                         _ = tokio::time::sleep_until(deadline) => break,
                         chunk = data.next() => match chunk {
                             Some(Ok(bytes)) => dropped += bytes.len(),
