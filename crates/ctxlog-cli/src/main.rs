@@ -33,8 +33,24 @@ struct Cli {
     #[arg(long = "storage-option", global = true, value_name = "KEY=VALUE", value_parser = parse_kv)]
     storage_options: Vec<(String, String)>,
 
+    /// What to log, on stderr: a level (error, warn, info, debug, trace) or tracing filter
+    /// directives (`ctxlog_server=debug,info`). Without it: $CTXLOG_LOG, then $RUST_LOG,
+    /// then `warn`.
+    #[arg(long, global = true, env = "CTXLOG_LOG")]
+    log_level: Option<String>,
+
+    /// How logs are written: `text` for people, `json` (one object a line) for collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -159,7 +175,13 @@ enum Command {
     /// The quickstart: concurrent writers, a session view and a conflict report.
     Demo,
     /// Serve the store over HTTP as one replica: it writes as `--writer` (its own shard) and
-    /// keeps one view fresh for its readers and watchers. Stops on SIGTERM or Ctrl-C.
+    /// keeps one view fresh for its readers and watchers.
+    ///
+    /// Stops on SIGTERM or Ctrl-C: it stops accepting, ends watch streams (resumable), answers
+    /// waiting reads and uploads still sending their body at once (503, nothing written),
+    /// gives appends in flight `--shutdown-grace` (then answers them `written: unknown`),
+    /// closes every connection a second later, and gives the writer 5 s more to close its
+    /// shard: it exits within the grace and about 6 s (16 s by default).
     Serve {
         /// This replica's writer identity: one per process; a second process with the same
         /// one fences this one, which then takes no more writes.
@@ -185,9 +207,27 @@ enum Command {
         /// Largest request body, in bytes.
         #[arg(long, default_value_t = 80 << 20)]
         max_body_bytes: usize,
-        /// Seconds a client may take to send a request's headers.
+        /// Bytes of request bodies held at once over all requests (each reserves its declared
+        /// length, or `--max-body-bytes` when it declares none); an upload beyond it waits for
+        /// room at most `--header-timeout`, then is refused (503 `busy`).
+        #[arg(long, default_value_t = 256 << 20)]
+        max_body_bytes_in_flight: usize,
+        /// Seconds a client may take to send a request's headers, and a new connection to
+        /// begin its first request (TLS handshake included). A body has three times as long
+        /// in all, however its bytes come.
         #[arg(long, default_value = "10", value_parser = parse_timeout)]
         header_timeout: Duration,
+        /// Seconds a connection may stay open with no request in flight after its last one.
+        #[arg(long, default_value = "75", value_parser = parse_timeout)]
+        idle_timeout: Duration,
+        /// Connections open at once, watch streams included; beyond it new connections wait
+        /// in the listen backlog until one closes. Keep it below the descriptor limit
+        /// (`ulimit -n`), which the store's files share.
+        #[arg(long, default_value_t = 768, value_parser = clap::value_parser!(u32).range(1..))]
+        max_connections: u32,
+        /// Seconds that appends in flight at shutdown have to finish.
+        #[arg(long, default_value = "10", value_parser = parse_timeout)]
+        shutdown_grace: Duration,
         /// On object storage: the longest seconds between two refreshes of an idle replica's
         /// view. Every refresh costs requests; a watcher hears of another replica's appends
         /// within it after a quiet spell.
@@ -231,6 +271,24 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Log to stderr only: stdout carries the commands' JSON output.
+fn init_logging(level: Option<&str>, format: LogFormat) -> Result<(), String> {
+    use std::io::IsTerminal;
+    let directives = match level {
+        Some(l) => l.to_string(),
+        None => std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).map_err(|e| format!("`{directives}`: {e}"))?;
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => logs.json().try_init(),
+    };
+    installed.map_err(|e| e.to_string())
+}
+
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -239,6 +297,10 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = init_logging(cli.log_level.as_deref(), cli.log_format) {
+        eprintln!("error: --log-level: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -290,7 +352,11 @@ async fn run(cli: Cli) -> ExitCode {
             tls_key,
             no_group_commit,
             max_body_bytes,
+            max_body_bytes_in_flight,
             header_timeout,
+            idle_timeout,
+            max_connections,
+            shutdown_grace,
             idle_poll,
         } => {
             let mut serve = match WriterId::new(writer.as_str()) {
@@ -306,7 +372,11 @@ async fn run(cli: Cli) -> ExitCode {
             serve.store_options = options(true);
             serve.group_commit = !*no_group_commit;
             serve.max_body_bytes = *max_body_bytes;
+            serve.max_body_bytes_in_flight = (*max_body_bytes_in_flight).max(1);
             serve.header_read_timeout = *header_timeout;
+            serve.idle_timeout = *idle_timeout;
+            serve.max_connections = *max_connections as usize;
+            serve.shutdown_grace = *shutdown_grace;
             serve.idle_poll_max = (*idle_poll).max(serve.poll_min);
             serve_replica(serve).await
         }
@@ -370,19 +440,23 @@ async fn serve_replica(serve: ctxlog_server::ServeOptions) -> Result<ExitCode, F
             return Ok(ExitCode::from(2));
         }
     };
+    // Before the address is printed: a script that reads it may send SIGTERM at once.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::backend("server", "signal", None, ctxlog::Written::Nothing, e))?;
     // The address first, on its own line: a script (or a test) reads it to connect.
     println!(
         "{}",
         serde_json::json!({"listening": running.addr().to_string(), "writer": writer})
     );
     let _ = std::io::stdout().flush();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::backend("server", "signal", None, ctxlog::Written::Nothing, e))?;
+    tracing::info!(listen = %running.addr(), writer = %writer, "serving");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    tracing::info!("shutting down");
     running.shutdown().await;
+    tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 

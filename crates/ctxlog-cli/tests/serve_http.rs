@@ -605,3 +605,423 @@ async fn a_token_for_one_bot_cannot_touch_another_bots_records() -> anyhow::Resu
     })
     .await
 }
+
+/// One HTTP/1.1 response read off a raw socket: status, head, and body as JSON (`Null`
+/// when it is not JSON).
+struct RawAnswer {
+    status: u16,
+    head: String,
+    json: Value,
+}
+
+impl RawAnswer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    fn is_problem(&self, status: u16, kind: &str) -> anyhow::Result<()> {
+        ensure!(
+            self.status == status && self.json["type"] == kind,
+            "expected {status} {kind}: {} {}",
+            self.head,
+            self.json
+        );
+        ensure!(
+            self.header("content-type") == Some("application/problem+json"),
+            "{}",
+            self.head
+        );
+        Ok(())
+    }
+}
+
+/// Read one response (a `100 Continue` counts as one) from `s` within `within`.
+async fn read_answer(s: &mut (impl tokio::io::AsyncRead + Unpin), within: Duration) -> anyhow::Result<RawAnswer> {
+    let read = async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            let n = s.read(&mut chunk).await?;
+            ensure!(n > 0, "the connection closed before an answer");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_string();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("a status line")?;
+        let mut answer = RawAnswer {
+            status,
+            head,
+            json: Value::Null,
+        };
+        let length: usize = answer
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = buf[end..].to_vec();
+        while body.len() < length {
+            let n = s.read(&mut chunk).await?;
+            ensure!(n > 0, "the connection closed inside a body");
+            body.extend_from_slice(&chunk[..n]);
+        }
+        answer.json = serde_json::from_slice(&body[..length.min(body.len())]).unwrap_or(Value::Null);
+        anyhow::Ok(answer)
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {within:?}"))?
+}
+
+/// Send `head` (a request's head, without the blank line that ends it) on a new connection
+/// to `f`'s server, then `body`.
+async fn send_raw(f: &Fixture, head: &str, body: &[u8]) -> anyhow::Result<tokio::net::TcpStream> {
+    let mut s = tokio::net::TcpStream::connect(&f.server.addr).await?;
+    s.write_all(format!("{head}\r\n\r\n").as_bytes()).await?;
+    s.write_all(body).await?;
+    Ok(s)
+}
+
+/// Whether the server has closed `s` (a read finds its end), waiting at most `within`.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut one = [0u8; 256];
+    let until_end = async {
+        loop {
+            match s.read(&mut one).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, until_end).await.is_ok()
+}
+
+/// An append body of about `bytes` bytes, for bot `a`, session `s`.
+fn sized_append(id: &str, bytes: usize) -> Vec<u8> {
+    serde_json::to_vec(&json!({"records": [rec(id, &"x".repeat(bytes))]})).unwrap_or_default()
+}
+
+/// A token-less or ungranted upload is refused from its headers: the server answers without
+/// starting to read the body (no `100 Continue` first), so it never holds one in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_are_refused_before_their_body_without_a_grant() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&["--max-body-bytes", "4194304", "--header-timeout", "2"]).await?;
+        let head = "POST /v1/bots/b/sessions/s/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 4000000";
+        let mut anon = send_raw(&f, head, b"").await?;
+        read_answer(&mut anon, Duration::from_secs(20))
+            .await?
+            .is_problem(401, "urn:ctxlog:problem:unauthorized")?;
+        let writer = token_for(&f, "writer-a");
+        let mut other_bot = send_raw(&f, &format!("{head}\r\nauthorization: Bearer {writer}"), b"").await?;
+        read_answer(&mut other_bot, Duration::from_secs(20))
+            .await?
+            .is_problem(403, "urn:ctxlog:problem:forbidden")?;
+        let mut not_admin = send_raw(
+            &f,
+            &format!("{head}\r\nauthorization: Bearer {writer}").replace("/v1/bots/b/sessions/s/records", "/v1/admin/gc"),
+            b"",
+        )
+        .await?;
+        read_answer(&mut not_admin, Duration::from_secs(20))
+            .await?
+            .is_problem(403, "urn:ctxlog:problem:forbidden")?;
+        nothing_written(&f, 0).await
+    })
+    .await
+}
+
+/// Bodies in flight share one budget of bytes: beyond it an upload waits, and is refused
+/// (503 `busy`, nothing written) when no room frees up within the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_share_one_budget() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&[
+            "--max-body-bytes",
+            "1048576",
+            "--max-body-bytes-in-flight",
+            "1048576",
+            "--header-timeout",
+            "3",
+        ])
+        .await?;
+        let writer = f.server.client().with_token(&token_for(&f, "writer-a"));
+        let first = sized_append("big-1", 700_000);
+        let head = format!(
+            "POST /v1/bots/a/sessions/s/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             expect: 100-continue\r\nauthorization: Bearer {}\r\ncontent-length: {}",
+            token_for(&f, "writer-a"),
+            first.len()
+        );
+        let mut holder = send_raw(&f, &head, b"").await?;
+        // `100 Continue` comes when the server starts reading the body: its bytes are
+        // reserved from then on.
+        let cont = read_answer(&mut holder, Duration::from_secs(20)).await?;
+        ensure!(cont.status == 100, "{}", cont.head);
+        let refused = writer
+            .raw(
+                Method::POST,
+                "/v1/bots/a/sessions/s/records",
+                sized_append("big-2", 700_000),
+            )
+            .await?;
+        ensure!(
+            refused.status == StatusCode::SERVICE_UNAVAILABLE
+                && refused.json["type"] == "urn:ctxlog:problem:busy"
+                && refused.json["written"] == "nothing",
+            "{} {}",
+            refused.status,
+            refused.text
+        );
+        holder.write_all(&first).await?;
+        let held = read_answer(&mut holder, Duration::from_secs(20)).await?;
+        ensure!(held.status == 200, "{} {}", held.head, held.json);
+        let after = writer
+            .raw(
+                Method::POST,
+                "/v1/bots/a/sessions/s/records",
+                sized_append("big-3", 700_000),
+            )
+            .await?;
+        ensure!(after.status == StatusCode::OK, "{}", after.text);
+        nothing_written(&f, 2).await
+    })
+    .await
+}
+
+/// A body has one deadline in all (three header timeouts), however often its bytes come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_trickling_in_meets_one_deadline() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&["--header-timeout", "1"]).await?;
+        let head = format!(
+            "POST /v1/bots/a/sessions/s/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             authorization: Bearer {}\r\ncontent-length: 400",
+            token_for(&f, "writer-a")
+        );
+        let (mut rd, mut wr) = send_raw(&f, &head, b"").await?.into_split();
+        // One byte every 200 ms: each well within the old per-chunk timeout, 80 s in all.
+        let trickle = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            for _ in 0..400 {
+                tick.tick().await;
+                if wr.write_all(b" ").await.is_err() {
+                    return;
+                }
+            }
+        });
+        let answer = read_answer(&mut rd, Duration::from_secs(40)).await;
+        trickle.abort();
+        let answer = answer?;
+        answer.is_problem(408, "urn:ctxlog:problem:body-timeout")?;
+        ensure!(answer.json["written"] == "nothing", "{}", answer.json);
+        nothing_written(&f, 0).await
+    })
+    .await
+}
+
+/// A connection that sends nothing is closed after the header timeout, one idle after a
+/// request after the idle timeout; beyond `--max-connections`, a new connection waits until
+/// one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_and_connections_are_limited() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&["--header-timeout", "1"]).await?;
+        let mut silent = tokio::net::TcpStream::connect(&f.server.addr).await?;
+        ensure!(
+            closed_within(&mut silent, Duration::from_secs(30)).await,
+            "a connection that sent nothing was kept open"
+        );
+        // An HTTP/2 client that sends its preface and nothing more.
+        let mut preface = tokio::net::TcpStream::connect(&f.server.addr).await?;
+        preface.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+        ensure!(
+            closed_within(&mut preface, Duration::from_secs(30)).await,
+            "a connection that sent only the HTTP/2 preface was kept open"
+        );
+        drop(f);
+        let f = fixture(&["--header-timeout", "1", "--idle-timeout", "1", "--max-connections", "2"]).await?;
+        let mut kept = send_raw(&f, "GET /healthz HTTP/1.1\r\nhost: x", b"").await?;
+        ensure!(read_answer(&mut kept, Duration::from_secs(20)).await?.status == 200);
+        ensure!(
+            closed_within(&mut kept, Duration::from_secs(30)).await,
+            "an idle keep-alive connection was kept open"
+        );
+        // Two silent connections take both places; a third is served only once the server
+        // has closed one of them.
+        let first = tokio::net::TcpStream::connect(&f.server.addr).await?;
+        let second = tokio::net::TcpStream::connect(&f.server.addr).await?;
+        let mut third = send_raw(&f, "GET /healthz HTTP/1.1\r\nhost: x", b"").await?;
+        ensure!(read_answer(&mut third, Duration::from_secs(30)).await?.status == 200);
+        let at_end = |s: &tokio::net::TcpStream| match s.try_read(&mut [0u8; 16]) {
+            Ok(n) => n == 0,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        ensure!(
+            at_end(&first) || at_end(&second),
+            "a connection beyond --max-connections was served while both places were held"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// On SIGTERM an upload still sending its body is answered at once (503, nothing written),
+/// idle connections are closed, and the process exits within the shutdown grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_what_waits_and_exits_within_the_grace() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&["--header-timeout", "5"]).await?;
+        let head = format!(
+            "POST /v1/bots/a/sessions/s/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             expect: 100-continue\r\nauthorization: Bearer {}\r\ncontent-length: 1000",
+            token_for(&f, "writer-a")
+        );
+        let mut upload = send_raw(&f, &head, b"").await?;
+        ensure!(read_answer(&mut upload, Duration::from_secs(20)).await?.status == 100);
+        upload.write_all(b"{\"records\": [").await?;
+        let mut idle = send_raw(&f, "GET /healthz HTTP/1.1\r\nhost: x", b"").await?;
+        ensure!(read_answer(&mut idle, Duration::from_secs(20)).await?.status == 200);
+        let answer = tokio::spawn(async move { read_answer(&mut upload, Duration::from_secs(60)).await });
+        let status = f.server.terminate(Duration::from_secs(30)).await?;
+        ensure!(status.success(), "{status:?}");
+        let answer = answer.await??;
+        answer.is_problem(503, "urn:ctxlog:problem:replica-unavailable")?;
+        ensure!(answer.json["written"] == "nothing", "{}", answer.json);
+        ensure!(
+            closed_within(&mut idle, Duration::from_secs(5)).await,
+            "an idle connection outlived the server"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Every error is a problem, and path parameters are checked the same way on every route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_a_problem_and_every_route_checks_its_path() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&[]).await?;
+        let token = token_for(&f, "admin");
+        let ask = |head: String| {
+            let f = &f;
+            async move {
+                let mut s = send_raw(f, &format!("{head}\r\nhost: x\r\nconnection: close"), b"").await?;
+                read_answer(&mut s, Duration::from_secs(20)).await
+            }
+        };
+        let auth = format!("authorization: Bearer {token}");
+        let invalid = "urn:ctxlog:problem:invalid-input";
+        ask(format!("GET /v1/bots/a/sessions/s/records?limit=abc HTTP/1.1\r\n{auth}"))
+            .await?
+            .is_problem(400, "urn:ctxlog:problem:malformed-request")?;
+        ask(format!("GET /v1/bots/a/sessions?after=1&after=2 HTTP/1.1\r\n{auth}"))
+            .await?
+            .is_problem(400, "urn:ctxlog:problem:malformed-request")?;
+        ask(format!("PUT /v1/stats HTTP/1.1\r\n{auth}"))
+            .await?
+            .is_problem(405, "urn:ctxlog:problem:method-not-allowed")?;
+        ask(format!("PATCH /v1/bots/a/sessions/s/records HTTP/1.1\r\n{auth}"))
+            .await?
+            .is_problem(405, "urn:ctxlog:problem:method-not-allowed")?;
+        let long = "b".repeat(513);
+        for (path, field) in [
+            ("/v1/bots/%FF/sessions/s/records".to_string(), "bot_id"),
+            ("/v1/bots/a%00b/sessions/s/records".to_string(), "bot_id"),
+            (format!("/v1/bots/{long}/sessions/s/records"), "bot_id"),
+            (format!("/v1/bots/{long}/sessions/s/context"), "bot_id"),
+            (format!("/v1/bots/{long}/sessions"), "bot_id"),
+            (format!("/v1/bots/{long}/sessions/s/watch"), "bot_id"),
+            (format!("/v1/bots/a/sessions/{long}/records"), "session_id"),
+            ("/v1/bots/a/sessions/%FF%FE/context".to_string(), "session_id"),
+            (format!("/v1/bots/a/records/{long}"), "id"),
+            ("/v1/bots/a/records/x%00".to_string(), "id"),
+        ] {
+            let a = ask(format!("GET {path} HTTP/1.1\r\n{auth}")).await?;
+            a.is_problem(400, invalid).with_context(|| path.clone())?;
+            ensure!(a.json["field"] == field && a.json["written"] == "nothing", "{path}: {}", a.json);
+        }
+        // A write with the same bot answers the same way.
+        let body = serde_json::to_vec(&json!({"records": [rec("w-1", "x")]}))?;
+        let mut s = send_raw(
+            &f,
+            &format!(
+                "POST /v1/bots/{long}/sessions/s/records HTTP/1.1\r\nhost: x\r\n{auth}\r\ncontent-type: application/json\r\ncontent-length: {}",
+                body.len()
+            ),
+            &body,
+        )
+        .await?;
+        let a = read_answer(&mut s, Duration::from_secs(20)).await?;
+        a.is_problem(400, invalid)?;
+        ensure!(a.json["field"] == "bot_id", "{}", a.json);
+        // The scheme is case-insensitive (RFC 7235); two Authorization headers are refused.
+        for scheme in ["bearer", "BEARER", "Bearer"] {
+            let a = ask(format!("GET /v1/stats HTTP/1.1\r\nauthorization: {scheme} {token}")).await?;
+            ensure!(a.status == 200, "{scheme}: {} {}", a.head, a.json);
+        }
+        ask(format!("GET /v1/stats HTTP/1.1\r\n{auth}\r\n{auth}"))
+            .await?
+            .is_problem(401, "urn:ctxlog:problem:unauthorized")?;
+        nothing_written(&f, 0).await
+    })
+    .await
+}
+
+/// `ctxlog serve` logs to stderr (JSON lines with `--log-format json`), never to stdout,
+/// whose first line stays the one a script reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_logs_to_stderr_as_json_lines() -> anyhow::Result<()> {
+    bounded(async {
+        let dir = tempfile::tempdir()?;
+        let store = format!("sqlite:{}", dir.path().join("s.db").display());
+        let mut child = tokio::process::Command::new(common::ctxlog_bin())
+            .args(["--store", &store, "serve", "--writer", "w", "--listen", "127.0.0.1:0"])
+            .args(["--log-format", "json", "--log-level", "info"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        use tokio::io::AsyncBufReadExt;
+        let mut out = tokio::io::BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let mut err = tokio::io::BufReader::new(child.stderr.take().context("stderr")?).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), out.next_line())
+            .await
+            .context("no first line")??
+            .context("stdout ended")?;
+        let listening: Value = serde_json::from_str(&first).with_context(|| first.clone())?;
+        ensure!(listening["listening"].is_string(), "{first}");
+        let logged = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = err.next_line().await? {
+                let v: Value = serde_json::from_str(&line).with_context(|| format!("not a JSON line: {line}"))?;
+                if v["level"] == "INFO" && v["fields"]["listen"] == listening["listening"] {
+                    return anyhow::Ok(v);
+                }
+            }
+            anyhow::bail!("stderr ended without the server's start logged")
+        })
+        .await
+        .context("nothing logged")??;
+        ensure!(logged["fields"]["message"].is_string(), "{logged}");
+        let pid = child.id().context("pid")?;
+        // SAFETY: kill(2) with a pid of our own child and a valid signal number.
+        ensure!(unsafe { libc::kill(pid as i32, libc::SIGTERM) } == 0);
+        ensure!(
+            tokio::time::timeout(Duration::from_secs(30), child.wait())
+                .await??
+                .success()
+        );
+        let rest = tokio::time::timeout(Duration::from_secs(10), out.next_line()).await??;
+        ensure!(rest.is_none(), "stdout has more than its first line: {rest:?}");
+        Ok(())
+    })
+    .await
+}

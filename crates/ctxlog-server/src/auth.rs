@@ -157,7 +157,12 @@ impl Tokens {
         let Some(entries) = &self.entries else {
             return Some(Grant::everything());
         };
-        let token = authorization?.strip_prefix("Bearer ")?.trim();
+        // The scheme is case-insensitive (RFC 7235), and one or more spaces follow it.
+        let (scheme, token) = authorization?.trim().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        let token = token.trim();
         let presented = blake3::hash(token.as_bytes());
         // Every entry is compared (in constant time each), so the time taken does not say
         // which one matched.
@@ -191,6 +196,10 @@ mod tests {
         assert!(tokens.grant(None).is_none());
         assert!(tokens.grant(Some("Bearer wrong")).is_none());
         assert!(tokens.grant(Some(&token)).is_none(), "the scheme is required");
+        assert!(tokens.grant(Some(&format!("Basic {token}"))).is_none());
+        for scheme in ["bearer", "BEARER", "bEaReR  "] {
+            assert!(tokens.grant(Some(&format!("{scheme} {token}"))).is_some(), "{scheme}");
+        }
         let g = tokens.grant(Some(&format!("Bearer {token}"))).unwrap();
         assert!(g.allows("helpdesk", Right::Read) && g.allows("team-x", Right::Read));
         assert!(!g.allows("helpdesk", Right::Write), "read only");

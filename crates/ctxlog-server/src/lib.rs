@@ -18,8 +18,8 @@
 //! - [`problem`] — every error as RFC 9457 problem details, with a stable `type` per error
 //!   kind and the contract's `written` answer.
 //! - [`routes`] — the HTTP routes and the OpenAPI document built from their types.
-//! - [`listen`] — the accept loop: header read timeout, concurrency limits, graceful
-//!   shutdown.
+//! - [`listen`] — the accept loop: a bound on connections, idle and header timeouts,
+//!   a shutdown bounded in time.
 //! - [`metrics`] — what `/metrics` says, in Prometheus text.
 
 #![warn(missing_docs)]
@@ -100,12 +100,26 @@ pub struct ServeOptions {
     pub group_commit: bool,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// The bytes of request bodies held at once, over all requests: an upload beyond it waits
+    /// for room at most a header timeout, then is refused (`busy`).
+    pub max_body_bytes_in_flight: usize,
     /// Requests handled at once (watch streams not counted; they have their own limit).
     pub max_concurrent_requests: usize,
     /// Watch streams open at once, per token (or in all, without tokens).
     pub max_watchers_per_token: usize,
-    /// How long a client may take to send a request's headers.
+    /// How long a client may take to send a request's headers, and a new connection to
+    /// begin its first request (TLS handshake included). A body has three times as long in
+    /// all, however its bytes come.
     pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight after its last one.
+    pub idle_timeout: Duration,
+    /// Connections open at once (watch streams included); beyond it, new connections wait
+    /// to be accepted until one closes. Keep it below the process's descriptor limit.
+    pub max_connections: usize,
+    /// On shutdown: how long appends in flight have to finish (then they are answered
+    /// `written: unknown`); connections still open a second later are closed. Reads and
+    /// uploads still sending their body are refused at once.
+    pub shutdown_grace: Duration,
     /// How often the replica refreshes its view when nobody asks: the shortest interval
     /// (always, on SQLite), doubled while nothing changes up to `idle_poll_max` (on object
     /// storage, where every refresh costs requests).
@@ -126,9 +140,13 @@ impl ServeOptions {
             store_options: StoreOptions::default().with_create_if_missing(true),
             group_commit: true,
             max_body_bytes: 80 << 20,
+            max_body_bytes_in_flight: 256 << 20,
             max_concurrent_requests: 512,
             max_watchers_per_token: 1024,
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 768,
+            shutdown_grace: Duration::from_secs(10),
             poll_min: Duration::from_millis(10),
             idle_poll_max: Duration::from_secs(2),
         }
@@ -145,6 +163,8 @@ pub(crate) struct Replica {
     pub(crate) options: ServeOptions,
     pub(crate) watchers: watch::Watchers,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The bytes of request bodies in flight, in KiB (see [`routes`]).
+    pub(crate) body_budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// Open the store, claim the writer's shard, and serve until [`Running::shutdown`] (or the

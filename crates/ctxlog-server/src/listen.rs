@@ -1,10 +1,16 @@
 //! Starting a replica and its accept loop.
 //!
 //! Connections are served by hyper directly (not `axum::serve`) for what a server facing
-//! slow or hostile clients needs: a header read timeout (a client sending its headers byte by
-//! byte loses its connection), and a graceful shutdown — stop accepting, end the watch
-//! streams, let requests in flight finish within a bound, then close the shard. With TLS,
-//! the handshake has the header read timeout as its deadline too.
+//! slow or hostile clients needs:
+//!
+//! - a bound on connections open at once (beyond it, new ones wait in the listen backlog);
+//! - a header read timeout (a client sending its headers byte by byte loses its
+//!   connection), which is also how long a new connection may take to begin its first
+//!   request — TLS handshake included — whatever protocol it speaks;
+//! - an idle timeout: a connection with no request in flight is closed after it;
+//! - a shutdown bounded in time: stop accepting, end the watch streams, refuse waiting
+//!   reads at once, give appends in flight the shutdown grace, close every connection a
+//!   second after it, then give the writer a few seconds to close the shard.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,9 +18,8 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
@@ -38,8 +43,9 @@ impl Running {
         self.addr
     }
 
-    /// Stop: no new connections, watch streams end, requests in flight finish (within the
-    /// store's deadline and a few seconds), the shard is closed. Returns when all is done.
+    /// Stop: no new connections, watch streams end, waiting reads are refused, appends in
+    /// flight finish within the shutdown grace, the shard is closed (within a few seconds
+    /// more). Returns when all is done.
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
         let _ = self.done.await;
@@ -93,8 +99,13 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         options.idle_poll_max
     };
     tokio::spawn(view.clone().run(options.poll_min, poll_max, stopped.clone()));
-    let grace = options.store_options.timeout + Duration::from_secs(5);
-    let header_timeout = options.header_read_timeout;
+    let limits = ConnLimits {
+        header: options.header_read_timeout,
+        idle: options.idle_timeout,
+        grace: options.shutdown_grace,
+        max: options.max_connections.clamp(1, MAX_CONNECTIONS),
+    };
+    let budget = crate::routes::body_budget(&options);
     let replica = Arc::new(Replica {
         store,
         writer,
@@ -104,28 +115,55 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         options,
         watchers: Watchers::default(),
         shutdown: stopped.clone(),
+        body_budget: budget,
     });
     let app = routes::router(replica.clone());
-    let done = tokio::spawn(accept(listener, tls, app, header_timeout, stopped, grace, replica));
+    let done = tokio::spawn(accept(listener, tls, app, limits, stopped, replica));
     Ok(Running { addr, stop, done })
+}
+
+/// The most connections a semaphore can count (far above any descriptor limit).
+const MAX_CONNECTIONS: usize = 1 << 24;
+/// How long the writer has to close its shard once the connections are done: a commit still
+/// running then is abandoned, as a kill would (its requests were answered `unknown`).
+const WRITER_CLOSE: Duration = Duration::from_secs(5);
+
+/// What bounds a connection's life.
+#[derive(Clone, Copy, Debug)]
+struct ConnLimits {
+    /// A new connection's first request, and a closing one's last, must begin within it.
+    header: Duration,
+    /// An open connection with no request in flight is closed after it.
+    idle: Duration,
+    /// On shutdown, requests in flight have this long (and a second to write their answer).
+    grace: Duration,
+    /// Connections open at once.
+    max: usize,
 }
 
 async fn accept(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     app: axum::Router,
-    header_timeout: Duration,
+    limits: ConnLimits,
     mut stopped: watch::Receiver<bool>,
-    grace: Duration,
     replica: Arc<Replica>,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let places = Arc::new(Semaphore::new(limits.max));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(limits.header);
     loop {
+        // Beyond the limit a connection waits in the listen backlog, not in the process.
+        let place = tokio::select! {
+            place = places.clone().acquire_owned() => match place {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = crate::stopped(&mut stopped) => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
@@ -137,20 +175,13 @@ async fn accept(
                         continue;
                     }
                 };
-                let service = TowerToHyperService::new(app.clone());
-                match &tls {
-                    None => {
-                        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-                        let conn = graceful.watch(conn);
-                        tokio::spawn(async move {
-                            let _ = conn.await;
-                        });
-                    }
-                    Some(tls) => {
-                        let (tls, builder) = (tls.clone(), builder.clone());
-                        let watcher = graceful.watcher();
-                        tokio::spawn(async move {
-                            let stream = match tokio::time::timeout(header_timeout, tls.accept(stream)).await {
+                let (app, builder, tls, stop) = (app.clone(), builder.clone(), tls.clone(), stopped.clone());
+                tokio::spawn(async move {
+                    let _place = place;
+                    match tls {
+                        None => serve(stream, &builder, app, limits, stop).await,
+                        Some(tls) => {
+                            let stream = match tokio::time::timeout(limits.header, tls.accept(stream)).await {
                                 Ok(Ok(s)) => s,
                                 Ok(Err(e)) => {
                                     tracing::debug!(error = %e, "TLS handshake failed");
@@ -158,21 +189,187 @@ async fn accept(
                                 }
                                 Err(_) => return,
                             };
-                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                            let _ = watcher.watch(conn.into_owned()).await;
-                        });
+                            serve(stream, &builder, app, limits, stop).await;
+                        }
                     }
-                }
+                });
             }
             _ = crate::stopped(&mut stopped) => break,
         }
     }
     drop(listener);
-    // Watch streams saw the same signal and end; other requests finish.
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    // Every connection saw the same signal: it ends within the grace and a second (its
+    // watch streams end, its waiting reads are refused, its appends answered).
+    let all = u32::try_from(limits.max).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.grace + Duration::from_secs(2), places.acquire_many(all))
+        .await
+        .is_err()
+    {
         tracing::warn!("connections still open after the shutdown grace period");
     }
-    if tokio::time::timeout(grace, replica.writer.close()).await.is_err() {
-        tracing::warn!("the writer did not close its shard within the shutdown grace period");
+    if tokio::time::timeout(WRITER_CLOSE, replica.writer.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            after = ?WRITER_CLOSE,
+            "the writer did not close its shard in time; a commit still running is abandoned"
+        );
+    }
+}
+
+/// Serve one connection until it ends, is idle too long, or the shutdown grace is over.
+async fn serve<I>(
+    io: I,
+    builder: &auto::Builder<TokioExecutor>,
+    app: axum::Router,
+    limits: ConnLimits,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new());
+    let tracked = activity.clone();
+    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let busy = tracked.begin();
+        let app = app.clone();
+        async move {
+            let response = tower::ServiceExt::oneshot(app, request.map(axum::body::Body::new)).await?;
+            // The request is in flight until its answer's body is done (a watch stream's too).
+            Ok::<_, std::convert::Infallible>(response.map(|body| axum::body::Body::new(Busy { body, _busy: busy })))
+        }
+    });
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    // When the connection was told to close: it has the header timeout from then to finish
+    // whatever it was beginning.
+    let mut closing: Option<tokio::time::Instant> = None;
+    let mut hard_stop: Option<tokio::time::Instant> = None;
+    loop {
+        // A connection must begin a request within the header timeout when new or closing,
+        // within the idle timeout after a request.
+        let idle_until = match closing {
+            None => activity.idle_until(limits.idle, limits.header),
+            Some(at) => activity
+                .idle_until(limits.header, limits.header)
+                .map(|t| t.max(at + limits.header)),
+        };
+        let changed = activity.changed.notified();
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = changed => {}
+            _ = sleep_until_some(idle_until) => {
+                if closing.is_some() {
+                    return;
+                }
+                closing = Some(tokio::time::Instant::now());
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = crate::stopped(&mut stop), if hard_stop.is_none() => {
+                hard_stop = Some(tokio::time::Instant::now() + limits.grace + Duration::from_secs(1));
+                if closing.is_none() {
+                    closing = Some(tokio::time::Instant::now());
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            _ = sleep_until_some(hard_stop) => {
+                tracing::debug!("a connection was closed at the end of the shutdown grace");
+                return;
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether a connection has a request in flight, and since when it has had none.
+struct Activity {
+    state: std::sync::Mutex<ActivityState>,
+    changed: tokio::sync::Notify,
+}
+
+struct ActivityState {
+    in_flight: usize,
+    idle_since: tokio::time::Instant,
+    served: bool,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            state: std::sync::Mutex::new(ActivityState {
+                in_flight: 0,
+                idle_since: tokio::time::Instant::now(),
+                served: false,
+            }),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ActivityState> {
+        // A panic while holding this lock leaves counters only: still usable.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        let mut s = self.lock();
+        s.in_flight += 1;
+        s.served = true;
+        drop(s);
+        self.changed.notify_one();
+        InFlight(self.clone())
+    }
+
+    /// When the connection is idle too long: `None` while a request is in flight; `fresh`
+    /// counts before its first request, `idle` after one.
+    fn idle_until(&self, idle: Duration, fresh: Duration) -> Option<tokio::time::Instant> {
+        let s = self.lock();
+        (s.in_flight == 0).then(|| s.idle_since + if s.served { idle } else { fresh })
+    }
+}
+
+/// A request in flight on a connection, until dropped.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.in_flight -= 1;
+        if s.in_flight == 0 {
+            s.idle_since = tokio::time::Instant::now();
+        }
+        drop(s);
+        self.0.changed.notify_one();
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is done or dropped.
+struct Busy {
+    body: axum::body::Body,
+    _busy: InFlight,
+}
+
+impl hyper::body::Body for Busy {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }

@@ -20,6 +20,12 @@ pub mod types {
     pub const MALFORMED: &str = "urn:ctxlog:problem:malformed-request";
     /// The body is larger than the server accepts.
     pub const TOO_LARGE: &str = "urn:ctxlog:problem:too-large";
+    /// The body did not arrive within its deadline (three header timeouts in all).
+    pub const BODY_TIMEOUT: &str = "urn:ctxlog:problem:body-timeout";
+    /// The replica holds as many request bodies as it may; retry later (`Retry-After`).
+    pub const BUSY: &str = "urn:ctxlog:problem:busy";
+    /// The route exists, but not with this method.
+    pub const METHOD_NOT_ALLOWED: &str = "urn:ctxlog:problem:method-not-allowed";
     /// No valid bearer token.
     pub const UNAUTHORIZED: &str = "urn:ctxlog:problem:unauthorized";
     /// The token does not grant this right on this bot.
@@ -227,7 +233,7 @@ impl IntoResponse for Problem {
         if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if self.kind == types::UNAVAILABLE {
+        if self.kind == types::UNAVAILABLE || self.kind == types::BUSY {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response

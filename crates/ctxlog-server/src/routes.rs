@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{MatchedPath, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ctxlog::{CompactOptions, GcOptions, PurgeOptions, Record, RetainOptions};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use utoipa::{IntoParams, OpenApi};
 
@@ -59,21 +60,145 @@ pub(crate) fn router(replica: Arc<Replica>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
-        .layer(limits);
+        .layer(limits)
+        .layer(axum::middleware::from_fn_with_state(replica.clone(), during_shutdown));
     // Watch streams are long-lived: they have their own limit (per token), not the
     // request concurrency limit.
     let streams = Router::new()
         .route("/v1/bots/{bot}/sessions/{session}/watch", get(watch_session))
         .route("/v1/watch", get(watch_store));
+    // Bodies are read by `body` (after the grant is checked, within the body budget and
+    // deadline), never by an extractor.
     requests
         .merge(streams)
+        .route_layer(axum::middleware::from_fn_with_state(replica.clone(), check_path))
         .fallback(|| async { Problem::not_found("no such route") })
-        .layer(axum::extract::DefaultBodyLimit::max(replica.options.max_body_bytes))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            replica.options.header_read_timeout * 3,
-        ))
+        .method_not_allowed_fallback(|method: Method| async move {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                types::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                format!("this route does not take {method}"),
+            )
+        })
         .layer(axum::middleware::from_fn_with_state(replica.clone(), measure))
         .with_state(replica)
+}
+
+/// How many header timeouts a body has to arrive in, in all.
+const BODY_TIMEOUTS: u32 = 3;
+
+/// The budget of request bodies in flight, counted in KiB (a semaphore counts at most
+/// `u32::MAX` at once).
+pub(crate) fn body_budget(options: &crate::ServeOptions) -> Arc<tokio::sync::Semaphore> {
+    let kib = options
+        .max_body_bytes_in_flight
+        .div_ceil(1024)
+        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    Arc::new(tokio::sync::Semaphore::new(kib))
+}
+
+/// On shutdown, a request still waiting is answered at once when nothing of it can have
+/// been written (a read: 503, `written: nothing`); a write gets the shutdown grace to
+/// finish, then is answered `written: unknown` (it may be in a commit). Streams end on
+/// their own (they are not behind this layer).
+async fn during_shutdown(State(r): Shared, request: Request, next: Next) -> Response {
+    let reads = request.method() == Method::GET || request.method() == Method::HEAD;
+    let mut stop = r.shutdown.clone();
+    let mut run = std::pin::pin!(next.run(request));
+    tokio::select! {
+        biased;
+        response = &mut run => return response,
+        _ = crate::stopped(&mut stop) => {}
+    }
+    if reads {
+        return Problem::replica_unavailable("the replica is shutting down", ctxlog::Written::Nothing).into_response();
+    }
+    match tokio::time::timeout(r.options.shutdown_grace, run).await {
+        Ok(response) => response,
+        Err(_) => Problem::replica_unavailable(
+            "the replica shut down before the operation finished; it may have been written",
+            ctxlog::Written::Unknown,
+        )
+        .into_response(),
+    }
+}
+
+/// Every path parameter (bot, session, record id) is checked on every route, read or write,
+/// the way the core checks a record's: UTF-8, not empty, no NUL, within the id limit. So a
+/// read answers a name no write could have made the same way a write does.
+async fn check_path(State(r): Shared, request: Request, next: Next) -> Response {
+    let Some(route) = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+    else {
+        return next.run(request).await;
+    };
+    let max = r.store.options().limits.max_id_bytes;
+    let path = request.uri().path().to_string();
+    for (template, raw) in route.split('/').zip(path.split('/')) {
+        let Some(name) = template.strip_prefix('{').and_then(|t| t.strip_suffix('}')) else {
+            continue;
+        };
+        let field = match name {
+            "bot" => "bot_id",
+            "session" => "session_id",
+            other => other,
+        };
+        if let Err(p) = check_name(field, &percent_decode(raw), max) {
+            return p.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn check_name(field: &str, bytes: &[u8], max: usize) -> Result<(), Problem> {
+    let invalid = |detail: String| Err(Problem::invalid(field, None, detail));
+    match std::str::from_utf8(bytes) {
+        Err(_) => invalid("is not UTF-8".into()),
+        Ok("") => invalid("must not be empty".into()),
+        Ok(s) if s.contains('\0') => invalid("must not contain NUL".into()),
+        Ok(s) if s.len() > max => invalid(format!("is {} bytes, the limit is {max}", s.len())),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// A path segment's bytes, `%XX` decoded (a `%` not followed by two hex digits stays).
+fn percent_decode(segment: &str) -> Vec<u8> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A query string, refused as a problem (not axum's plain text) when it does not parse.
+struct Query<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|e| Problem::malformed(e.body_text()))
+    }
 }
 
 /// Count every request by route and status, and time it.
@@ -98,10 +223,17 @@ async fn measure(State(r): Shared, request: Request, next: Next) -> Response {
     response
 }
 
-/// The grant of the request's token.
+/// The grant of the request's token. Two `Authorization` headers are refused: which one
+/// counts would depend on who reads them (a proxy, this server).
 fn grant(r: &Replica, headers: &HeaderMap) -> Result<Grant, Problem> {
-    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    r.tokens.grant(auth).ok_or_else(Problem::unauthorized)
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let auth = values.next();
+    if values.next().is_some() {
+        return Err(Problem::unauthorized());
+    }
+    r.tokens
+        .grant(auth.and_then(|v| v.to_str().ok()))
+        .ok_or_else(Problem::unauthorized)
 }
 
 /// The grant, if it covers `bot` with `right`.
@@ -124,19 +256,115 @@ fn admin_grant(r: &Replica, headers: &HeaderMap) -> Result<Grant, Problem> {
     }
 }
 
-fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Problem> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                types::TOO_LARGE,
-                "Request too large",
-                e.body_text(),
-            )
-        } else {
-            Problem::malformed(e.body_text())
+/// A request's body, read whole once the caller has checked its grant (so a client without
+/// one never has its body read). Its bytes are first reserved in the replica's budget of
+/// bodies in flight (its declared length, or the largest body when it declares none),
+/// waiting for room at most a header timeout; the returned permit holds them — keep it
+/// while the body and what is parsed from it live. The body has one deadline in all, counted
+/// from here, however its bytes come; on shutdown the read is refused at once. Nothing is
+/// written on any of these refusals.
+async fn body(r: &Replica, request: Request) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), Problem> {
+    use futures::StreamExt;
+    // Room is waited for as long as headers may take; the body has the rest of its deadline.
+    let room_within = r.options.header_read_timeout;
+    let within = r.options.header_read_timeout * BODY_TIMEOUTS;
+    let deadline = tokio::time::Instant::now() + within;
+    let max = r.options.max_body_bytes;
+    let too_large = || {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            types::TOO_LARGE,
+            "Request too large",
+            format!("the body is larger than {max} bytes"),
+        )
+    };
+    let shutting_down = || Problem::replica_unavailable("the replica is shutting down", ctxlog::Written::Nothing);
+    let declared = match request.headers().get(header::CONTENT_LENGTH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| Problem::malformed("`content-length` is not a number"))?,
+        ),
+    };
+    let reserve = match declared {
+        Some(n) if n > max as u64 => {
+            // A client that waits for `100 Continue` hears the refusal before it sends. One
+            // that sends at once has up to `max` bytes read and dropped first (nothing kept),
+            // so that it is reading, not still writing, when the refusal comes.
+            if !expects_continue(request.headers()) {
+                let mut stop = r.shutdown.clone();
+                let mut data = request.into_body().into_data_stream();
+                let mut dropped = 0;
+                while dropped <= max {
+                    tokio::select! {
+                        biased;
+                        _ = crate::stopped(&mut stop) => break,
+                        _ = tokio::time::sleep_until(deadline) => break,
+                        chunk = data.next() => match chunk {
+                            Some(Ok(bytes)) => dropped += bytes.len(),
+                            _ => break,
+                        },
+                    }
+                }
+            }
+            return Err(too_large());
         }
-    })
+        Some(n) => n as usize,
+        None => max,
+    };
+    let kib = u32::try_from(reserve.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .min(u32::try_from(r.options.max_body_bytes_in_flight.div_ceil(1024)).unwrap_or(u32::MAX))
+        .max(1);
+    let mut stop = r.shutdown.clone();
+    let permit = tokio::select! {
+        biased;
+        _ = crate::stopped(&mut stop) => return Err(shutting_down()),
+        permit = tokio::time::timeout(room_within, r.body_budget.clone().acquire_many_owned(kib)) => match permit {
+            Ok(Ok(p)) => p,
+            Ok(Err(_)) => return Err(shutting_down()),
+            Err(_) => {
+                return Err(Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    types::BUSY,
+                    "Busy",
+                    format!("the replica holds as many request bodies as it may; no room within {room_within:?}"),
+                ));
+            }
+        },
+    };
+    let mut data = request.into_body().into_data_stream();
+    let mut buf = bytes::BytesMut::with_capacity(declared.map_or(0, |_| reserve));
+    loop {
+        let chunk = tokio::select! {
+            biased;
+            _ = crate::stopped(&mut stop) => return Err(shutting_down()),
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(Problem::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    types::BODY_TIMEOUT,
+                    "Body too slow",
+                    format!("the body did not arrive within {within:?}"),
+                ));
+            }
+            chunk = data.next() => chunk,
+        };
+        match chunk {
+            None => return Ok((buf.freeze(), permit)),
+            Some(Err(e)) => return Err(Problem::malformed(format!("reading the body failed: {e}"))),
+            Some(Ok(bytes)) if buf.len() + bytes.len() > max => return Err(too_large()),
+            Some(Ok(bytes)) => buf.extend_from_slice(&bytes),
+        }
+    }
+}
+
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
 }
 
 /// Run `f` on a task of its own: a client that disconnects never cuts it short.
@@ -182,10 +410,11 @@ async fn append(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
     headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
+    raw: Request,
 ) -> Result<axum::Json<AckOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Write)?;
-    let input: AppendIn = parse(&body(raw)?)?;
+    let (raw, _held) = body(&r, raw).await?;
+    let input: AppendIn = parse(&raw)?;
     let records = input
         .records
         .into_iter()
@@ -223,10 +452,11 @@ async fn append_bot(
     State(r): Shared,
     Path(bot): Path<String>,
     headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
+    raw: Request,
 ) -> Result<axum::Json<AckOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Write)?;
-    let input: AppendIn = parse(&body(raw)?)?;
+    let (raw, _held) = body(&r, raw).await?;
+    let input: AppendIn = parse(&raw)?;
     let records = input
         .records
         .into_iter()
@@ -562,10 +792,10 @@ async fn admin(
     State(r): Shared,
     Path(op): Path<String>,
     headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
+    raw: Request,
 ) -> Result<axum::Json<ReportOut>, Problem> {
     admin_grant(&r, &headers)?;
-    let raw = body(raw)?;
+    let (raw, _held) = body(&r, raw).await?;
     let o: AdminIn = if raw.iter().all(u8::is_ascii_whitespace) {
         AdminIn::default()
     } else {
