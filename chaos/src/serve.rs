@@ -460,8 +460,11 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         .map(|k| tokio::spawn(client(sh.clone(), k, rng.random())))
         .collect();
 
-    let mut schedule: Vec<Fault> = FAULTS.to_vec();
+    let mut schedule: Vec<Fault> = FAULTS[..FAULTS.len() - 1].to_vec();
     schedule.shuffle(&mut rng);
+    // Maintenance first (it runs beside the rest): on a slow store a short run may reach
+    // only a few faults.
+    schedule.push(Fault::Maintenance);
     let mut maintenance: Option<tokio::task::JoinHandle<()>> = None;
     let retained = Arc::new(Mutex::new((BTreeSet::new(), false)));
     let until = Instant::now() + Duration::from_secs(cli.seconds);
@@ -473,9 +476,15 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         if let Some(t) = sh.pick(&mut rng) {
             sh.poll_shards(&t.addr, None).await;
         }
-        let fault = schedule
-            .pop()
-            .unwrap_or_else(|| FAULTS[rng.random_range(0..FAULTS.len())]);
+        // After the first round, the slow replica's faults twice as often as the others.
+        let fault = schedule.pop().unwrap_or_else(|| {
+            let i = rng.random_range(0..FAULTS.len() + 2);
+            *FAULTS.get(i).unwrap_or(if i == FAULTS.len() {
+                &Fault::Slow
+            } else {
+                &Fault::StoppedTakeover
+            })
+        });
         let slot = rng.random_range(0..WRITERS.len());
         match fault {
             Fault::Kill => {
@@ -513,11 +522,13 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
             Fault::Slow => {
                 if let Some(pid) = cluster.slots[SLOW].current.as_ref().map(|p| p.pid) {
                     sh.count("slow_bursts");
-                    for _ in 0..rng.random_range(3..8) {
+                    // Stops long enough for a backlog of several reads, and short windows
+                    // between them: a catch-up begun in one window is cut in the next.
+                    for _ in 0..rng.random_range(5..12) {
                         signal(pid, libc::SIGSTOP);
-                        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+                        tokio::time::sleep(Duration::from_millis(rng.random_range(300..2500))).await;
                         signal(pid, libc::SIGCONT);
-                        tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
+                        tokio::time::sleep(Duration::from_millis(rng.random_range(20..250))).await;
                     }
                 }
             }

@@ -110,7 +110,7 @@ fn soak(backend: &str, seconds: u64, seed: u64, s3: Option<&s3_loopback::Server>
     let own;
     // Deadlines of the replicas, and of the slow one (its refreshes and commits are cut).
     let (uri, timeout, slow) = match backend {
-        "sqlite" => (format!("sqlite:{}", dir.join("serve.db").display()), 10.0, 1.0),
+        "sqlite" => (format!("sqlite:{}", dir.join("serve.db").display()), 10.0, 0.5),
         "lance-s3" => {
             let server = match s3 {
                 Some(s) => s,
