@@ -80,6 +80,9 @@ const TERM_BOUND: Duration = Duration::from_secs(30);
 const RETRY_FOR: Duration = Duration::from_secs(120);
 /// How long watchers may take to receive the fence posts.
 const DRAIN: Duration = Duration::from_secs(90);
+/// While draining, a watcher that received its fence posts stops after this long without
+/// an event.
+const QUIET: Duration = Duration::from_secs(5);
 
 static START: OnceLock<Instant> = OnceLock::new();
 
@@ -134,6 +137,19 @@ impl Shared {
             .find(|t| t.slot == slot && t.newest)
             .cloned();
         found.or_else(|| self.pick(rng))
+    }
+
+    /// Add what `/metrics` of `addr` says of failed refreshes to the counts (a refresh cut
+    /// short by its deadline is what the slow replica is for).
+    async fn scrape(&self, addr: &str) {
+        let url = format!("http://{addr}/metrics");
+        let req = self.http.text(&url, self.deadline).await;
+        for line in req.lines() {
+            if let Some(n) = line.strip_prefix("refresh_errors_total ") {
+                let n = n.trim().parse::<f64>().unwrap_or(0.0) as u64;
+                *self.counts.lock().unwrap().entry("refresh_errors".into()).or_default() += n;
+            }
+        }
     }
 
     /// Record the shards' epochs `GET /v1/shards` of `addr` shows; the epoch of `writer`'s.
@@ -204,7 +220,7 @@ fn signal(pid: i32, sig: i32) {
 impl Cluster {
     /// Start a process for `slot` on a new port (see [`Cluster::start_once`]); one that
     /// cannot claim its shard in time (the process it takes over is stopped holding the
-    /// store's lock) exits, and is started again, a few times.
+    /// store's lock, or the store is slow) exits, and is started again, a few times.
     async fn start(&mut self, sh: &Shared, slot: usize, pause: Option<(Duration, i32)>) -> Result<()> {
         let mut last = None;
         for _ in 0..10 {
@@ -217,7 +233,14 @@ impl Cluster {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("no start")))
+        // A writer id that cannot start is a finding, not the end of the soak: the slot is
+        // tried again by the next reap, and judged at the end.
+        self.crashes.push(format!(
+            "{} could not start ten times: {:#}",
+            self.slots[slot].writer,
+            last.unwrap_or_else(|| anyhow::anyhow!("no start"))
+        ));
+        Ok(())
     }
 
     /// Start one process for `slot`; it becomes the slot's current one (the previous current
@@ -282,7 +305,7 @@ impl Cluster {
         };
         if let Some(older) = older {
             // One superseded process per slot: the oldest goes.
-            self.terms_push(older).await;
+            self.terms_push(sh, older).await;
         }
         self.slots[slot].current = Some(Proc {
             process,
@@ -295,9 +318,10 @@ impl Cluster {
     }
 
     /// SIGTERM `p` and wait for it within the bound (then SIGKILL).
-    async fn terms_push(&mut self, mut p: Proc) {
-        let started = Instant::now();
+    async fn terms_push(&mut self, sh: &Shared, mut p: Proc) {
         signal(p.pid, libc::SIGCONT);
+        sh.scrape(&p.addr).await;
+        let started = Instant::now();
         signal(p.pid, libc::SIGTERM);
         let code = match tokio::time::timeout(TERM_BOUND + Duration::from_secs(5), p.child.wait()).await {
             Ok(Ok(status)) => status.code(),
@@ -498,7 +522,7 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
             Fault::Term => {
                 if let Some(p) = cluster.slots[slot].current.take() {
                     cluster.sync(&sh);
-                    cluster.terms_push(p).await;
+                    cluster.terms_push(&sh, p).await;
                     sh.count("sigterms");
                     cluster.start(&sh, slot, None).await?;
                 }
@@ -560,7 +584,7 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         }
         if let Some(p) = cluster.slots[slot].old.take() {
             cluster.sync(&sh);
-            cluster.terms_push(p).await;
+            cluster.terms_push(&sh, p).await;
         }
     }
     cluster.reap(&sh).await?;
@@ -614,7 +638,7 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
     for slot in 0..WRITERS.len() {
         if let Some(p) = cluster.slots[slot].current.take() {
             cluster.sync(&sh);
-            cluster.terms_push(p).await;
+            cluster.terms_push(&sh, p).await;
         }
     }
     let (retained, retain_unknown) = retained.lock().unwrap().clone();
@@ -976,16 +1000,16 @@ async fn watch(sh: Arc<Shared>, name: String, slot: usize, scope: Scope, seed: u
                 })
                 .all(|p| seen.contains(&(p.bot.clone(), p.id.clone())))
     };
-    while !sh.stop_watch.load(Ordering::Acquire) && !done(&seen, &log.scope) {
+    // Drained: every fence post of its scope received, and then nothing more for a while.
+    // A post is no last event: a catch-up sends shard by shard, and the post's shard may
+    // come before others whose records are older.
+    let mut finished = false;
+    while !sh.stop_watch.load(Ordering::Acquire) && !finished {
         let Some(t) = sh.home(slot, &mut rng) else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let hold = if sh.draining.load(Ordering::Acquire) {
-            Duration::from_secs(5)
-        } else {
-            Duration::from_millis(rng.random_range(300..4000))
-        };
+        let hold = Duration::from_millis(rng.random_range(300..4000));
         let url = format!("http://{}{watch_path}", t.addr);
         match sh.http.watch(&url, Some(&resume), sh.deadline).await {
             Err(_) => {
@@ -995,9 +1019,29 @@ async fn watch(sh: Arc<Shared>, name: String, slot: usize, scope: Scope, seed: u
             Ok(mut events) => {
                 let until = tokio::time::Instant::now() + hold;
                 loop {
+                    // While draining, no more random disconnects: a stream that is behind
+                    // gets all the time it needs to catch up.
+                    let draining = sh.draining.load(Ordering::Acquire);
+                    if sh.stop_watch.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let wait = if draining {
+                        QUIET
+                    } else {
+                        until.saturating_duration_since(tokio::time::Instant::now())
+                    };
                     let ev = tokio::select! {
                         ev = events.next() => ev,
-                        _ = tokio::time::sleep_until(until) => break,
+                        _ = tokio::time::sleep(wait) => {
+                            if draining && done(&seen, &log.scope) {
+                                finished = true;
+                                break;
+                            }
+                            if draining {
+                                continue;
+                            }
+                            break;
+                        }
                     };
                     let Ok(Some(ev)) = ev else { break };
                     match ev.event.as_str() {
@@ -1018,9 +1062,6 @@ async fn watch(sh: Arc<Shared>, name: String, slot: usize, scope: Scope, seed: u
                                 epoch: d["epoch"].as_u64().unwrap_or(0),
                             });
                             resume = ev.id;
-                            if done(&seen, &log.scope) {
-                                break;
-                            }
                         }
                         // The stream's start, or its resumable end: go on from there.
                         "position" => resume = ev.id,

@@ -61,6 +61,23 @@ impl Http {
         }
     }
 
+    /// The body of `GET url` as text (empty when there is no answer).
+    pub(crate) async fn text(&self, url: &str, deadline: Duration) -> String {
+        let Ok(req) = Request::builder().uri(url).body(Full::new(Bytes::new())) else {
+            return String::new();
+        };
+        let go = async {
+            let resp = self.client.request(req).await.ok()?;
+            let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+            Some(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        tokio::time::timeout(deadline, go)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
     /// Open a watch stream at `url`, resuming after `last_event_id`.
     pub(crate) async fn watch(
         &self,

@@ -122,7 +122,7 @@ fn soak(backend: &str, seconds: u64, seed: u64, s3: Option<&s3_loopback::Server>
             // A bucket of this run's own: the S3 server outlives runs of the same seed.
             let bucket = s3_loopback::bucket_for(&dir.join(std::process::id().to_string()));
             server.create_bucket(&bucket).map_err(|e| anyhow::anyhow!("{e}"))?;
-            (server.uri(&bucket, "serve.lance"), 20.0, 3.0)
+            (server.uri(&bucket, "serve.lance"), 20.0, 5.0)
         }
         other => bail!("chaos --serve: unknown backend `{other}` (have: sqlite, lance-s3, all)"),
     };
