@@ -32,7 +32,11 @@ struct Writer {
 }
 
 pub(crate) fn run(args: &ChaosArgs) -> Result<()> {
-    let summary = soak(&args.backend, Duration::from_secs(args.seconds), args.seed, None)?;
+    if args.serve {
+        return crate::chaos_serve::run(args);
+    }
+    let seconds = args.minutes.map_or(args.seconds, |m| m * 60);
+    let summary = soak(&args.backend, Duration::from_secs(seconds), args.seed, None)?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
     verdict(&summary)
 }

@@ -48,12 +48,20 @@ pub(crate) enum Task {
 
 #[derive(Args, Clone)]
 pub(crate) struct ChaosArgs {
-    /// `sqlite`, `lance` (a local directory) or `lance-s3` (the loopback S3 server).
+    /// `sqlite`, `lance` (a local directory) or `lance-s3` (the loopback S3 server); with
+    /// `--serve`, `sqlite`, `lance-s3` or `all` (both).
     #[arg(long, default_value = "sqlite")]
     pub backend: String,
     /// How long to run.
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
+    /// How long to run, in minutes (instead of `--seconds`).
+    #[arg(long)]
+    pub minutes: Option<u64>,
+    /// Soak `ctxlog serve` replicas through HTTP (clients, watchers, kills, takeovers, a
+    /// slowed replica, maintenance) instead of library writers.
+    #[arg(long)]
+    pub serve: bool,
     /// The seed of the soak's decisions and of every writer's faults.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

@@ -6,7 +6,8 @@
 //! - `bench`: `first-scan` and `append` (see `bench/`).
 //! - `tidy`: docs and code in step (part of `test`).
 //! - `mutants`: mutation testing of the core and the SQLite backend.
-//! - `chaos`: a seeded soak with kills, takeovers, faults and compaction.
+//! - `chaos`: a seeded soak with kills, takeovers, faults and compaction; with `--serve`
+//!   (`chaos_serve`), of `ctxlog serve` replicas through HTTP.
 //!
 //! Every cargo call gets `PROTOC` from a vendored `protoc`, so Lance's build scripts work on
 //! a machine with only the Rust toolchain (`cargo.rs`).
@@ -17,6 +18,7 @@
 mod bench;
 mod cargo;
 mod chaos;
+mod chaos_serve;
 mod conformance;
 mod flags;
 mod imports;
