@@ -42,7 +42,6 @@ pub(crate) fn run(args: &ChaosArgs) -> Result<()> {
 
 /// The short serve soaks `cargo xtask test` runs: about a minute each on SQLite and on
 /// Lance on the run's S3 server, with a fresh seed (printed).
-#[allow(dead_code)] // The lead wires it into `test` once the fixes of issue 32 land.
 pub(crate) fn serve_short(s3: &s3_loopback::Server) -> Result<()> {
     build()?;
     let seed: u64 = rand::random::<u32>().into();

@@ -38,5 +38,6 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
     // The Python client against the `ctxlog` binary the tests above built.
     crate::python::run(&s3)?;
     crate::smoke::run(&s3)?;
-    crate::chaos::short(&s3)
+    crate::chaos::short(&s3)?;
+    crate::chaos_serve::serve_short(&s3)
 }
