@@ -301,6 +301,34 @@ mod tests {
         }
     }
 
+    /// Names never hold NUL, a value has a role (a tombstone needs none), and a batch that
+    /// writes one id of one bot twice differently contradicts itself (rule 6).
+    #[test]
+    fn nul_empty_roles_and_contradictory_ids_are_refused() {
+        let l = Limits::default();
+        let ok = Record::text("a", "b", "s", "user", "x");
+        for (field, bad) in [
+            ("id", Record::text("a\0b", "b", "s", "user", "x")),
+            ("bot_id", Record::text("a", "b\0", "s", "user", "x")),
+            ("session_id", Record::text("a", "b", "\0s", "user", "x")),
+            ("role", Record::text("a", "b", "s", "us\0er", "x")),
+            ("role", Record::text("a", "b", "s", "", "x")),
+        ] {
+            assert_eq!(field_of(l.validate(&bad).unwrap_err()).0, field, "{bad:?}");
+        }
+        l.validate(&Record::tombstone("a", "b", "s")).unwrap();
+        let other = Record::text("a", "b", "s", "user", "y");
+        assert_eq!(
+            field_of(l.validate_batch(&[ok.clone(), other]).unwrap_err()),
+            ("id", Some(1))
+        );
+        // The same record twice is a retry inside one batch; the same id of another bot is
+        // another record.
+        l.validate_batch(&[ok.clone(), ok.clone()]).unwrap();
+        l.validate_batch(&[ok.clone(), Record::text("a", "c", "s", "user", "y")])
+            .unwrap();
+    }
+
     #[test]
     fn names_the_bad_field_and_record() {
         let l = Limits::default();
