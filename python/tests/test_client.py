@@ -114,6 +114,29 @@ def test_a_definite_failure_is_never_retried(server: Server) -> None:
     c.close()
 
 
+def test_a_proxy_s_gateway_timeout_is_unknown_and_retried_with_the_same_ids(server: Server) -> None:
+    """A proxy in front of the replica forwards the first append, which lands, then answers
+    504 with an HTML page of its own: that is no problem of the replica's, and may have come
+    after the commit, so the client treats it as unknown and retries with the same ids."""
+    real = httpx.HTTPTransport()
+    answered = {"n": 0}
+
+    class GatewayTimesOut(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            resp = real.handle_request(request)
+            resp.read()
+            answered["n"] += 1
+            if answered["n"] == 1:
+                return httpx.Response(504, headers={"content-type": "text/html"}, content=b"<h1>504</h1>")
+            return resp
+
+    c = ctxlog.Client(server.url, http=httpx.Client(base_url=server.url, transport=GatewayTimesOut()))
+    c.session("b", "proxy").append([{"id": "p-1", "role": "user", "text": "once"}])
+    assert [r.id for r in c.session("b", "proxy").iter_records()] == ["p-1"]
+    assert answered["n"] >= 2
+    c.close()
+
+
 def test_a_definite_refusal_after_an_indeterminate_attempt_is_unknown(
     store: str, servers: list[Server]
 ) -> None:

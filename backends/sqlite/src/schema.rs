@@ -92,7 +92,7 @@ impl From<rusqlite::Error> for FormatError {
 pub(crate) fn upgrade(tx: &rusqlite::Transaction<'_>, to: &str) -> std::result::Result<(), FormatError> {
     let mut now = format_in(tx)?;
     for (from, next, sql) in MIGRATIONS {
-        if now.as_str() >= to {
+        if now.parse::<u32>().ok() >= to.parse::<u32>().ok() {
             break;
         }
         if now == from {

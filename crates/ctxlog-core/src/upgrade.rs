@@ -18,6 +18,9 @@ pub const IDS_BY_BOT: u32 = 3;
 /// Entries read per call while listing ids.
 const READ_PAGE: usize = 2_000;
 
+/// Passes over the shards at most: each reads what landed during the one before.
+const RESCANS: usize = 8;
+
 /// An id that is under more than one bot: one record before the upgrade, one per bot after.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SharedId {
@@ -52,7 +55,10 @@ impl UpgradeReport {
 /// under several bots, the store is left as it is unless `accept_changed_views`; the report
 /// lists those ids either way. Run it once every process that writes the store runs this
 /// release: an earlier release refuses a store of format 3 when it opens it, and a running
-/// one of this release notices at its next refresh (and scans again).
+/// one of this release notices at its next refresh (and scans again). What is appended
+/// during the upgrade is read by the next pass over the shards, until one finds nothing new;
+/// what lands between that pass and the format's change is not (run it when the store is
+/// quiet, or accept that window).
 pub async fn upgrade_ids_by_bot(store: &dyn Store, accept_changed_views: bool) -> Result<UpgradeReport> {
     let from = store.format().await?;
     let mut report = UpgradeReport {
@@ -64,19 +70,30 @@ pub async fn upgrade_ids_by_bot(store: &dyn Store, accept_changed_views: bool) -
         return Ok(report);
     }
     let mut bots: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for shard in store.shards().await? {
-        let mut after = 0;
-        loop {
-            let page = store.read_shard(shard.shard, after, READ_PAGE).await?;
-            let Some(last) = page.last().map(|e| e.seq) else { break };
-            report.entries_read += page.len() as u64;
-            for e in page {
-                let held = bots.entry(e.record.id).or_default();
-                if !held.contains(&e.record.bot_id) {
-                    held.insert(e.record.bot_id);
+    // Read until a pass finds nothing new: an entry written while the upgrade reads (by a
+    // process still grouping ids store-wide) is read too, up to the last pass.
+    let mut scanned: std::collections::HashMap<crate::ids::ShardId, u64> = std::collections::HashMap::new();
+    for _ in 0..RESCANS {
+        let mut moved = false;
+        for shard in store.shards().await? {
+            let mut after = scanned.get(&shard.shard).copied().unwrap_or(0);
+            loop {
+                let page = store.read_shard(shard.shard, after, READ_PAGE).await?;
+                let Some(last) = page.last().map(|e| e.seq) else { break };
+                moved = true;
+                report.entries_read += page.len() as u64;
+                for e in page {
+                    let held = bots.entry(e.record.id).or_default();
+                    if !held.contains(&e.record.bot_id) {
+                        held.insert(e.record.bot_id);
+                    }
                 }
+                after = last;
             }
-            after = last;
+            scanned.insert(shard.shard, after);
+        }
+        if !moved {
+            break;
         }
     }
     report.shared_ids = bots

@@ -68,6 +68,18 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         });
     }
     let store = ctxlog::open(&options.store, options.store_options.clone()).await?;
+    // Tokens scope requests by bot, but a store of format 1 or 2 groups record ids across
+    // bots (rule 22): one bot's tombstone or early write can still reach another's record
+    // until `ctxlog upgrade` moves it to format 3. Said at start, where an operator looks.
+    let format = store.format().await?;
+    if tokens.required() && format < ctxlog::IDS_BY_BOT {
+        tracing::warn!(
+            format,
+            "this store groups record ids across bots (format {format}): tenants are not isolated until \
+             `ctxlog upgrade` moves it to format {}",
+            ctxlog::IDS_BY_BOT
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     let view = View::new(store.clone(), metrics.clone());
     let nudge = view.clone();

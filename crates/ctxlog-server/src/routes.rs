@@ -894,6 +894,8 @@ async fn readyz(State(r): Shared) -> Response {
     let writer = r.writer.writer().as_str().to_string();
     let reason = if let Some(why) = r.writer.unready() {
         Some(why)
+    } else if let Some(why) = r.view.failing() {
+        Some(why)
     } else if *r.shutdown.borrow() {
         Some("shutting down".to_string())
     } else {

@@ -89,6 +89,16 @@ impl View {
         })
     }
 
+    /// Why the last refresh failed, if it did: the replica cannot serve reads until one
+    /// succeeds (`/readyz` says so).
+    pub(crate) fn failing(&self) -> Option<String> {
+        self.done
+            .borrow()
+            .failed
+            .as_ref()
+            .map(|p| format!("the view cannot be refreshed: {}", p.detail))
+    }
+
     /// Ask for a refresh soon, without waiting for it (after a local commit).
     pub(crate) fn nudge(&self) {
         self.requested.fetch_add(1, Ordering::AcqRel);
@@ -237,6 +247,9 @@ impl View {
                 Err(e) => {
                     drop(p);
                     self.metrics.refresh_errors.inc();
+                    // A store that keeps failing is not asked again at the shortest interval
+                    // (readers still ask for refreshes of their own).
+                    interval = (interval * 2).min(poll_max.max(poll_min * 100));
                     tracing::warn!(error = %e, "refreshing the replica's view failed");
                     self.done.send_replace(Done {
                         covers,

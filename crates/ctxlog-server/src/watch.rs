@@ -192,8 +192,7 @@ pub(crate) async fn stream(
                     field,
                     None,
                     format!(
-                        "names seq {seq} of shard {shard}, past what the store holds ({}): not a position of this store",
-                        start.get(shard)
+                        "names seq {seq} of shard {shard}, past what the store holds: not a position of this store"
                     ),
                 ));
             }
@@ -269,10 +268,14 @@ async fn follow(
             break s;
         }
         let mut changes = view.subscribe();
-        // What the view took between the read above and the subscription.
+        // What the view took between the read above and the subscription: when anything,
+        // read it from the store again first, without the subscription. A subscription held
+        // while a client does not read pins the view's kept changes (up to 256 commits), so
+        // it is taken only by a stream that is where the view is.
         let now = view.current().await.checkpoint();
-        if let Err(s) = catch_up(view, out, scope, &mut at, &now, &mut shutdown).await {
-            break s;
+        if now.first_beyond(&at).is_some() {
+            drop(changes);
+            continue;
         }
         match follow_changes(out, scope, &mut at, &mut changes, &mut shutdown).await {
             // Behind again: back to the store.

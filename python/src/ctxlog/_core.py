@@ -55,7 +55,12 @@ def check(resp: httpx.Response) -> Any:
     except ValueError:
         problem = {}
     if not problem:
-        problem = {"detail": resp.text[:500], "written": "nothing"}
+        problem = {"detail": resp.text[:500]}
+    if "written" not in problem:
+        # Not a replica's problem: a proxy or load balancer answered. A timeout or a server
+        # error there may have come after the replica committed, so it is unknown (the
+        # caller retries with the same ids); a refusal before forwarding wrote nothing.
+        problem["written"] = "unknown" if resp.status_code >= 500 or resp.status_code == 408 else "nothing"
     raise from_problem(resp.status_code, problem)
 
 
