@@ -148,9 +148,9 @@ async fn bad_input_exits_2_names_the_field_and_writes_nothing_of_its_batch() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite:{}", dir.path().join("s.db").display());
     let input = [
-        r#"{"id":"ok1","bot_id":"b","session_id":"s","text":"fine"}"#,
-        r#"{"id":"ok2","bot_id":"b","session_id":"s","text":"fine"}"#,
-        r#"{"id":"bad","bot_id":"b","session_id":"s","metadata":[1,2]}"#,
+        r#"{"id":"ok1","bot_id":"b","session_id":"s","role":"user","text":"fine"}"#,
+        r#"{"id":"ok2","bot_id":"b","session_id":"s","role":"user","text":"fine"}"#,
+        r#"{"id":"bad","bot_id":"b","session_id":"s","role":"user","metadata":[1,2]}"#,
     ]
     .join("\n");
     let out = ctxlog(&store, &["append", "--writer", "w1", "--batch", "1"], &input).await;
@@ -236,7 +236,7 @@ async fn an_over_long_line_is_refused_with_its_line_number() {
     let mut child = spawn_ctxlog(["--store", &store, "--timeout", "20", "append", "--writer", "w1"]);
     let mut input = child.stdin.take().unwrap();
     let feeder = tokio::spawn(async move {
-        let first = br#"{"id":"m1","bot_id":"b","session_id":"s","text":"fine"}"#;
+        let first = br#"{"id":"m1","bot_id":"b","session_id":"s","role":"user","text":"fine"}"#;
         input.write_all(first).await?;
         input.write_all(b"\n{\"id\":\"m2\",\"text\":\"").await?;
         let chunk = vec![b'x'; 1 << 20];
@@ -297,7 +297,12 @@ async fn a_foreign_file_is_refused_and_untouched() {
     let before = std::fs::read(&path).unwrap();
     let store = format!("sqlite:{}", path.display());
     for args in [vec!["stats"], vec!["conflicts"], vec!["append", "--writer", "w1"]] {
-        let out = ctxlog(&store, &args, r#"{"id":"m1","bot_id":"b","session_id":"s","text":"x"}"#).await;
+        let out = ctxlog(
+            &store,
+            &args,
+            r#"{"id":"m1","bot_id":"b","session_id":"s","role":"user","text":"x"}"#,
+        )
+        .await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains("other.db"), "{args:?} names the file: {stderr}");

@@ -314,7 +314,7 @@ class CtxlogSessionService(BaseSessionService):
             {
                 "id": event_id,
                 "session_id": self._events(user, sid),
-                "role": event.author,
+                "role": event.author or "event",
                 "content_type": EVENT,
                 "text": event.model_dump_json(exclude_none=True),
             }

@@ -195,6 +195,13 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     async fn refresh(&mut self) -> Result<RefreshReport> {
         let timeout = self.source.options().timeout;
         let source = self.source.clone();
+        let mut first_scan = !self.scanned;
+        // Until this refresh completes, the projector counts as not scanned: a source may
+        // reset the index when a catch-up fails or is cancelled (rather than leave it torn),
+        // and the next read must then scan again instead of answering from an empty index;
+        // a refresh abandoned at any await (the format's read too) makes the next read
+        // refresh.
+        self.scanned = false;
         // The store's format decides which ids are one record. An index built under another
         // grouping (the store was upgraded meanwhile, rule 22) answers nothing more: start
         // again with a first scan.
@@ -202,17 +209,12 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         if scope != self.index.scope() {
             self.index = ProjectionIndex::scoped(scope);
             self.cursor = S::Cursor::default();
-            self.scanned = false;
+            first_scan = true;
         }
-        let first_scan = !self.scanned;
         let mut from_snapshot = None;
         if first_scan && self.index.entries() == 0 && self.source.options().read_snapshots {
             from_snapshot = self.load_snapshot().await;
         }
-        // Until this refresh completes, the projector counts as not scanned: a source may
-        // reset the index when a catch-up fails or is cancelled (rather than leave it torn),
-        // and the next read must then scan again instead of answering from an empty index.
-        self.scanned = false;
         let result = with_deadline(
             "refresh",
             timeout,
