@@ -127,10 +127,12 @@ def test_a_proxy_s_gateway_timeout_is_unknown_and_retried_with_the_same_ids(serv
             resp.read()
             answered["n"] += 1
             if answered["n"] == 1:
-                return httpx.Response(504, headers={"content-type": "text/html"}, content=b"<h1>504</h1>")
+                html = {"content-type": "text/html"}
+                return httpx.Response(504, headers=html, content=b"<h1>504</h1>")
             return resp
 
-    c = ctxlog.Client(server.url, http=httpx.Client(base_url=server.url, transport=GatewayTimesOut()))
+    http = httpx.Client(base_url=server.url, transport=GatewayTimesOut())
+    c = ctxlog.Client(server.url, http=http)
     c.session("b", "proxy").append([{"id": "p-1", "role": "user", "text": "once"}])
     assert [r.id for r in c.session("b", "proxy").iter_records()] == ["p-1"]
     assert answered["n"] >= 2

@@ -60,7 +60,8 @@ def check(resp: httpx.Response) -> Any:
         # Not a replica's problem: a proxy or load balancer answered. A timeout or a server
         # error there may have come after the replica committed, so it is unknown (the
         # caller retries with the same ids); a refusal before forwarding wrote nothing.
-        problem["written"] = "unknown" if resp.status_code >= 500 or resp.status_code == 408 else "nothing"
+        maybe_landed = resp.status_code >= 500 or resp.status_code == 408
+        problem["written"] = "unknown" if maybe_landed else "nothing"
     raise from_problem(resp.status_code, problem)
 
 
