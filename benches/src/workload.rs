@@ -24,7 +24,11 @@ pub(crate) struct Workload {
 /// [`WINDOW`], the RNG) or in how `ctxlog-bench generate` appends them (writer names, batch
 /// size, the fold afterwards). `cargo xtask bench` reuses a store it generated only while
 /// this version, the generator's parameters and the backend's store format are unchanged.
-pub(crate) const GENERATOR: u32 = 1;
+pub(crate) const GENERATOR: u32 = 2;
+
+/// How far back a retry, rewrite or tombstone reaches at least: more than any batch the
+/// benchmarks append.
+const NEAR: usize = 1_000;
 
 /// Earlier records a writer's retries, rewrites and tombstones pick from: all of them up to
 /// this many (every log of up to 1m entries with 4 writers), then the newest this many.
@@ -50,7 +54,11 @@ impl Records {
             let i = self.i;
             let rng = &mut self.rng;
             let p: f64 = rng.random();
-            let earlier = (!self.earlier.is_empty()).then(|| rng.random_range(0..self.earlier.len()));
+            // Only records at least `NEAR` back are retried, rewritten or tombstoned: a batch
+            // (of at most `NEAR` records) never holds one id twice with other content, which
+            // an append refuses (rule 6).
+            let eligible = self.earlier.len().saturating_sub(NEAR);
+            let earlier = (eligible > 0).then(|| rng.random_range(0..eligible));
             let mut r = match earlier {
                 // A retry: the same record again.
                 Some(j) if p < 0.01 => self.earlier[j].clone(),
