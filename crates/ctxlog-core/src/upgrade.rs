@@ -83,10 +83,7 @@ pub async fn upgrade_ids_by_bot(store: &dyn Store, accept_changed_views: bool) -
                 moved = true;
                 report.entries_read += page.len() as u64;
                 for e in page {
-                    let held = bots.entry(e.record.id).or_default();
-                    if !held.contains(&e.record.bot_id) {
-                        held.insert(e.record.bot_id);
-                    }
+                    bots.entry(e.record.id).or_default().insert(e.record.bot_id);
                 }
                 after = last;
             }
