@@ -208,13 +208,14 @@ pub(crate) struct AppendArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct MutantsArgs {
-    /// Only this pass: `core` or `sqlite`.
+    /// Only this pass: `core`, `sqlite` or `server`.
     #[arg(long)]
     pub only: Option<String>,
     /// Only mutate files matching this glob (cargo-mutants `--file`): a file name such as
-    /// `index.rs`, or a path from the workspace root such as `crates/*/src/backend/*.rs`.
+    /// `index.rs`, or a path from the workspace root such as `crates/*/src/backend/*.rs`;
+    /// may be given more than once.
     #[arg(long)]
-    pub file: Option<String>,
+    pub file: Vec<String>,
     /// Parallel jobs (each builds its own copy: memory and CPU heavy).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,

@@ -1,6 +1,7 @@
-//! `cargo xtask mutants`: mutation testing (cargo-mutants) of `ctxlog-core` and the SQLite
-//! backend against the fast suite — the core's own tests, the conformance suite on the
-//! reference store and on SQLite. No Lance build. cargo-mutants is installed into
+//! `cargo xtask mutants`: mutation testing (cargo-mutants) of `ctxlog-core`, the SQLite
+//! backend and the server against the fast suite — the core's own tests, the conformance
+//! suite on the reference store and on SQLite, the server's own tests (its writer, view and
+//! watch over the reference store and its failpoints). No Lance build. cargo-mutants is installed into
 //! the target directory the first time; its report lands in `<target>/mutants/`. Mutants build in
 //! cargo-mutants' scratch copies, each with a target directory of its own.
 
@@ -25,7 +26,7 @@ struct Pass {
 
 /// Core mutants are judged by the core's tests and the suite on the reference store (no
 /// storage engine to rebuild); SQLite's by its own tests and the suite on SQLite.
-const PASSES: [Pass; 2] = [
+const PASSES: [Pass; 3] = [
     Pass {
         name: "core",
         package: "ctxlog-core",
@@ -37,6 +38,14 @@ const PASSES: [Pass; 2] = [
         package: "ctxlog-sqlite",
         tests: &["ctxlog-sqlite"],
         features: "ctxlog-sqlite/testing",
+    },
+    // The server on SQLite only (its default): the writer's, view's and watch's tests run
+    // on the reference store, so no Lance build is needed to judge them.
+    Pass {
+        name: "server",
+        package: "ctxlog-server",
+        tests: &["ctxlog-server"],
+        features: "ctxlog-server/sqlite",
     },
 ];
 
@@ -64,7 +73,7 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
             // build and its test run, so a mutant could be judged by another's binary; and
             // the next ordinary build would rebuild everything above core (Lance, the CLI).
             .env_remove("CARGO_TARGET_DIR");
-        if let Some(f) = &args.file {
+        for f in &args.file {
             cmd.args(["--file", f]);
         }
         if args.iterate {
