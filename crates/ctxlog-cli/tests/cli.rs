@@ -519,14 +519,11 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
                 "upgraded in place"
             );
         }
-        for (name, args) in &views[1..4] {
-            let out = ctxlog(&store, args, "").await;
-            assert_eq!(
-                String::from_utf8_lossy(&out.stdout),
-                read(name),
-                "{ext}: {name} changed by the upgrade"
-            );
-        }
+        // Every view but the summarised session's, its conflicts, and every record by id
+        // (the summarised session's too: a summary stands for records, never changes them).
+        let unchanged: Vec<(&str, Vec<&str>)> = views[1..4].iter().chain(&views[5..6]).cloned().collect();
+        same_as_before(ext, &store, &expected, &unchanged, "changed by the upgrade").await;
+        gets_as_before(ext, &store, &expected, "changed by the upgrade").await;
         let out = ctxlog(&store, &["context", "--bot", "support", "--session", "ticket-1"], "").await;
         let context = &lines(&out)[0];
         let ids: Vec<&str> = context["records"]
@@ -560,8 +557,19 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
             (2.into(), 3.into(), serde_json::json!([])),
             "{ext}: {report}"
         );
-        let unchanged: Vec<(&str, Vec<&str>)> = views[1..4].iter().chain(&views[7..]).cloned().collect();
-        same_as_before(ext, &store, &expected, &unchanged, "changed by ids scoped by bot").await;
+        same_as_before(ext, &store, &expected, &views[1..4], "changed by ids scoped by bot").await;
+        gets_as_before(ext, &store, &expected, "changed by ids scoped by bot").await;
+        // The same conflicts, each now naming the bot whose id it is.
+        let out = ctxlog(&store, &["conflicts"], "").await;
+        let scoped: Vec<Value> = read("conflicts")
+            .lines()
+            .map(|l| {
+                let mut c: Value = serde_json::from_str(l).unwrap();
+                c["bot_id"] = "support".into();
+                c
+            })
+            .collect();
+        assert_eq!(lines(&out), scoped, "{ext}: conflicts changed by ids scoped by bot");
         if ext == "lance" {
             assert_eq!(std::fs::read_to_string(path.join("_ctxlog/format")).unwrap(), "3");
             // A format from a later release: refused by name, never read.
@@ -586,6 +594,34 @@ async fn same_as_before(ext: &str, store: &str, expected: &std::path::Path, view
         let want = std::fs::read_to_string(expected.join(format!("{name}.jsonl"))).unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{ext}: {name} {why}");
     }
+}
+
+/// Every live record of format 1's session views, by id (`get`), prints the line its
+/// session view held.
+async fn gets_as_before(ext: &str, store: &str, expected: &std::path::Path, why: &str) {
+    let mut got = 0;
+    for session in ["session-ticket-1", "session-ticket-2", "session-ticket-3"] {
+        let view = std::fs::read_to_string(expected.join(format!("{session}.jsonl"))).unwrap();
+        for line in view.lines() {
+            let id = serde_json::from_str::<Value>(line).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let out = ctxlog(store, &["get", "--bot", "support", &id], "").await;
+            assert!(
+                out.status.success(),
+                "{ext} get {id}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                format!("{line}\n"),
+                "{ext}: get {id} {why}"
+            );
+            got += 1;
+        }
+    }
+    assert_eq!(got, 7, "{ext}: the fixture's records");
 }
 
 /// Rule 22 with rule 6: a store written by the release before ids were scoped by bot

@@ -309,19 +309,23 @@ async fn serve_same_writer_fences_the_older_for_good(ctx: Ctx) -> anyhow::Result
     Ok(())
 }
 
-/// Clients that send an append and hang up at once, many at a time: each batch is wholly
-/// there or wholly absent, and the replica keeps serving.
+/// Clients that send an append and hang up without reading the answer: first a few that
+/// hang up once the replica has taken their batch (so these must land), then many at a time
+/// that hang up at once (each lands or not). Every batch is wholly there or wholly absent,
+/// the taken ones are there, nothing is served that no client sent, and the replica keeps
+/// serving.
 async fn serve_clients_that_disconnect_mid_append_never_tear_a_batch(ctx: Ctx) -> anyhow::Result<()> {
+    const TAKEN: usize = 4;
     const CLIENTS: usize = 16;
     const PER: usize = 40;
     ctx.store().await?;
     let a = replica(&ctx, "replica-a").await?;
     let ca = a.client();
-    let mut tasks = Vec::new();
-    for k in 0..CLIENTS {
-        let addr = a.addr.clone();
-        tasks.push(tokio::spawn(async move {
-            let records: Vec<Value> = (0..PER).map(|i| rec(&format!("d{k}-{i}"), "gone")).collect();
+    let addr = a.addr.clone();
+    let send = move |client: String| {
+        let addr = addr.clone();
+        async move {
+            let records: Vec<Value> = (0..PER).map(|i| rec(&format!("{client}-{i}"), "gone")).collect();
             let body = json!({ "records": records }).to_string();
             let request = format!(
                 "POST /v1/bots/bot/sessions/d/records HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -330,8 +334,24 @@ async fn serve_clients_that_disconnect_mid_append_never_tear_a_batch(ctx: Ctx) -
             let mut stream = tokio::net::TcpStream::connect(&addr).await?;
             stream.write_all(request.as_bytes()).await?;
             stream.flush().await?;
+            anyhow::Ok(stream)
+        }
+    };
+    // The replica counts a request among those it took in the step that hands its batch to
+    // the writer's own task, which no disconnect cuts short: once counted, it lands.
+    for k in 0..TAKEN {
+        let stream = send(format!("t{k}")).await?;
+        tokio::time::timeout(ctx.backend.op_timeout, appends_taken(&ca, k + 1))
+            .await
+            .map_err(|_| anyhow!("the replica did not take batch t{k}"))??;
+        drop(stream);
+    }
+    let mut tasks = Vec::new();
+    for k in 0..CLIENTS {
+        let send = send.clone();
+        tasks.push(tokio::spawn(async move {
             // Hang up without reading the answer.
-            drop(stream);
+            drop(send(format!("d{k}")).await?);
             anyhow::Ok(())
         }));
     }
@@ -352,20 +372,51 @@ async fn serve_clients_that_disconnect_mid_append_never_tear_a_batch(ctx: Ctx) -
         let mut per_client: BTreeMap<String, usize> = BTreeMap::new();
         for r in &served {
             let id = r["id"].as_str().unwrap_or("");
-            if let Some((client, _)) = id.split_once('-') {
-                *per_client.entry(client.to_string()).or_default() += 1;
+            if id == "after" {
+                continue;
             }
+            let client = id.split_once('-').map(|(c, _)| c).unwrap_or(id);
+            let sent = client
+                .strip_prefix('t')
+                .map(|k| (k, TAKEN))
+                .or_else(|| client.strip_prefix('d').map(|k| (k, CLIENTS)))
+                .is_some_and(|(k, n)| k.parse::<usize>().is_ok_and(|k| k < n));
+            ensure!(sent, "round {round}: {id} is served but no client sent it");
+            *per_client.entry(client.to_string()).or_default() += 1;
         }
         for (client, n) in &per_client {
             ensure!(
-                *n == PER || client == "after",
+                *n == PER,
                 "round {round}: {n} of {PER} records of {client}'s batch are served"
+            );
+        }
+        for k in 0..TAKEN {
+            ensure!(
+                per_client.contains_key(&format!("t{k}")),
+                "round {round}: batch t{k}, taken before its client hung up, is not served"
             );
         }
         ensure!(served.iter().any(|r| r["id"] == "after"));
     }
     ensure!(ca.get("/healthz").await?.status == StatusCode::OK);
     Ok(())
+}
+
+/// Wait until the replica has taken `n` append requests (its `/metrics` count of them).
+async fn appends_taken(client: &Http, n: usize) -> anyhow::Result<()> {
+    loop {
+        let metrics = client.get("/metrics").await?;
+        let taken = metrics
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix("ctxlog_append_request_records_count "))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .with_context(|| format!("no count of append requests in {}", metrics.text))?;
+        if taken >= n {
+            return Ok(());
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// SIGTERM while a watcher is connected: the watch stream ends, the process exits 0 within
@@ -407,9 +458,10 @@ async fn serve_sigterm_ends_streams_keeps_acks_and_exits_zero(ctx: Ctx) -> anyho
     Ok(())
 }
 
-/// Rule 21 over HTTP: a client reads a session's context through replica B, records keep
-/// arriving through replica A while it summarises, and it writes the summary through replica
-/// A with the position B gave it. Both replicas then serve the same context view: the
+/// Rule 21 over HTTP: records are appended through replica B, a client reads the session's
+/// context through B, records keep arriving through replica A while it summarises, and it
+/// writes the summary through A with the position B gave it (A takes it only once its view
+/// holds that position: the deterministic case is the server's own test of two replicas). Both replicas then serve the same context view: the
 /// summary, and every record appended after B's read; B's watchers see the summary arrive
 /// as a record of kind `summary`. A summary naming positions no replica gave out is refused.
 async fn serve_a_summary_written_through_another_replica_covers_only_what_was_read(ctx: Ctx) -> anyhow::Result<()> {
@@ -419,7 +471,7 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
     let (ca, cb) = (a.client(), b.client());
     let within = ctx.backend.op_timeout * 2;
     let before: Vec<Value> = (0..6).map(|i| rec(&format!("before-{i}"), "x")).collect();
-    ensure!(ca.append("bot", "c", &before).await?.status == StatusCode::OK);
+    ensure!(cb.append("bot", "c", &before).await?.status == StatusCode::OK);
     let read = cb.get("/v1/bots/bot/sessions/c/context").await?;
     ensure!(read.status == StatusCode::OK, "{}", read.text);
     ensure!(

@@ -34,6 +34,8 @@ mod metrics;
 pub mod problem;
 pub mod routes;
 mod tls;
+#[cfg(all(test, feature = "sqlite"))]
+mod two_replicas;
 mod view;
 mod watch;
 mod writer;
