@@ -322,78 +322,121 @@ async fn bad_input_is_refused_and_the_server_keeps_serving() -> anyhow::Result<(
     .await
 }
 
-/// Does `value` fit `schema` (a JSON Schema of the OpenAPI document, `$ref`s resolved
-/// against `doc`)? Types, required properties, and no property the schema does not name.
-fn fits(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
-    if let Some(r) = schema["$ref"].as_str() {
-        let name = r.trim_start_matches("#/components/schemas/");
-        return fits(doc, &doc["components"]["schemas"][name], value, at);
-    }
-    if let Some(options) = schema["oneOf"].as_array().or(schema["anyOf"].as_array()) {
-        return if options.iter().any(|o| fits(doc, o, value, at).is_ok()) {
-            Ok(())
-        } else {
-            Err(format!("{at}: {value} fits none of {schema}"))
-        };
-    }
-    let types: Vec<&str> = match &schema["type"] {
-        Value::String(t) => vec![t.as_str()],
-        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => vec![],
-    };
-    let type_ok = types.is_empty()
-        || types.iter().any(|t| match *t {
-            "object" => value.is_object(),
-            "array" => value.is_array(),
-            "string" => value.is_string(),
-            "integer" => value.is_i64() || value.is_u64(),
-            "number" => value.is_number(),
-            "boolean" => value.is_boolean(),
-            "null" => value.is_null(),
-            _ => true,
-        });
-    if !type_ok {
-        return Err(format!("{at}: {value} is not of type {types:?}"));
-    }
-    if let (Some(obj), Some(props)) = (value.as_object(), schema["properties"].as_object()) {
-        for req in schema["required"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-        {
-            if !obj.contains_key(req) {
-                return Err(format!("{at}: required `{req}` missing in {value}"));
-            }
-        }
-        for (k, v) in obj {
-            let Some(p) = props.get(k) else {
-                return Err(format!("{at}: `{k}` is not in the schema"));
-            };
-            fits(doc, p, v, &format!("{at}.{k}"))?;
-        }
-    }
-    if let (Some(items), Some(arr)) = (schema.get("items"), value.as_array()) {
-        for (i, v) in arr.iter().enumerate() {
-            fits(doc, items, v, &format!("{at}[{i}]"))?;
-        }
-    }
-    Ok(())
+/// Where the validator finds the document.
+const DOCUMENT_URL: &str = "file:///ctxlog/openapi.json";
+
+/// `s` as one token of a JSON pointer.
+fn pointer_token(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
 }
 
+/// Closes every object schema that names its properties to any other: a response field the
+/// document does not name is an undocumented part of the API, and fails the check.
+fn closed(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            o.values_mut().for_each(closed);
+        }
+        Value::Array(a) => a.iter_mut().for_each(closed),
+        _ => {}
+    }
+}
+
+/// Real responses checked against the OpenAPI document by a JSON Schema (2020-12) validator
+/// (`boon`, which knows every keyword of the draft): status, media type and body.
+struct Responses {
+    doc: Value,
+    compiler: boon::Compiler,
+    schemas: boon::Schemas,
+    /// The operations checked, as `(method, path)`.
+    checked: std::collections::BTreeSet<(String, String)>,
+}
+
+impl Responses {
+    fn new(doc: &Value) -> anyhow::Result<Responses> {
+        let mut closed_doc = doc.clone();
+        closed(&mut closed_doc);
+        let mut compiler = boon::Compiler::new();
+        compiler.set_default_draft(boon::Draft::V2020_12);
+        compiler.enable_format_assertions();
+        compiler
+            .add_resource(DOCUMENT_URL, closed_doc)
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        Ok(Responses {
+            doc: doc.clone(),
+            compiler,
+            schemas: boon::Schemas::new(),
+            checked: Default::default(),
+        })
+    }
+
+    /// `answer` is a response the document gives `method path`: its status, its media type,
+    /// and a body the media type's schema accepts.
+    fn check(&mut self, method: &str, path: &str, answer: &common::Answer) -> anyhow::Result<()> {
+        let status = answer.status.as_u16().to_string();
+        let response = &self.doc["paths"][path][method]["responses"][&status];
+        ensure!(
+            response.is_object(),
+            "{method} {path}: status {status} is not documented ({})",
+            answer.text
+        );
+        let media = answer.content_type.split(';').next().unwrap_or_default().trim();
+        ensure!(
+            response["content"][media].is_object(),
+            "{method} {path} {status}: the media type `{media}` is not documented (the document has {})",
+            response["content"]
+        );
+        let at = format!(
+            "{DOCUMENT_URL}#/paths/{}/{method}/responses/{status}/content/{}/schema",
+            pointer_token(path),
+            pointer_token(media)
+        );
+        let schema = self
+            .compiler
+            .compile(&at, &mut self.schemas)
+            .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        let body = if media.ends_with("json") {
+            answer.json.clone()
+        } else {
+            Value::String(answer.text.clone())
+        };
+        if let Err(e) = self.schemas.validate(&body, schema) {
+            anyhow::bail!("{method} {path} {status}: {e:#}\nthe body: {}", answer.text);
+        }
+        self.checked.insert((method.to_string(), path.to_string()));
+        Ok(())
+    }
+}
+
+/// Every documented operation, as `(method, path)`.
+fn operations(doc: &Value) -> anyhow::Result<std::collections::BTreeSet<(String, String)>> {
+    let mut out = std::collections::BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().context("the document has paths")? {
+        for method in item.as_object().context("a path item")?.keys() {
+            out.insert((method.clone(), path.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// What the server serves is the document checked in beside the server crate, and every
+/// response of every documented operation, errors too, is one the document describes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
     bounded(async {
         let f = fixture(&[]).await?;
         let c = f.admin.clone();
-        let doc = c.get("/openapi.json").await?.json;
-        ensure!(doc["openapi"].is_string(), "no OpenAPI document");
-        for (method, path) in ctxlog_server::routes::ROUTES {
-            ensure!(
-                doc["paths"][path][method].is_object(),
-                "{method} {path} is not documented"
-            );
-        }
+        let served = c.get("/openapi.json").await?;
+        ensure!(
+            served.text == ctxlog_server::routes::DOCUMENT,
+            "/openapi.json is not the checked-in document"
+        );
+        let doc: Value = serde_json::from_str(ctxlog_server::routes::DOCUMENT)?;
+        let mut responses = Responses::new(&doc)?;
+        responses.check("get", "/openapi.json", &served)?;
         let ack = c
             .append(
                 "a",
@@ -476,26 +519,61 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
             ),
             ("/readyz", "get", c.get("/readyz").await?),
             ("/healthz", "get", c.get("/healthz").await?),
+            ("/metrics", "get", c.get("/metrics").await?),
+            // A stream's events are the watch tests' subject; here, its refusal.
+            (
+                "/v1/bots/{bot}/sessions/{session}/watch",
+                "get",
+                c.get("/v1/bots/a/sessions/s/watch?after=nope").await?,
+            ),
+            ("/v1/watch", "get", c.get("/v1/watch?after=nope").await?),
         ];
         for (path, method, answer) in calls {
-            let status = answer.status.as_u16().to_string();
-            let response = &doc["paths"][path][method]["responses"][&status];
-            ensure!(
-                response.is_object(),
-                "{method} {path}: status {status} is not documented ({})",
-                answer.text
-            );
-            let content = response["content"].as_object().context("content")?;
-            let (_, media) = content.iter().next().context("a media type")?;
-            fits(
-                &doc,
-                &media["schema"],
-                &answer.json,
-                &format!("{method} {path} {status}"),
-            )
-            .map_err(anyhow::Error::msg)?;
+            responses.check(method, path, &answer)?;
         }
+        let missed: Vec<_> = operations(&doc)?.difference(&responses.checked).cloned().collect();
+        ensure!(missed.is_empty(), "no response of {missed:?} was checked");
         Ok(())
+    })
+    .await
+}
+
+/// The router serves exactly the documented methods of each documented path: each is routed
+/// (a token-less request is refused by the route, 401, or answered), every other is 405.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_serves_the_documented_methods_and_no_other() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&[]).await?;
+        let anon = f.server.client();
+        let doc: Value = serde_json::from_str(ctxlog_server::routes::DOCUMENT)?;
+        let documented = operations(&doc)?;
+        let paths: std::collections::BTreeSet<&String> = documented.iter().map(|(_, p)| p).collect();
+        for path in paths {
+            let concrete = ["{bot}", "{session}", "{id}", "{op}"]
+                .iter()
+                .fold(path.clone(), |p, param| p.replace(param, "x"));
+            ensure!(!concrete.contains('{'), "{path}: a parameter this test does not fill");
+            for method in [Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+                let name = method.as_str().to_ascii_lowercase();
+                let answer = anon.raw(method, &concrete, Vec::new()).await?;
+                if documented.contains(&(name.clone(), path.clone())) {
+                    ensure!(
+                        answer.status != StatusCode::METHOD_NOT_ALLOWED && answer.status != StatusCode::NOT_FOUND,
+                        "{name} {path} is documented, and the router answers {} {}",
+                        answer.status,
+                        answer.text
+                    );
+                } else {
+                    ensure!(
+                        answer.status == StatusCode::METHOD_NOT_ALLOWED,
+                        "{name} {path} is not documented, and the router answers {} {}",
+                        answer.status,
+                        answer.text
+                    );
+                }
+            }
+        }
+        nothing_written(&f, 0).await
     })
     .await
 }

@@ -15,12 +15,13 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use ctxlog::{CompactOptions, GcOptions, PurgeOptions, Record, RetainOptions};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use utoipa::{IntoParams, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::Replica;
 use crate::api::{
@@ -43,30 +44,13 @@ const DEFAULT_PAGE: usize = 100;
 pub(crate) fn router(replica: Arc<Replica>) -> Router {
     // Requests beyond the limit wait for one in flight to finish.
     let limits = tower::limit::GlobalConcurrencyLimitLayer::new(replica.options.max_concurrent_requests);
-    let requests = Router::new()
-        .route(
-            "/v1/bots/{bot}/sessions/{session}/records",
-            post(append).get(read_session),
-        )
-        .route("/v1/bots/{bot}/sessions/{session}/context", get(read_context))
-        .route("/v1/bots/{bot}/records", post(append_bot))
-        .route("/v1/bots/{bot}/records/{id}", get(get_record).delete(delete_record))
-        .route("/v1/bots/{bot}/sessions", get(list_sessions))
-        .route("/v1/conflicts", get(conflicts))
-        .route("/v1/stats", get(stats))
-        .route("/v1/shards", get(shards))
-        .route("/v1/admin/{op}", post(admin))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
+    let (requests, _) = request_routes()
         .layer(limits)
-        .layer(axum::middleware::from_fn_with_state(replica.clone(), during_shutdown));
+        .layer(axum::middleware::from_fn_with_state(replica.clone(), during_shutdown))
+        .split_for_parts();
     // Watch streams are long-lived: they have their own limit (per token), not the
     // request concurrency limit.
-    let streams = Router::new()
-        .route("/v1/bots/{bot}/sessions/{session}/watch", get(watch_session))
-        .route("/v1/watch", get(watch_store));
+    let (streams, _) = stream_routes().split_for_parts();
     // Bodies are read by `body` (after the grant is checked, within the body budget and
     // deadline), never by an extractor.
     requests
@@ -84,6 +68,45 @@ pub(crate) fn router(replica: Arc<Replica>) -> Router {
         .layer(axum::middleware::from_fn_with_state(replica.clone(), measure))
         .with_state(replica)
 }
+
+// A route is registered only through `routes!`, which takes its path and methods from the
+// handler's `#[utoipa::path]`: what the router serves and what the document says are one
+// list. (`routes!` with handlers of two paths would serve both on each: one path a call.)
+
+/// Every route but the watch streams, with the document's info and shared schemas.
+fn request_routes() -> OpenApiRouter<Arc<Replica>> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(append, read_session))
+        .routes(routes!(read_context))
+        .routes(routes!(append_bot))
+        .routes(routes!(get_record, delete_record))
+        .routes(routes!(list_sessions))
+        .routes(routes!(conflicts))
+        .routes(routes!(stats))
+        .routes(routes!(shards))
+        .routes(routes!(admin))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+}
+
+/// The watch streams.
+fn stream_routes() -> OpenApiRouter<Arc<Replica>> {
+    OpenApiRouter::default()
+        .routes(routes!(watch_session))
+        .routes(routes!(watch_store))
+}
+
+/// The OpenAPI document of every route the router serves, generated from the handlers'
+/// declarations. The repository holds it as `openapi.json` (what `/openapi.json` serves); a
+/// test fails while the two differ, so a change to the API is a visible change.
+pub fn document() -> utoipa::openapi::OpenApi {
+    request_routes().merge(stream_routes()).into_openapi()
+}
+
+/// The checked-in document (`crates/ctxlog-server/openapi.json`).
+pub const DOCUMENT: &str = include_str!("../openapi.json");
 
 /// How many header timeouts a body has to arrive in, in all.
 const BODY_TIMEOUTS: u32 = 3;
@@ -403,9 +426,14 @@ fn page_limit(limit: Option<usize>) -> Result<usize, Problem> {
 #[utoipa::path(post, path = "/v1/bots/{bot}/sessions/{session}/records",
     params(("bot" = String, Path), ("session" = String, Path)),
     request_body = AppendIn,
-    responses((status = 200, body = AckOut), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 403, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
-              (status = 503, body = Problem), (status = 504, body = Problem)))]
+    responses((status = 200, body = AckOut),
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 409, body = Problem, content_type = "application/problem+json"),
+              (status = 413, body = Problem, content_type = "application/problem+json"),
+              (status = 503, body = Problem, content_type = "application/problem+json"),
+              (status = 504, body = Problem, content_type = "application/problem+json")))]
 async fn append(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -445,9 +473,14 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
 #[utoipa::path(post, path = "/v1/bots/{bot}/records",
     params(("bot" = String, Path)),
     request_body = AppendIn,
-    responses((status = 200, body = AckOut), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 403, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
-              (status = 503, body = Problem), (status = 504, body = Problem)))]
+    responses((status = 200, body = AckOut),
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 409, body = Problem, content_type = "application/problem+json"),
+              (status = 413, body = Problem, content_type = "application/problem+json"),
+              (status = 503, body = Problem, content_type = "application/problem+json"),
+              (status = 504, body = Problem, content_type = "application/problem+json")))]
 async fn append_bot(
     State(r): Shared,
     Path(bot): Path<String>,
@@ -474,8 +507,10 @@ async fn append_bot(
 /// A page of a session's live records, in the contract's order.
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/records",
     params(("bot" = String, Path), ("session" = String, Path), PageQuery),
-    responses((status = 200, body = RecordsPage), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 403, body = Problem)))]
+    responses((status = 200, body = RecordsPage),
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn read_session(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -528,7 +563,9 @@ async fn read_session(
 /// session, it is the only thing `covers` takes).
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/context",
     params(("bot" = String, Path), ("session" = String, Path)),
-    responses((status = 200, body = ContextOut), (status = 401, body = Problem), (status = 403, body = Problem)))]
+    responses((status = 200, body = ContextOut),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn read_context(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -567,8 +604,10 @@ async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, 
 /// One live record of a bot, by id.
 #[utoipa::path(get, path = "/v1/bots/{bot}/records/{id}",
     params(("bot" = String, Path), ("id" = String, Path)),
-    responses((status = 200, body = EntryOut), (status = 401, body = Problem), (status = 403, body = Problem),
-              (status = 404, body = Problem)))]
+    responses((status = 200, body = EntryOut),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 404, body = Problem, content_type = "application/problem+json")))]
 async fn get_record(
     State(r): Shared,
     Path((bot, id)): Path<(String, String)>,
@@ -582,8 +621,11 @@ async fn get_record(
 /// Tombstone one live record of a bot (final: its id stays ended).
 #[utoipa::path(delete, path = "/v1/bots/{bot}/records/{id}",
     params(("bot" = String, Path), ("id" = String, Path)),
-    responses((status = 200, body = AckOut), (status = 401, body = Problem), (status = 403, body = Problem),
-              (status = 404, body = Problem), (status = 409, body = Problem)))]
+    responses((status = 200, body = AckOut),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 404, body = Problem, content_type = "application/problem+json"),
+              (status = 409, body = Problem, content_type = "application/problem+json")))]
 async fn delete_record(
     State(r): Shared,
     Path((bot, id)): Path<(String, String)>,
@@ -612,8 +654,10 @@ async fn delete_record(
 /// A page of a bot's sessions with live records, by session id.
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions",
     params(("bot" = String, Path), PageQuery),
-    responses((status = 200, body = SessionsPage), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 403, body = Problem)))]
+    responses((status = 200, body = SessionsPage),
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn list_sessions(
     State(r): Shared,
     Path(bot): Path<String>,
@@ -679,8 +723,10 @@ fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
                description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
-              (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
-              (status = 429, body = Problem)))]
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 429, body = Problem, content_type = "application/problem+json")))]
 async fn watch_session(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -700,8 +746,10 @@ async fn watch_session(
     params(PositionQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
                description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
-              (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
-              (status = 429, body = Problem)))]
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 429, body = Problem, content_type = "application/problem+json")))]
 async fn watch_store(
     State(r): Shared,
     Query(q): Query<PositionQuery>,
@@ -717,8 +765,10 @@ async fn watch_store(
 
 /// The conflicts of the log (admin); with `after`, only those involving entries past it.
 #[utoipa::path(get, path = "/v1/conflicts", params(PositionQuery),
-    responses((status = 200, body = ConflictsOut), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 403, body = Problem)))]
+    responses((status = 200, body = ConflictsOut),
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn conflicts(
     State(r): Shared,
     Query(q): Query<PositionQuery>,
@@ -752,7 +802,9 @@ async fn conflicts(
 
 /// Counts of what the view holds (admin).
 #[utoipa::path(get, path = "/v1/stats",
-    responses((status = 200, body = Object), (status = 401, body = Problem), (status = 403, body = Problem)))]
+    responses((status = 200, body = Object),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn stats(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, Problem> {
     admin_grant(&r, &headers)?;
     let p = r.view.fresh().await?;
@@ -765,7 +817,9 @@ async fn stats(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Value>
 
 /// Every shard of the store (admin).
 #[utoipa::path(get, path = "/v1/shards",
-    responses((status = 200, body = Vec<Object>), (status = 401, body = Problem), (status = 403, body = Problem)))]
+    responses((status = 200, body = Vec<Object>),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn shards(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Vec<Value>>, Problem> {
     admin_grant(&r, &headers)?;
     let shards = r.store.shards().await.map_err(Problem::from)?;
@@ -786,8 +840,11 @@ async fn shards(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Vec<V
 #[utoipa::path(post, path = "/v1/admin/{op}",
     params(("op" = String, Path, description = "compact, gc, purge, retain, snapshot or upgrade")),
     request_body(content = Option<AdminIn>),
-    responses((status = 200, body = ReportOut), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 403, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 200, body = ReportOut),
+              (status = 400, body = Problem, content_type = "application/problem+json"),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json"),
+              (status = 404, body = Problem, content_type = "application/problem+json")))]
 async fn admin(
     State(r): Shared,
     Path(op): Path<String>,
@@ -912,8 +969,9 @@ async fn readyz(State(r): Shared) -> Response {
 
 /// Prometheus text (admin when tokens are required).
 #[utoipa::path(get, path = "/metrics",
-    responses((status = 200, content_type = "text/plain", body = String), (status = 401, body = Problem),
-              (status = 403, body = Problem)))]
+    responses((status = 200, content_type = "application/openmetrics-text", body = String),
+              (status = 401, body = Problem, content_type = "application/problem+json"),
+              (status = 403, body = Problem, content_type = "application/problem+json")))]
 async fn metrics(State(r): Shared, headers: HeaderMap) -> Result<Response, Problem> {
     admin_grant(&r, &headers)?;
     Ok((
@@ -928,33 +986,14 @@ async fn metrics(State(r): Shared, headers: HeaderMap) -> Result<Response, Probl
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, body = Object)))]
-async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(ApiDoc::openapi())
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], DOCUMENT).into_response()
 }
 
-/// The OpenAPI document of every route.
+/// The document's info and the schemas it names; its paths come from the router.
 #[derive(OpenApi)]
 #[openapi(
     info(title = "ctxlog", description = "The context log over HTTP: one writer per replica."),
-    paths(
-        append,
-        append_bot,
-        read_session,
-        read_context,
-        get_record,
-        delete_record,
-        list_sessions,
-        watch_session,
-        watch_store,
-        conflicts,
-        stats,
-        shards,
-        admin,
-        healthz,
-        readyz,
-        metrics,
-        openapi
-    ),
     components(schemas(
         AppendIn,
         RecordIn,
@@ -973,53 +1012,7 @@ async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
         WrittenAnswer
     ))
 )]
-pub struct ApiDoc;
-
-/// Every route the router serves, as `(method, path)`: the OpenAPI document lists each.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("post", "/v1/bots/{bot}/sessions/{session}/records"),
-    ("get", "/v1/bots/{bot}/sessions/{session}/records"),
-    ("get", "/v1/bots/{bot}/sessions/{session}/context"),
-    ("post", "/v1/bots/{bot}/records"),
-    ("get", "/v1/bots/{bot}/records/{id}"),
-    ("delete", "/v1/bots/{bot}/records/{id}"),
-    ("get", "/v1/bots/{bot}/sessions"),
-    ("get", "/v1/bots/{bot}/sessions/{session}/watch"),
-    ("get", "/v1/watch"),
-    ("get", "/v1/conflicts"),
-    ("get", "/v1/stats"),
-    ("get", "/v1/shards"),
-    ("post", "/v1/admin/{op}"),
-    ("get", "/healthz"),
-    ("get", "/readyz"),
-    ("get", "/metrics"),
-    ("get", "/openapi.json"),
-];
+struct ApiDoc;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The document lists every route the router serves, with its method.
-    #[test]
-    fn the_openapi_document_lists_every_route() {
-        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
-        for (method, path) in ROUTES {
-            assert!(
-                doc["paths"][path][method].is_object(),
-                "{method} {path} is not in the OpenAPI document"
-            );
-        }
-        let listed: usize = doc["paths"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|p| p.as_object().unwrap().len())
-            .sum();
-        assert_eq!(
-            listed,
-            ROUTES.len(),
-            "the document lists a route the router does not serve"
-        );
-    }
-}
+mod tests;
