@@ -102,7 +102,41 @@ fn stream_routes() -> OpenApiRouter<Arc<Replica>> {
 /// declarations. The repository holds it as `openapi.json` (what `/openapi.json` serves); a
 /// test fails while the two differ, so a change to the API is a visible change.
 pub fn document() -> utoipa::openapi::OpenApi {
-    request_routes().merge(stream_routes()).into_openapi()
+    let mut doc = request_routes().merge(stream_routes()).into_openapi();
+    problems_as_problem_json(&mut doc);
+    doc
+}
+
+/// Every answer whose body is a [`Problem`] is documented as `application/problem+json`, the
+/// media type it is served with (RFC 9457): one pass over the document, not a media type on
+/// every error of every route.
+fn problems_as_problem_json(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::RefOr;
+    const JSON: &str = "application/json";
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for operation in operations.into_iter().flatten() {
+            for response in operation.responses.responses.values_mut() {
+                let RefOr::T(response) = response else { continue };
+                let problem = response.content.len() == 1
+                    && response.content.get(JSON).is_some_and(|c| {
+                        matches!(&c.schema, Some(RefOr::Ref(r)) if r.ref_location == "#/components/schemas/Problem")
+                    });
+                if problem && let Some(content) = response.content.shift_remove(JSON) {
+                    response.content.insert("application/problem+json".to_string(), content);
+                }
+            }
+        }
+    }
 }
 
 /// The checked-in document (`crates/ctxlog-server/openapi.json`).
@@ -427,13 +461,13 @@ fn page_limit(limit: Option<usize>) -> Result<usize, Problem> {
     params(("bot" = String, Path), ("session" = String, Path)),
     request_body = AppendIn,
     responses((status = 200, body = AckOut),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 409, body = Problem, content_type = "application/problem+json"),
-              (status = 413, body = Problem, content_type = "application/problem+json"),
-              (status = 503, body = Problem, content_type = "application/problem+json"),
-              (status = 504, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 409, body = Problem),
+              (status = 413, body = Problem),
+              (status = 503, body = Problem),
+              (status = 504, body = Problem)))]
 async fn append(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -474,13 +508,13 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
     params(("bot" = String, Path)),
     request_body = AppendIn,
     responses((status = 200, body = AckOut),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 409, body = Problem, content_type = "application/problem+json"),
-              (status = 413, body = Problem, content_type = "application/problem+json"),
-              (status = 503, body = Problem, content_type = "application/problem+json"),
-              (status = 504, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 409, body = Problem),
+              (status = 413, body = Problem),
+              (status = 503, body = Problem),
+              (status = 504, body = Problem)))]
 async fn append_bot(
     State(r): Shared,
     Path(bot): Path<String>,
@@ -508,9 +542,9 @@ async fn append_bot(
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/records",
     params(("bot" = String, Path), ("session" = String, Path), PageQuery),
     responses((status = 200, body = RecordsPage),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn read_session(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -564,8 +598,8 @@ async fn read_session(
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/context",
     params(("bot" = String, Path), ("session" = String, Path)),
     responses((status = 200, body = ContextOut),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn read_context(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -605,9 +639,9 @@ async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, 
 #[utoipa::path(get, path = "/v1/bots/{bot}/records/{id}",
     params(("bot" = String, Path), ("id" = String, Path)),
     responses((status = 200, body = EntryOut),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 404, body = Problem, content_type = "application/problem+json")))]
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 404, body = Problem)))]
 async fn get_record(
     State(r): Shared,
     Path((bot, id)): Path<(String, String)>,
@@ -622,10 +656,10 @@ async fn get_record(
 #[utoipa::path(delete, path = "/v1/bots/{bot}/records/{id}",
     params(("bot" = String, Path), ("id" = String, Path)),
     responses((status = 200, body = AckOut),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 404, body = Problem, content_type = "application/problem+json"),
-              (status = 409, body = Problem, content_type = "application/problem+json")))]
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 404, body = Problem),
+              (status = 409, body = Problem)))]
 async fn delete_record(
     State(r): Shared,
     Path((bot, id)): Path<(String, String)>,
@@ -655,9 +689,9 @@ async fn delete_record(
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions",
     params(("bot" = String, Path), PageQuery),
     responses((status = 200, body = SessionsPage),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn list_sessions(
     State(r): Shared,
     Path(bot): Path<String>,
@@ -723,10 +757,10 @@ fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
                description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 429, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 429, body = Problem)))]
 async fn watch_session(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
@@ -746,10 +780,10 @@ async fn watch_session(
     params(PositionQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
                description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 429, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 429, body = Problem)))]
 async fn watch_store(
     State(r): Shared,
     Query(q): Query<PositionQuery>,
@@ -766,9 +800,9 @@ async fn watch_store(
 /// The conflicts of the log (admin); with `after`, only those involving entries past it.
 #[utoipa::path(get, path = "/v1/conflicts", params(PositionQuery),
     responses((status = 200, body = ConflictsOut),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn conflicts(
     State(r): Shared,
     Query(q): Query<PositionQuery>,
@@ -803,8 +837,8 @@ async fn conflicts(
 /// Counts of what the view holds (admin).
 #[utoipa::path(get, path = "/v1/stats",
     responses((status = 200, body = Object),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn stats(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, Problem> {
     admin_grant(&r, &headers)?;
     let p = r.view.fresh().await?;
@@ -818,8 +852,8 @@ async fn stats(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Value>
 /// Every shard of the store (admin).
 #[utoipa::path(get, path = "/v1/shards",
     responses((status = 200, body = Vec<Object>),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn shards(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Vec<Value>>, Problem> {
     admin_grant(&r, &headers)?;
     let shards = r.store.shards().await.map_err(Problem::from)?;
@@ -841,10 +875,10 @@ async fn shards(State(r): Shared, headers: HeaderMap) -> Result<axum::Json<Vec<V
     params(("op" = String, Path, description = "compact, gc, purge, retain, snapshot or upgrade")),
     request_body(content = Option<AdminIn>),
     responses((status = 200, body = ReportOut),
-              (status = 400, body = Problem, content_type = "application/problem+json"),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json"),
-              (status = 404, body = Problem, content_type = "application/problem+json")))]
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 404, body = Problem)))]
 async fn admin(
     State(r): Shared,
     Path(op): Path<String>,
@@ -970,8 +1004,8 @@ async fn readyz(State(r): Shared) -> Response {
 /// Prometheus text (admin when tokens are required).
 #[utoipa::path(get, path = "/metrics",
     responses((status = 200, content_type = "application/openmetrics-text", body = String),
-              (status = 401, body = Problem, content_type = "application/problem+json"),
-              (status = 403, body = Problem, content_type = "application/problem+json")))]
+              (status = 401, body = Problem),
+              (status = 403, body = Problem)))]
 async fn metrics(State(r): Shared, headers: HeaderMap) -> Result<Response, Problem> {
     admin_grant(&r, &headers)?;
     Ok((
