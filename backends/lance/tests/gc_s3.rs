@@ -1,6 +1,6 @@
 //! Rule 15 on object storage: `gc` converges, and a pass's requests are bounded by its
-//! budget, not by history. On the loopback S3 server, writers append 3,000 single-record
-//! batches (a generation every 16 appends: some 190 generations), compaction folds them all,
+//! budget, not by history. On the loopback S3 server, writers append 1,500 single-record
+//! batches (a generation every 16 appends: some 95 generations), compaction folds them all,
 //! and then gc passes with no grace period and a small budget run against a store handle
 //! whose every request waits 20 ms, until one has nothing left to do. Each pass is printed
 //! (objects deleted, pending, requests by kind; run with `--nocapture` to see them).
@@ -28,16 +28,17 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-/// Writers (shards), and single-record appends each: 3,000 in all.
+/// Writers (shards), and single-record appends each: 1,500 in all. (3,000 missed the test's
+/// deadline in a cold CI run on two loaded cores: 96 s of appends, gc not done at 170 s.)
 const WRITERS: usize = 4;
-const APPENDS: usize = 750;
+const APPENDS: usize = 375;
 /// Appends after which a writer freezes its memtable into a generation.
 const MAX_WAL_TAIL: u64 = 16;
 /// What every request of the gc handle waits, as on S3.
 const LATENCY: Duration = Duration::from_millis(20);
 /// `GcOptions::max_objects` of every pass.
 const BUDGET: u64 = 200;
-/// Passes allowed to converge (the work is some 4,500 units: ~23 passes of 200).
+/// Passes allowed to converge (the work is some 2,300 units: ~12 passes of 200).
 const MAX_PASSES: usize = 40;
 /// Time allowed to the gc passes, and to the whole test (below nextest's kill at 180 s).
 const GC_DEADLINE: Duration = Duration::from_secs(100);
@@ -240,7 +241,7 @@ async fn run() -> anyhow::Result<()> {
         before.versions
     );
     ensure!(
-        before.generations >= 150,
+        before.generations >= WRITERS * APPENDS / MAX_WAL_TAIL as usize * 4 / 5,
         "expected a long history (a generation per {MAX_WAL_TAIL} appends), got {} generations",
         before.generations
     );
