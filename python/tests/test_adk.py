@@ -10,7 +10,6 @@ import httpx
 import pytest
 from conftest import Server, spying_client, start
 
-pytest.importorskip("google.adk")
 
 from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E402
 from google.adk.errors.session_not_found_error import SessionNotFoundError  # noqa: E402

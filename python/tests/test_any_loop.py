@@ -51,7 +51,6 @@ def test_the_async_client_works_from_any_loop(server: Server) -> None:
 
 
 def test_the_openai_agents_session_works_from_any_loop(server: Server) -> None:
-    pytest.importorskip("agents")
     from ctxlog.openai_agents import CtxlogSession
 
     session = CtxlogSession("loops", server.url)
@@ -68,7 +67,6 @@ def test_the_openai_agents_session_works_from_any_loop(server: Server) -> None:
 
 
 def test_the_langgraph_saver_works_from_any_loop(server: Server) -> None:
-    pytest.importorskip("langgraph")
     from langgraph.checkpoint.base import empty_checkpoint
 
     from ctxlog.langgraph import CtxlogSaver
@@ -88,7 +86,6 @@ def test_the_langgraph_saver_works_from_any_loop(server: Server) -> None:
 
 
 def test_the_adk_service_works_from_any_loop(server: Server) -> None:
-    pytest.importorskip("google.adk")
     from ctxlog.adk import CtxlogSessionService
 
     service = CtxlogSessionService(server.url)

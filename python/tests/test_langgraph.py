@@ -11,7 +11,6 @@ from typing import Annotated, TypedDict
 import pytest
 from conftest import Server, start
 
-pytest.importorskip("langgraph")
 
 from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402

@@ -24,8 +24,6 @@ from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 import ctxlog
 from ctxlog.openai_agents import SUMMARY_CONTENT_TYPE, CtxlogSession
 
-pytest.importorskip("agents")
-
 
 def item(i: int) -> dict[str, object]:
     role = ("user", "assistant")[i % 2]

@@ -3,7 +3,7 @@
 //! time); the full command and its output only with `--verbose` or when the step fails.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -174,11 +174,16 @@ pub(crate) fn target_dir() -> Result<PathBuf> {
 /// clones that share one target directory share one xtask binary, and a fresh-looking binary
 /// built in another clone would otherwise run every task on that clone's tree (or fail when
 /// it is gone).
+/// Run directly (not by `cargo run`), the nearest directory upwards from the current one
+/// that holds `Cargo.lock` and `xtask/`; never the path compiled in.
 pub(crate) fn root() -> PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
+    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR")
+        && let Some(root) = Path::new(&dir).parent()
+    {
+        return root.to_path_buf();
+    }
+    let here = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    here.ancestors()
+        .find(|d| d.join("Cargo.lock").is_file() && d.join("xtask").is_dir())
+        .map_or(here.clone(), Path::to_path_buf)
 }

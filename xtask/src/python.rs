@@ -7,10 +7,10 @@
 //! `python/requirements-test.txt` (installed once per change of that file); the package is
 //! installed into it afresh each run, without its dependencies (they are pinned there).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::cargo;
 
@@ -61,10 +61,9 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
 /// The package's directory and the `bin` directory of a virtualenv holding exactly the
 /// pinned test requirements and the package as it is in the tree.
 pub(crate) fn environment() -> Result<(PathBuf, PathBuf)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("the workspace root")?;
-    let python_dir = root.join("python");
+    // This clone's package, found at run time (`cargo::root`): a path compiled in would be
+    // that of whichever clone built the shared xtask binary.
+    let python_dir = cargo::root().join("python");
     let requirements = std::fs::read_to_string(python_dir.join("requirements-test.txt"))?;
     let venv = cargo::target_dir()?.join("python").join(format!(
         "venv-{}",
@@ -99,6 +98,12 @@ pub(crate) fn environment() -> Result<(PathBuf, PathBuf)> {
             ])
             .arg("--force-reinstall")
             .arg(&python_dir),
+    )?;
+    // Everything is installed with `--no-deps` from the pins: `pip check` proves the pins
+    // are a consistent set (every requirement of every package is met at a fitting version).
+    cargo::step(
+        "python: pip check",
+        Command::new(bin.join("pip")).args(["check", "--disable-pip-version-check"]),
     )?;
     Ok((python_dir, bin))
 }
