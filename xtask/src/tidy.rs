@@ -7,7 +7,11 @@
 //! - no file points outside the repository (the contract lives in `docs/contract.md`);
 //! - every repository path a Markdown file names (in backticks, or as a relative link)
 //!   exists;
-//! - no two modules of a crate use each other, directly or around a cycle (`imports`).
+//! - no two modules of a crate use each other, directly or around a cycle (`imports`);
+//! - every crate's clippy configuration carries the root `clippy.toml`'s bans, and the
+//!   crates that hold SQLite handles in their process carry SQLite's file-open bans too
+//!   (clippy reads only the nearest `clippy.toml` and merges nothing, so a crate's own file
+//!   silently drops the root's bans).
 
 use std::path::Path;
 use std::process::Command;
@@ -120,7 +124,53 @@ fn check(root: &Path, files: &[String], architecture: &str) -> Result<Vec<String
             ));
         }
     }
+    problems.extend(clippy_bans(root, files));
     Ok(problems)
+}
+
+/// Crates that open SQLite stores in their own process: a file of the store opened beside
+/// SQLite there drops SQLite's locks (see `backends/sqlite/clippy.toml`).
+const SQLITE_IN_PROCESS: [&str; 4] = [
+    "backends/sqlite",
+    "crates/ctxlog",
+    "crates/ctxlog-cli",
+    "crates/ctxlog-server",
+];
+
+/// The banned paths (`path = "…"`) of a clippy.toml.
+fn banned(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split("path = \"").nth(1)?.split('"').next().map(String::from))
+        .collect()
+}
+
+/// Every crate's nearest clippy.toml holds the bans it must carry.
+fn clippy_bans(root: &Path, files: &[String]) -> Vec<String> {
+    let read = |f: &str| std::fs::read_to_string(root.join(f)).unwrap_or_default();
+    let everywhere = banned(&read("clippy.toml"));
+    let beside_sqlite = banned(&read("backends/sqlite/clippy.toml"));
+    let mut problems = Vec::new();
+    for manifest in files.iter().filter(|f| f.ends_with("/Cargo.toml")) {
+        let dir = manifest.trim_end_matches("/Cargo.toml");
+        let nearest = Path::new(dir)
+            .ancestors()
+            .map(|d| d.join("clippy.toml"))
+            .find(|c| root.join(c).is_file())
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let has = banned(&read(&nearest));
+        let mut must: Vec<&String> = everywhere.iter().collect();
+        if SQLITE_IN_PROCESS.contains(&dir) {
+            must.extend(&beside_sqlite);
+        }
+        for ban in must.into_iter().filter(|b| !has.contains(b)) {
+            problems.push(format!(
+                "{dir}: its clippy configuration ({nearest}) does not ban `{ban}`"
+            ));
+        }
+    }
+    problems
 }
 
 /// The directories at the repository's top that a path in the docs starts with.
@@ -210,5 +260,48 @@ mod tests {
         assert!(all.contains("README.md names `docs/gone.md`"), "{all}");
         assert!(all.contains("README.md names `docs/x.md`"), "{all}");
         assert_eq!(problems.len(), 6, "{all}");
+    }
+
+    #[test]
+    fn a_crate_whose_clippy_toml_drops_a_ban_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let ban = |paths: &[&str]| {
+            let entries: Vec<String> = paths
+                .iter()
+                .map(|p| format!("  {{ path = \"{p}\", reason = \"r\" }},"))
+                .collect();
+            format!(
+                "# {{ path = \"commented::out\" }}\ndisallowed-methods = [\n{}\n]\n",
+                entries.join("\n")
+            )
+        };
+        for d in ["backends/sqlite", "crates/ctxlog-cli", "crates/other", "crates/own"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+            std::fs::write(root.join(d).join("Cargo.toml"), "").unwrap();
+        }
+        std::fs::write(root.join("clippy.toml"), ban(&["clock::now"])).unwrap();
+        std::fs::write(
+            root.join("backends/sqlite/clippy.toml"),
+            ban(&["clock::now", "fs::read"]),
+        )
+        .unwrap();
+        // Its own file, which forgets the root's ban.
+        std::fs::write(root.join("crates/own/clippy.toml"), ban(&["fs::read"])).unwrap();
+        let files: Vec<String> = ["backends/sqlite", "crates/ctxlog-cli", "crates/other", "crates/own"]
+            .map(|d| format!("{d}/Cargo.toml"))
+            .to_vec();
+        let problems = clippy_bans(root, &files);
+        let all = problems.join("\n");
+        // The CLI reads the root file only: it lacks SQLite's file-open ban.
+        assert!(
+            all.contains("crates/ctxlog-cli: its clippy configuration (clippy.toml) does not ban `fs::read`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("crates/own: its clippy configuration (crates/own/clippy.toml) does not ban `clock::now`"),
+            "{all}"
+        );
+        assert_eq!(problems.len(), 2, "{all}");
     }
 }

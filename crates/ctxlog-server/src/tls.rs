@@ -53,6 +53,7 @@ pub(crate) fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, StartError> {
 mod tests {
     use super::*;
 
+    #[allow(clippy::disallowed_methods)] // certificate files, not store files
     fn files(dir: &Path, cert: &str, key: &str) -> TlsFiles {
         let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
         std::fs::write(&c, cert).unwrap();
