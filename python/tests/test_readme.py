@@ -3,6 +3,8 @@ changes)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import sys
 import types
@@ -31,7 +33,18 @@ def test_a_readme_example_runs(server: Server, index: int) -> None:
     # `sys.modules[cls.__module__]`.
     module = types.ModuleType(f"readme_example_{index + 1}")
     sys.modules[module.__name__] = module
+    printed = io.StringIO()
     try:
-        exec(compile(code, f"README example {index + 1}", "exec"), module.__dict__)
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, f"README example {index + 1}", "exec"), module.__dict__)
     finally:
         del sys.modules[module.__name__]
+    # Each `print(…)  # shown` line prints one line, and what the README shows is what it
+    # printed, character for character.
+    shown = [m.group(1) if (m := re.search(r"\)  # (.*)$", line)) else None
+             for line in code.splitlines() if line.lstrip().startswith("print(")]
+    lines = printed.getvalue().splitlines()
+    assert len(lines) == len(shown), (lines, shown)
+    assert all(s is not None for s in shown), f"a print without its output shown: {shown}"
+    for got, want in zip(lines, shown):
+        assert got == want
