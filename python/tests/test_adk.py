@@ -9,8 +9,6 @@ import random
 import httpx
 import pytest
 from conftest import Server, spying_client, start
-
-
 from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E402
 from google.adk.errors.session_not_found_error import SessionNotFoundError  # noqa: E402
 from google.adk.events.event import Event  # noqa: E402

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import pytest
 from conftest import Server
 
 import ctxlog

@@ -12,8 +12,6 @@ from typing import Annotated, Any, TypedDict
 import httpx
 import pytest
 from conftest import AsyncLosesFirstAnswer, LosesFirstAnswer, Server, start
-
-
 from langgraph.channels.delta import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
@@ -46,7 +44,9 @@ async def test_the_conformance_suite_passes(server: Server) -> None:
         for cap in ALL_CAPABILITIES
         if (r := report.results.get(cap.value)) is None or r.passed is not True
     }
-    assert not not_passed, f"capabilities not passed (detected, passed, tests skipped): {not_passed}"
+    assert not not_passed, (
+        f"capabilities not passed (detected, passed, tests skipped): {not_passed}"
+    )
 
 
 class State(TypedDict):
@@ -227,7 +227,9 @@ def test_a_put_whose_answer_was_lost_is_stored_once(server: Server) -> None:
     loses, aloses = LosesFirstAnswer(), AsyncLosesFirstAnswer()
     saver = CtxlogSaver(
         server.url,
-        client=ctxlog.Client(server.url, http=httpx.Client(base_url=server.url, transport=loses, timeout=30)),
+        client=ctxlog.Client(
+            server.url, http=httpx.Client(base_url=server.url, transport=loses, timeout=30)
+        ),
         aclient=ctxlog.AsyncClient(
             server.url, http=httpx.AsyncClient(base_url=server.url, transport=aloses, timeout=30)
         ),

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
-import pytest
 from agents import Agent, RunConfig, Runner
 from agents.items import ModelResponse
 from agents.memory import OpenAIResponsesCompactionSession, Session, SQLiteSession

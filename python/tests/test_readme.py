@@ -41,10 +41,13 @@ def test_a_readme_example_runs(server: Server, index: int) -> None:
         del sys.modules[module.__name__]
     # Each `print(…)  # shown` line prints one line, and what the README shows is what it
     # printed, character for character.
-    shown = [m.group(1) if (m := re.search(r"\)  # (.*)$", line)) else None
-             for line in code.splitlines() if line.lstrip().startswith("print(")]
+    shown = [
+        m.group(1) if (m := re.search(r"\)  # (.*)$", line)) else None
+        for line in code.splitlines()
+        if line.lstrip().startswith("print(")
+    ]
     lines = printed.getvalue().splitlines()
     assert len(lines) == len(shown), (lines, shown)
     assert all(s is not None for s in shown), f"a print without its output shown: {shown}"
-    for got, want in zip(lines, shown):
+    for got, want in zip(lines, shown, strict=True):
         assert got == want
