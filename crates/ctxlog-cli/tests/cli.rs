@@ -763,7 +763,9 @@ async fn the_readme_summary_example_runs_as_written() {
 /// directory, with this build's `ctxlog` first on the PATH and no `CTXLOG_STORE`, the ports
 /// 7070 and 7071 moved to free ones. Lines that run `cargo` (the two commands, build
 /// instructions) are left out: this build is what they make. A block must end by itself; its
-/// process group is killed after it, so nothing it started outlives it.
+/// process group is killed after it, so nothing it started outlives it. What a block shows
+/// as output (a whole-line comment `# {…}` or `# […]`, `…` standing for any text within a
+/// line) is what it printed, in order.
 #[tokio::test]
 async fn every_readme_sh_block_runs_as_written() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
@@ -805,7 +807,38 @@ async fn every_readme_sh_block_runs_as_written() {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
+        let printed = String::from_utf8_lossy(&out.stdout);
+        let mut from = 0;
+        for shown in block.lines().filter_map(|l| l.trim().strip_prefix("# ")) {
+            if !(shown.starts_with('{') || shown.starts_with('[')) {
+                continue;
+            }
+            from = shown_at(&printed, from, shown).unwrap_or_else(|| {
+                panic!("README sh block {} shows `{shown}`, which it did not print:\n{printed}", i + 1)
+            });
+        }
     }
+}
+
+/// Where the first match of `shown` in `printed` at or after byte `from` ends, `…` standing
+/// for any text within a line (curl prints no newline, so a match need not be a whole line);
+/// `None` if there is none.
+fn shown_at(printed: &str, from: usize, shown: &str) -> Option<usize> {
+    let mut parts = shown.split('…');
+    let first = parts.next().unwrap_or("");
+    let rest: Vec<&str> = parts.collect();
+    'start: for (at, _) in printed[from..].match_indices(first) {
+        let mut pos = from + at + first.len();
+        for part in &rest {
+            let line_end = printed[pos..].find('\n').map_or(printed.len(), |n| pos + n);
+            match printed[pos..line_end].find(part) {
+                Some(k) => pos += k + part.len(),
+                None => continue 'start,
+            }
+        }
+        return Some(pos);
+    }
+    None
 }
 
 /// Run a README `sh` block as written: `bash -euo pipefail` in an empty directory, with
