@@ -814,7 +814,10 @@ async fn every_readme_sh_block_runs_as_written() {
                 continue;
             }
             from = shown_at(&printed, from, shown).unwrap_or_else(|| {
-                panic!("README sh block {} shows `{shown}`, which it did not print:\n{printed}", i + 1)
+                panic!(
+                    "README sh block {} shows `{shown}`, which it did not print:\n{printed}",
+                    i + 1
+                )
             });
         }
     }
