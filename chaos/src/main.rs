@@ -19,7 +19,8 @@
 //!   content (or, in a cold session, ended by a maintenance tombstone), the only conflicts
 //!   are those the ack logs explain, two fresh readers agree byte for byte — also on every
 //!   hot session's context view, which holds every live record its governing summary does
-//!   not cover.
+//!   not cover, and which is the reference model's view of every entry in the store (the
+//!   same governing summary, entries and coverage).
 //!
 //! Every operation runs under the store's deadline and, around it, a watchdog: an
 //! operation that outlives its deadline by more than the grace counts as a hang.
@@ -387,7 +388,9 @@ async fn write(uri: &str, options: StoreOptions, seed: u64, run: WriteRun<'_>) -
                 }
             }
         }
-        let summarise = hold != Hold::None && pending.is_none() && rng.random_range(0..SUMMARY_ONE_IN) == 0;
+        // Its first batch too, so that a short run on a slow store writes summaries at all.
+        let summarise =
+            hold != Hold::None && pending.is_none() && (c.summaries == 0 || rng.random_range(0..SUMMARY_ONE_IN) == 0);
         let (session, batch) = match pending.take() {
             Some(p) => p,
             None if summarise => {
@@ -601,6 +604,7 @@ async fn check(uri: &str, options: StoreOptions, acks: &Path, retained: u64) -> 
     // Every hot session's context view (rule 21), through both readers.
     let mut contexts = [Vec::new(), Vec::new()];
     let mut context_lost = Vec::new();
+    let mut first_views = Vec::new();
     for (i, p) in readers.iter_mut().enumerate() {
         for s in 0..8 {
             let session = format!("s{s}");
@@ -618,6 +622,9 @@ async fn check(uri: &str, options: StoreOptions, acks: &Path, retained: u64) -> 
                 }
             }
             contexts[i].push(format!("{view:?}"));
+            if i == 0 {
+                first_views.push((session, view));
+            }
         }
     }
     let mut found = judge::Found {
@@ -631,28 +638,51 @@ async fn check(uri: &str, options: StoreOptions, acks: &Path, retained: u64) -> 
     };
     let store = watch(deadline, ctxlog::open(uri, options)).await??;
     found.conflicts = watch(deadline, store.conflict_discovery().conflicts(None)).await??;
-    // What retention ended: the maintenance shard's tombstones, every one of them.
+    // Every entry of every shard (nothing writes now): the reference model's input. What
+    // retention ended: the maintenance shard's tombstones, every one of them.
     let mut maintenance_entries = 0u64;
-    if let Some(m) = watch(deadline, store.shards())
-        .await??
-        .into_iter()
-        .find(|s| s.writer.as_str() == ctxlog::MAINTENANCE_WRITER)
-    {
+    let mut all = Vec::new();
+    for shard in watch(deadline, store.shards()).await?? {
+        let maintenance = shard.writer.as_str() == ctxlog::MAINTENANCE_WRITER;
         let mut after = 0;
         loop {
-            let page = watch(deadline, store.read_shard(m.shard, after, 10_000)).await??;
+            let page = watch(deadline, store.read_shard(shard.shard, after, 10_000)).await??;
             let Some(last) = page.last() else { break };
             after = last.seq;
-            maintenance_entries += page.len() as u64;
-            found.retained.extend(
-                page.into_iter()
-                    .filter(|e| e.record.kind == ctxlog::Kind::Tombstone)
-                    .map(|e| e.record.id),
-            );
+            if maintenance {
+                maintenance_entries += page.len() as u64;
+                found.retained.extend(
+                    page.iter()
+                        .filter(|e| e.record.kind == ctxlog::Kind::Tombstone)
+                        .map(|e| e.record.id.clone()),
+                );
+            }
+            all.extend(page);
+        }
+    }
+    // The governing summary and the view of every hot session are the reference model's
+    // (rule 21), not only what two readers of the implementation agree on.
+    let mut context_differs = Vec::new();
+    for (session, view) in &first_views {
+        let model = ctxlog::testing::model::context_view(&all, "chaos", session);
+        let keys = |v: &ctxlog::ContextView| v.entries.iter().map(|e| e.key()).collect::<Vec<_>>();
+        if model.summary != view.summary || keys(&model) != keys(view) || model.covered != view.covered {
+            context_differs.push(json!({
+                "session": session,
+                "governing": format!("{:?}", view.summary),
+                "model_governing": format!("{:?}", model.summary),
+                "entries": view.entries.len(),
+                "model_entries": model.entries.len(),
+            }));
         }
     }
     let mut verdict = judge::judge(&promised, &found);
     verdict["context_views_checked"] = json!(16);
+    verdict["governing_summaries"] = json!(first_views.iter().filter(|(_, v)| v.summary.is_some()).count());
+    if !context_differs.is_empty() {
+        verdict["ok"] = json!(false);
+        verdict["context_differs_from_model"] = json!(context_differs);
+    }
     if !context_lost.is_empty() {
         verdict["ok"] = json!(false);
         verdict["context_lost"] = json!(context_lost.len());

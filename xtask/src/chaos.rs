@@ -28,7 +28,52 @@ const WRITERS: usize = 3;
 /// One writer process and the files it writes.
 struct Writer {
     slot: usize,
+    /// Which process of the run this is (1, 2, …): a later one of the same slot takes its
+    /// shard over.
+    incarnation: u64,
+    /// Started while another process of its slot ran (a takeover): that one may claim the
+    /// shard back when it reopens after an unknown outcome, and fence this one.
+    rival: bool,
     child: Child,
+}
+
+/// What the soak counts of writers that ended by themselves.
+#[derive(Default)]
+struct Exits {
+    fenced: u64,
+    failed: u64,
+    hangs: u64,
+    failures: Vec<String>,
+}
+
+impl Exits {
+    /// Count a writer that ended: 0 is a clean stop; 3 (fenced) is one only when another
+    /// process of its identity ran beside it (started later, or running when it started),
+    /// which claimed the shard; anything else fails.
+    fn ended(&mut self, w: &mut Writer, status: std::process::ExitStatus, latest_of_slot: u64) {
+        let stderr = read_stderr(&mut w.child);
+        match status.code() {
+            Some(0) => {}
+            Some(3) if latest_of_slot > w.incarnation || w.rival => self.fenced += 1,
+            Some(3) => {
+                self.failed += 1;
+                self.failures.push(format!(
+                    "writer slot {} (process {}) exited fenced, but no other process of its identity ran beside it: {}",
+                    w.slot,
+                    w.incarnation,
+                    stderr.trim()
+                ));
+            }
+            _ => {
+                self.failed += 1;
+                if stderr.contains("HANG") {
+                    self.hangs += 1;
+                }
+                self.failures
+                    .push(format!("writer slot {} exited {status}: {}", w.slot, stderr.trim()));
+            }
+        }
+    }
 }
 
 pub(crate) fn run(args: &ChaosArgs) -> Result<()> {
@@ -68,9 +113,11 @@ pub(crate) fn short(s3: &s3_loopback::Server) -> Result<()> {
 
 /// The soak's verdict: the final check passed (nothing acknowledged lost or changed, no
 /// conflict the ack logs do not explain), nothing hung, no process failed (a writer, the
-/// reader, compaction, a maintenance command), and the run made progress: every writer
-/// identity had batches acknowledged and could still write after the storm, the reader
-/// refreshed, the check saw acknowledged ids.
+/// reader, compaction, a maintenance command; a writer that exits fenced with no later
+/// process of its identity, or that had failed before the final kill), no operation failed
+/// in a run without injected faults, and the run made progress: every writer identity had
+/// batches acknowledged and could still write after the storm, the reader refreshed, a
+/// summary was written, the check saw acknowledged ids.
 pub(crate) fn verdict(summary: &Value) -> Result<()> {
     let (backend, seed) = (&summary["backend"], &summary["seed"]);
     ensure!(
@@ -117,6 +164,29 @@ pub(crate) fn verdict(summary: &Value) -> Result<()> {
         summary["check"]["acked_ids"].as_u64().unwrap_or(0) > 0,
         "chaos ({backend}): the check saw no acknowledged id (seed {seed})"
     );
+    ensure!(
+        summary["summaries"].as_u64().unwrap_or(0) > 0,
+        "chaos ({backend}): no summary was written (seed {seed})"
+    );
+    // Without an injected fault (SQLite, or a Lance run that drew none) no operation may
+    // fail: kills, takeovers and maintenance alone must not make an error.
+    let injected: u64 = summary["faults_injected"]
+        .as_object()
+        .map_or(0, |f| f.values().filter_map(Value::as_u64).sum());
+    if injected == 0 {
+        for (what, n) in [
+            ("definite errors", &summary["definite_errors"]),
+            ("indeterminate errors", &summary["indeterminate_errors"]),
+            ("read errors", &summary["read_errors"]),
+            ("reader errors", &summary["reader"]["errors"]),
+        ] {
+            let n = n.as_u64().unwrap_or(0);
+            ensure!(
+                n == 0,
+                "chaos ({backend}): {n} {what} in a run without an injected fault (seed {seed})"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -190,10 +260,13 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut incarnation = 0u64;
+    // The newest process started for each slot.
+    let latest = std::cell::RefCell::new(BTreeMap::<usize, u64>::new());
     // `batches`: how many batches the writer stops after, if not drawn here; `calm`: a writer
     // after the storm, without injected faults.
     let mut spawn_writer = |slot: usize, rng: &mut StdRng, batches: Option<u64>, calm: bool| -> Result<Writer> {
         incarnation += 1;
+        latest.borrow_mut().insert(slot, incarnation);
         let name = format!("w{slot}-{incarnation}");
         let writer_seed = rng.random::<u64>().to_string();
         let acks_file = acks.join(format!("{name}.acks"));
@@ -218,7 +291,12 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             .stderr(Stdio::piped())
             .spawn()
             .context("start a chaos writer")?;
-        Ok(Writer { slot, child })
+        Ok(Writer {
+            slot,
+            incarnation,
+            rival: false,
+            child,
+        })
     };
     let mut writers: Vec<Writer> = Vec::new();
     for slot in 0..WRITERS {
@@ -242,8 +320,8 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
     };
     let mut reader = spawn_reader(&mut readers_started)?;
 
-    let (mut kills, mut takeovers, mut compactions, mut fenced_exits, mut failed_exits) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut kills, mut takeovers, mut compactions) = (0u64, 0u64, 0u64);
+    let mut exits = Exits::default();
     let mut maintenance: BTreeMap<&str, u64> = BTreeMap::new();
     let mut maintenance_running: Option<Maintenance> = None;
     let mut retained = 0u64;
@@ -259,18 +337,8 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 None => i += 1,
                 Some(status) => {
                     let mut w = writers.swap_remove(i);
-                    let stderr = read_stderr(&mut w.child);
-                    match status.code() {
-                        Some(3) => fenced_exits += 1,
-                        Some(0) => {}
-                        _ => {
-                            failed_exits += 1;
-                            if stderr.contains("HANG") {
-                                hangs += 1;
-                            }
-                            failures.push(format!("writer slot {} exited {status}: {}", w.slot, stderr.trim()));
-                        }
-                    }
+                    let newest = latest.borrow()[&w.slot];
+                    exits.ended(&mut w, status, newest);
                     if !writers.iter().any(|o| o.slot == w.slot) {
                         writers.push(spawn_writer(w.slot, &mut rng, None, false)?);
                     }
@@ -294,7 +362,9 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             // is fenced and exits.
             2 if !writers.is_empty() => {
                 let slot = writers[below(&mut rng, writers.len() as u64) as usize].slot;
-                writers.push(spawn_writer(slot, &mut rng, None, false)?);
+                let mut w = spawn_writer(slot, &mut rng, None, false)?;
+                w.rival = true;
+                writers.push(w);
                 takeovers += 1;
             }
             3 => {
@@ -344,8 +414,14 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
     if let Some(m) = maintenance_running.take() {
         settle_maintenance(m, true, &mut retained, &mut hangs, &mut failures)?;
     }
-    // Stop: writers are killed (their acks are on disk), the reader told to finish.
+    // Stop: writers are killed (their acks are on disk), the reader told to finish. A writer
+    // that already ended is counted as in the storm: a kill must not hide a failure.
     for mut w in writers {
+        if let Some(status) = w.child.try_wait()? {
+            let newest = latest.borrow()[&w.slot];
+            exits.ended(&mut w, status, newest);
+            continue;
+        }
         let _ = w.child.kill();
         let _ = w.child.wait_timeout(Duration::from_secs(30))?;
     }
@@ -406,6 +482,12 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         let Ok(v) = serde_json::from_str::<Value>(&std::fs::read_to_string(&path).unwrap_or_default()) else {
             continue;
         };
+        // Faults of every process, the readers' too: an error is excused only by a fault.
+        if let Some(f) = v["faults"].as_object() {
+            for (k, n) in f {
+                *faults_by_kind.entry(k.clone()).or_default() += n.as_u64().unwrap_or(0);
+            }
+        }
         if is_reader {
             for k in ["refreshes", "errors", "hot_ids_seen"] {
                 *reader_totals.entry(k.into()).or_default() += v[k].as_u64().unwrap_or(0);
@@ -426,14 +508,10 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         ] {
             *totals.entry(k.into()).or_default() += v[k].as_u64().unwrap_or(0);
         }
-        if let Some(f) = v["faults"].as_object() {
-            for (k, n) in f {
-                *faults_by_kind.entry(k.clone()).or_default() += n.as_u64().unwrap_or(0);
-            }
-        }
     }
     let reader = json!(reader_totals);
-    hangs += totals.get("hangs").copied().unwrap_or(0);
+    hangs += totals.get("hangs").copied().unwrap_or(0) + exits.hangs;
+    failures.extend(exits.failures);
     Ok(json!({
         "backend": backend,
         "seed": seed,
@@ -453,8 +531,8 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
         "faults_injected": faults_by_kind,
         "kills": kills,
         "takeovers": takeovers,
-        "fenced_exits": fenced_exits,
-        "failed_exits": failed_exits,
+        "fenced_exits": exits.fenced,
+        "failed_exits": exits.failed,
         "compactions": compactions,
         "reader": reader,
         // `null` when the check could not tell.
@@ -598,8 +676,13 @@ mod tests {
             "hangs": 0,
             "failures": [],
             "acks_by_identity": {"chaos-w0": 3, "chaos-w1": 1, "chaos-w2": 7},
-            "reader": {"refreshes": 9},
+            "reader": {"refreshes": 9, "errors": 0},
             "final_writes": 3,
+            "summaries": 2,
+            "faults_injected": {},
+            "definite_errors": 0,
+            "indeterminate_errors": 0,
+            "read_errors": 0,
         })
     }
 
@@ -620,13 +703,57 @@ mod tests {
     #[test]
     fn a_run_that_passed_passes() {
         verdict(&passing()).unwrap();
+        // Injected faults excuse errors (each is retried to a definite answer by the writer).
+        let mut faulty = passing();
+        faulty["faults_injected"] = json!({"put": 4});
+        for k in ["definite_errors", "indeterminate_errors", "read_errors"] {
+            faulty[k] = json!(1);
+        }
+        faulty["reader"]["errors"] = json!(1);
+        verdict(&faulty).unwrap();
+    }
+
+    /// A writer that exits fenced is a fenced exit only when another process of its identity
+    /// ran beside it; otherwise it failed, as any other exit but 0 does.
+    #[test]
+    fn a_fenced_exit_without_a_takeover_fails() {
+        let exit = |code: i32, incarnation: u64, latest: u64, rival: bool| {
+            let mut child = Command::new("sh")
+                .args(["-c", &format!("echo why >&2; exit {code}")])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let status = child.wait().unwrap();
+            let mut w = Writer {
+                slot: 1,
+                incarnation,
+                rival,
+                child,
+            };
+            let mut exits = Exits::default();
+            exits.ended(&mut w, status, latest);
+            exits
+        };
+        let taken_over = exit(3, 4, 5, false);
+        assert_eq!((taken_over.fenced, taken_over.failed), (1, 0));
+        assert!(taken_over.failures.is_empty());
+        // The newer of two: the older one reopened and claimed the shard back.
+        let claimed_back = exit(3, 5, 5, true);
+        assert_eq!((claimed_back.fenced, claimed_back.failed), (1, 0));
+        let alone = exit(3, 5, 5, false);
+        assert_eq!((alone.fenced, alone.failed), (0, 1));
+        assert!(alone.failures[0].contains("no other process"), "{:?}", alone.failures);
+        let clean = exit(0, 5, 5, false);
+        assert_eq!((clean.fenced, clean.failed, clean.failures.len()), (0, 0, 0));
+        let crashed = exit(4, 4, 5, false);
+        assert_eq!((crashed.failed, crashed.failures.len()), (1, 1));
     }
 
     /// Each way a run can go wrong fails the verdict on its own.
     #[test]
     fn every_recorded_failure_and_a_run_without_progress_fail() {
         type Breaks = fn(&mut Value);
-        let broken: [(&str, Breaks); 10] = [
+        let broken: [(&str, Breaks); 15] = [
             ("the check failed", |s| s["check"]["ok"] = json!(false)),
             ("an ack was lost", |s| s["acknowledged_records_lost"] = json!(1)),
             ("the check could not tell", |s| {
@@ -647,6 +774,13 @@ mod tests {
             }),
             ("no refresh", |s| s["reader"]["refreshes"] = json!(0)),
             ("nothing checked", |s| s["check"]["acked_ids"] = json!(0)),
+            ("no summary", |s| s["summaries"] = json!(0)),
+            ("a definite error without a fault", |s| s["definite_errors"] = json!(1)),
+            ("an indeterminate error without a fault", |s| {
+                s["indeterminate_errors"] = json!(2)
+            }),
+            ("a read error without a fault", |s| s["read_errors"] = json!(1)),
+            ("a reader error without a fault", |s| s["reader"]["errors"] = json!(1)),
         ];
         for (what, breaks) in broken {
             let mut s = passing();
