@@ -34,6 +34,9 @@ def view(s: Session | None) -> object:
     )
 
 
+# On SQLite only: on Lance on S3 its hundreds of round trips outgrow the test's timeout in CI
+# (the adapter's other tests run on both backends).
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 async def test_it_answers_as_adk_s_in_memory_service_does(server: Server) -> None:
     ours, theirs = CtxlogSessionService(server.url), InMemorySessionService()
     rng = random.Random(5)
