@@ -28,11 +28,11 @@ const WRITERS: usize = 3;
 /// One writer process and the files it writes.
 struct Writer {
     slot: usize,
-    /// Which process of the run this is (1, 2, …): a later one of the same slot takes its
-    /// shard over.
+    /// Which process of the run this is (1, 2, …).
     incarnation: u64,
-    /// Started while another process of its slot ran (a takeover): that one may claim the
-    /// shard back when it reopens after an unknown outcome, and fence this one.
+    /// Another process of its slot ran beside it (a takeover, either side): either may
+    /// claim the shard (the older one when it reopens after an unknown outcome) and fence
+    /// the other.
     rival: bool,
     child: Child,
 }
@@ -48,13 +48,12 @@ struct Exits {
 
 impl Exits {
     /// Count a writer that ended: 0 is a clean stop; 3 (fenced) is one only when another
-    /// process of its identity ran beside it (started later, or running when it started),
-    /// which claimed the shard; anything else fails.
-    fn ended(&mut self, w: &mut Writer, status: std::process::ExitStatus, latest_of_slot: u64) {
+    /// process of its identity ran beside it, which claimed the shard; anything else fails.
+    fn ended(&mut self, w: &mut Writer, status: std::process::ExitStatus) {
         let stderr = read_stderr(&mut w.child);
         match status.code() {
             Some(0) => {}
-            Some(3) if latest_of_slot > w.incarnation || w.rival => self.fenced += 1,
+            Some(3) if w.rival => self.fenced += 1,
             Some(3) => {
                 self.failed += 1;
                 self.failures.push(format!(
@@ -113,8 +112,8 @@ pub(crate) fn short(s3: &s3_loopback::Server) -> Result<()> {
 
 /// The soak's verdict: the final check passed (nothing acknowledged lost or changed, no
 /// conflict the ack logs do not explain), nothing hung, no process failed (a writer, the
-/// reader, compaction, a maintenance command; a writer that exits fenced with no later
-/// process of its identity, or that had failed before the final kill), no operation failed
+/// reader, compaction, a maintenance command; a writer that exits fenced with no other
+/// process of its identity beside it, or that had failed before the final kill), no operation failed
 /// in a run without injected faults, and the run made progress: every writer identity had
 /// batches acknowledged and could still write after the storm, the reader refreshed, a
 /// summary was written, the check saw acknowledged ids.
@@ -260,13 +259,10 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut incarnation = 0u64;
-    // The newest process started for each slot.
-    let latest = std::cell::RefCell::new(BTreeMap::<usize, u64>::new());
     // `batches`: how many batches the writer stops after, if not drawn here; `calm`: a writer
     // after the storm, without injected faults.
     let mut spawn_writer = |slot: usize, rng: &mut StdRng, batches: Option<u64>, calm: bool| -> Result<Writer> {
         incarnation += 1;
-        latest.borrow_mut().insert(slot, incarnation);
         let name = format!("w{slot}-{incarnation}");
         let writer_seed = rng.random::<u64>().to_string();
         let acks_file = acks.join(format!("{name}.acks"));
@@ -337,8 +333,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 None => i += 1,
                 Some(status) => {
                     let mut w = writers.swap_remove(i);
-                    let newest = latest.borrow()[&w.slot];
-                    exits.ended(&mut w, status, newest);
+                    exits.ended(&mut w, status);
                     if !writers.iter().any(|o| o.slot == w.slot) {
                         writers.push(spawn_writer(w.slot, &mut rng, None, false)?);
                     }
@@ -363,6 +358,9 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
             2 if !writers.is_empty() => {
                 let slot = writers[below(&mut rng, writers.len() as u64) as usize].slot;
                 let mut w = spawn_writer(slot, &mut rng, None, false)?;
+                for o in writers.iter_mut().filter(|o| o.slot == slot) {
+                    o.rival = true;
+                }
                 w.rival = true;
                 writers.push(w);
                 takeovers += 1;
@@ -418,8 +416,7 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
     // that already ended is counted as in the storm: a kill must not hide a failure.
     for mut w in writers {
         if let Some(status) = w.child.try_wait()? {
-            let newest = latest.borrow()[&w.slot];
-            exits.ended(&mut w, status, newest);
+            exits.ended(&mut w, status);
             continue;
         }
         let _ = w.child.kill();
@@ -717,7 +714,7 @@ mod tests {
     /// ran beside it; otherwise it failed, as any other exit but 0 does.
     #[test]
     fn a_fenced_exit_without_a_takeover_fails() {
-        let exit = |code: i32, incarnation: u64, latest: u64, rival: bool| {
+        let exit = |code: i32, rival: bool| {
             let mut child = Command::new("sh")
                 .args(["-c", &format!("echo why >&2; exit {code}")])
                 .stderr(Stdio::piped())
@@ -726,26 +723,27 @@ mod tests {
             let status = child.wait().unwrap();
             let mut w = Writer {
                 slot: 1,
-                incarnation,
+                incarnation: 5,
                 rival,
                 child,
             };
             let mut exits = Exits::default();
-            exits.ended(&mut w, status, latest);
+            exits.ended(&mut w, status);
             exits
         };
-        let taken_over = exit(3, 4, 5, false);
+        // The older of two: the newer one claimed the shard.
+        let taken_over = exit(3, true);
         assert_eq!((taken_over.fenced, taken_over.failed), (1, 0));
         assert!(taken_over.failures.is_empty());
         // The newer of two: the older one reopened and claimed the shard back.
-        let claimed_back = exit(3, 5, 5, true);
+        let claimed_back = exit(3, true);
         assert_eq!((claimed_back.fenced, claimed_back.failed), (1, 0));
-        let alone = exit(3, 5, 5, false);
+        let alone = exit(3, false);
         assert_eq!((alone.fenced, alone.failed), (0, 1));
         assert!(alone.failures[0].contains("no other process"), "{:?}", alone.failures);
-        let clean = exit(0, 5, 5, false);
+        let clean = exit(0, false);
         assert_eq!((clean.fenced, clean.failed, clean.failures.len()), (0, 0, 0));
-        let crashed = exit(4, 4, 5, false);
+        let crashed = exit(4, false);
         assert_eq!((crashed.failed, crashed.failures.len()), (1, 1));
     }
 
