@@ -503,7 +503,8 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
     // Maintenance first (it runs beside the rest): on a slow store a short run may reach
     // only a few faults.
     schedule.push(Fault::Maintenance);
-    let mut maintenance: Option<tokio::task::JoinHandle<()>> = None;
+    // The maintenance call in flight; it says whether it succeeded.
+    let mut maintenance: Option<tokio::task::JoinHandle<bool>> = None;
     let retained = Arc::new(Mutex::new((BTreeSet::new(), false)));
     let until = Instant::now() + Duration::from_secs(cli.seconds);
     // A few seconds of load before the first fault.
@@ -511,12 +512,21 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
     // The run lasts its seconds and at least until every fault has happened once: on a slow
     // store (Lance on S3, where a replica's start takes seconds) a short run would otherwise
     // end with some fault never tried, and its verdict could not see what that fault breaks.
-    // Never past five minutes over (a slot whose replica cannot start would owe its fault
-    // for ever): `progress` then names the fault that never happened.
+    // A maintenance call in flight is waited for too (one that fails is owed again). Never
+    // past five minutes over (a slot whose replica cannot start would owe its fault for
+    // ever): `progress` then names the fault that never happened.
     let overtime = until + Duration::from_secs(300);
-    while Instant::now() < until || (!schedule.is_empty() && Instant::now() < overtime) {
+    while Instant::now() < until || ((!schedule.is_empty() || maintenance.is_some()) && Instant::now() < overtime) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..1500))).await;
         cluster.reap(&sh).await?;
+        // A maintenance call that failed (a deadline on a loaded store) is owed again: a run
+        // must see one succeed beside the load.
+        if maintenance.as_ref().is_some_and(|m| m.is_finished())
+            && !maintenance.take().expect("finished").await.unwrap_or(false)
+        {
+            schedule.push(Fault::Maintenance);
+            continue;
+        }
         if let Some(t) = sh.pick(&mut rng) {
             sh.poll_shards(&t.addr, None).await;
         }
@@ -584,9 +594,9 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
                     let target = sh.pick(&mut rng);
                     let (sh2, retained) = (sh.clone(), retained.clone());
                     let grace = (cli.timeout * 3.0) as u64;
-                    maintenance = Some(tokio::spawn(async move {
-                        admin(&sh2, target, op, grace, &retained).await;
-                    }));
+                    maintenance = Some(tokio::spawn(
+                        async move { admin(&sh2, target, op, grace, &retained).await },
+                    ));
                 }
             }
         }
@@ -704,8 +714,14 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
 }
 
 /// One maintenance call; retention's report says which cold sessions it ended.
-async fn admin(sh: &Shared, target: Option<Target>, op: &str, grace: u64, retained: &Mutex<(BTreeSet<String>, bool)>) {
-    let Some(t) = target else { return };
+async fn admin(
+    sh: &Shared,
+    target: Option<Target>,
+    op: &str,
+    grace: u64,
+    retained: &Mutex<(BTreeSet<String>, bool)>,
+) -> bool {
+    let Some(t) = target else { return false };
     let body = match op {
         "gc" => json!({"grace_seconds": grace}),
         "retain" => json!({"older_than_seconds": 3, "bot": COLD_BOT}),
@@ -734,13 +750,20 @@ async fn admin(sh: &Shared, target: Option<Target>, op: &str, grace: u64, retain
                     ));
                 }
             }
+            true
         }
         other => {
             sh.count("maintenance_failed");
+            sh.count(&format!("maintenance_failed_{op}"));
+            eprintln!(
+                "ctxlog-serve-chaos: maintenance {op} through {} failed: {other:?}",
+                t.addr
+            );
             let definite = matches!(&other, Answer::Status(_, v) if v["written"] == "nothing");
             if op == "retain" && !definite {
                 retained.lock().unwrap().1 = true;
             }
+            false
         }
     }
 }

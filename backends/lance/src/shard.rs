@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use ctxlog_core::backend::writer::{Staged, WriterState};
 use ctxlog_core::backend::{HlcClock, with_deadline};
 use ctxlog_core::{AppendAck, Epoch, Error, Hlc, Record, Result, Shard, ShardId, WriterId, Written};
-use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore, ShardWriter, ShardWriterConfig, WalTailer};
+use lance::dataset::mem_wal::{
+    DatasetMemWalExt, FreezeFence, ShardManifestStore, ShardWriter, ShardWriterConfig, WalTailer,
+};
 use lance_core::FenceReason;
 use lance_io::object_store::ObjectStore;
 use object_store::path::Path;
@@ -30,19 +32,31 @@ pub(crate) struct LanceShard {
     since_freeze: u64,
     /// When this handle last read its shard's epoch (see `WriterTuning::fence_check_interval`).
     fence_checked: Instant,
+    /// The flushes outstanding at this handle's last freeze (see `LanceShard::flushes_landed`).
+    flushing: Option<FreezeFence>,
+    /// A wait for them failed: the next append first waits for every flush outstanding.
+    flushes_behind: bool,
 }
 
 impl LanceShard {
     /// Claim the shard; with `held`, only while its newest claim is `held` (a reopen).
     pub(crate) async fn open(inner: Arc<Shared>, writer_id: WriterId, held: Option<Epoch>) -> Result<Self> {
         let shard = writer_id.shard_id();
+        let steps = OpenSteps::new();
         // A claim that misses its deadline may still land (and fence the incumbent).
-        with_deadline("open shard", inner.timeout(), Some(shard), Written::Unknown, async {
+        let opened = with_deadline("open shard", inner.timeout(), Some(shard), Written::Unknown, async {
             let mut ds = inner.latest().await?;
             ensure_mem_wal(&mut ds).await?;
             let (store, base_path) = inner.io(&ds).await?;
+            steps.done("read the dataset");
             let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
-            let epoch_before = current_epoch(&manifests, shard).await?;
+            let before = manifests
+                .latest()
+                .await
+                .map_err(|e| lance_err("read the shard manifest", Some(shard), Written::Nothing, e))?;
+            let epoch_before = before.as_ref().map_or(0, |m| m.writer_epoch);
+            steps.tail(before.as_ref().map(|m| (m.replay_after_wal_entry_position, m.wal_entry_position_last_seen)));
+            steps.done("read the shard manifest");
             if let Some(held) = held
                 && epoch_before != held
             {
@@ -76,6 +90,7 @@ impl LanceShard {
                 .with_max_memtable_rows(t.max_memtable_rows)
                 .with_max_memtable_batches(t.max_memtable_batches)
                 .with_max_memtable_size(t.max_memtable_bytes);
+            steps.done("record the writer id");
             let writer = match ds.mem_wal_writer(shard.0, config).await {
                 Ok(w) => Arc::new(w),
                 Err(e) => {
@@ -110,6 +125,7 @@ impl LanceShard {
                 // still converge to this one writer.
                 tracing::warn!(%shard, held, claimed = writer.epoch(), "a reopen raced another claim of this writer id");
             }
+            steps.done("claim and replay the WAL tail");
             inner.register_writer(&writer);
             let clock = || HlcClock::new(inner.options.clock.clone(), Hlc::ZERO);
             let limits = inner.options.limits.clone();
@@ -123,6 +139,8 @@ impl LanceShard {
                 base_path,
                 since_freeze: 0,
                 fence_checked: Instant::now(),
+                flushing: None,
+                flushes_behind: false,
             };
             // Seqs and HLCs are ctxlog's: recover them from what the shard holds.
             let recovered = tiers::recover(&inner, shard).await?;
@@ -134,9 +152,30 @@ impl LanceShard {
                 recovered.last_seq,
                 Hlc(recovered.max_hlc),
             );
+            steps.done("recover seqs and clocks");
+            // The WAL tail this open replayed counts against the handle's budget: writers
+            // replaced before they froze (killed, taken over) leave a tail longer than any
+            // one of them wrote, and every open replays all of it. Unbounded, it grows until
+            // no open fits the deadline and the writer id can never claim again.
+            let replayed_from = before.as_ref().map_or(0, |m| m.replay_after_wal_entry_position) + 1;
+            // The first append freezes when the tail is long (not the open: a freeze here
+            // could cost the open its deadline after its claim landed).
+            let tail = writer.wal_stats().next_wal_entry_position.saturating_sub(replayed_from);
+            handle.since_freeze = tail.min(t.max_wal_tail.saturating_sub(1));
             Ok(handle)
         })
-        .await
+        .await;
+        // Every open says where its time went: a claim that misses its deadline again and
+        // again (a long WAL tail to replay on a slow store) is diagnosed from this line.
+        match &opened {
+            // Slower than half the deadline: the next open may not fit it.
+            Ok(h) if steps.took() * 2 > inner.timeout() => {
+                tracing::warn!(%shard, epoch = h.state.epoch(), steps = %steps, "claiming the shard took more than half the deadline")
+            }
+            Ok(h) => tracing::info!(%shard, epoch = h.state.epoch(), steps = %steps, "claimed the shard"),
+            Err(e) => tracing::warn!(%shard, steps = %steps, "claiming the shard failed: {e}"),
+        }
+        opened
     }
 
     /// After a peer fence hit a put that was already in the memtable: did its WAL entry
@@ -177,6 +216,54 @@ impl LanceShard {
     }
 }
 
+/// The steps of one open and how long each took (see `LanceShard::open`).
+struct OpenSteps {
+    at: std::sync::Mutex<Steps>,
+}
+
+/// When the last step ended, the steps done, and the WAL positions the manifest held.
+type Steps = (Instant, Vec<(&'static str, Duration)>, Option<(u64, u64)>);
+
+impl OpenSteps {
+    fn new() -> Self {
+        Self {
+            at: std::sync::Mutex::new((Instant::now(), Vec::new(), None)),
+        }
+    }
+
+    fn done(&self, step: &'static str) {
+        let mut at = self.at.lock().expect("open steps");
+        let now = Instant::now();
+        let took = now - at.0;
+        at.0 = now;
+        at.1.push((step, took));
+    }
+
+    /// How long the steps done took.
+    fn took(&self) -> Duration {
+        self.at.lock().expect("open steps").1.iter().map(|(_, d)| *d).sum()
+    }
+
+    /// The WAL positions the manifest held before the claim: replay starts after the first.
+    fn tail(&self, positions: Option<(u64, u64)>) {
+        self.at.lock().expect("open steps").2 = positions;
+    }
+}
+
+impl std::fmt::Display for OpenSteps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self.at.lock().expect("open steps");
+        for (step, took) in &at.1 {
+            write!(f, "{step} {:.2} s, ", took.as_secs_f64())?;
+        }
+        write!(f, "{:.2} s since", at.0.elapsed().as_secs_f64())?;
+        if let Some((after, seen)) = at.2 {
+            write!(f, " (WAL replay from position {}, last seen {seen})", after + 1)?;
+        }
+        Ok(())
+    }
+}
+
 async fn current_epoch(manifests: &ShardManifestStore, shard: ShardId) -> Result<Epoch> {
     Ok(manifests
         .latest()
@@ -203,6 +290,7 @@ impl Shard for LanceShard {
             });
         };
         self.check_fence().await?;
+        self.flushes_landed(&writer).await?;
         let staged = self.state.stage(records)?;
         // The first summary needs the format that holds summaries (rule 22): recorded
         // before the batch is written, so no summary is ever in a store of format 1.
@@ -344,12 +432,83 @@ impl LanceShard {
         if self.since_freeze < self.shared.tuning.max_wal_tail {
             return;
         }
-        self.since_freeze = 0;
         let shard = self.state.shard();
+        // Counted from a freeze that happened: one that failed is tried by the next append.
         match tokio::time::timeout(self.shared.timeout(), writer.force_freeze_active()).await {
-            Ok(Ok(_fence)) => {}
-            Ok(Err(e)) => tracing::debug!(%shard, error = %e, "freezing the memtable failed"),
-            Err(_) => tracing::debug!(%shard, "freezing the memtable timed out"),
+            Ok(Ok(fence)) => {
+                self.since_freeze = 0;
+                self.flushing = Some(fence);
+            }
+            Ok(Err(e)) => tracing::warn!(%shard, error = %e, "freezing the memtable failed"),
+            Err(_) => tracing::warn!(%shard, "freezing the memtable timed out"),
+        }
+    }
+
+    /// Before the append that makes the next freeze due, the flushes of the last one must
+    /// have landed (waited for within the deadline), so the WAL tail an open replays is
+    /// never more than two memtables' worth, however far the store's flushes fall behind.
+    /// Unbounded, a slow replica on a loaded store grew a tail that no successor could
+    /// replay within its deadline: its writer id could never claim again. Nothing is
+    /// written when the wait fails; the next append waits for every flush outstanding.
+    async fn flushes_landed(&mut self, writer: &ShardWriter) -> Result<()> {
+        let due = self.since_freeze + 1 >= self.shared.tuning.max_wal_tail;
+        if !due && !self.flushes_behind {
+            return Ok(());
+        }
+        let shard = self.state.shard();
+        // Half the deadline: the put that follows has its own.
+        let timeout = self.shared.timeout() / 2;
+        let behind = self.flushes_behind;
+        let fence = match (self.flushing.take(), behind) {
+            (Some(f), false) => Some(f),
+            // A failed wait used its fence up: a freeze now covers every flush still
+            // outstanding (and starts one of what the memtable holds).
+            (_, true) => None,
+            // This handle has frozen nothing yet: nothing of its own is outstanding.
+            (None, false) => return Ok(()),
+        };
+        self.flushes_behind = true;
+        let wait = async {
+            let fence = match fence {
+                Some(f) => f,
+                None => writer.force_freeze_active().await?,
+            };
+            fence.wait().await
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(())) => {
+                self.flushes_behind = false;
+                if behind {
+                    self.since_freeze = 0;
+                }
+                Ok(())
+            }
+            Ok(Err(e)) if e.fence_reason() == Some(FenceReason::PeerClaimedEpoch) => {
+                self.state.mark_fenced(None);
+                Err(self.state.fenced(None, Written::Nothing))
+            }
+            // A flush that failed for good (its generation may never become one) or a
+            // poisoned writer: the handle is unusable; a reopen replays the WAL, which holds
+            // every acknowledged batch.
+            Ok(Err(e)) => {
+                tracing::warn!(%shard, error = %e, "a flush of the shard failed: the handle must be reopened");
+                self.state.poison();
+                Err(lance_err(
+                    "wait for the shard's flushes",
+                    Some(shard),
+                    Written::Nothing,
+                    e,
+                ))
+            }
+            Err(_) => {
+                tracing::warn!(%shard, after = ?timeout, "the shard's flushes are behind: an append is refused");
+                Err(Error::Timeout {
+                    op: "wait for the shard's flushes",
+                    after: timeout,
+                    shard: Some(shard),
+                    written: Written::Nothing,
+                })
+            }
         }
     }
 

@@ -130,8 +130,9 @@ pub struct WriterTuning {
     /// Appends after which a writer freezes its memtable (it becomes a generation in the
     /// background), whatever its size. This bounds the WAL tail a successor replays when it
     /// takes the shard over — one round trip per entry, one after another — and the WAL
-    /// positions it probes to find the tip. Unlike the limits above it may change between
-    /// opens.
+    /// positions it probes to find the tip. An append waits for the last freeze's flush
+    /// before the next freeze is due, so a tail never holds more than twice this many
+    /// appends. Unlike the limits above it may change between opens.
     pub max_wal_tail: u64,
     /// How often, at most, an append first reads the shard manifest to see whether a
     /// successor has claimed the shard. Without it a writer learns it is fenced only when
@@ -149,8 +150,10 @@ impl Default for WriterTuning {
             max_memtable_bytes: 64 * 1024 * 1024,
             wal_flush_interval: Duration::from_millis(500),
             // A takeover replays the tail one dependent round trip per entry: this bounds
-            // how long a successor takes over object storage (docs/benchmarks.md).
-            max_wal_tail: 64,
+            // how long a successor takes over object storage (docs/benchmarks.md). At 64,
+            // a loaded S3 emulator (150–300 ms a request) made takeovers miss a 20 s
+            // deadline again and again (the serve soak, 2026-12-03).
+            max_wal_tail: 16,
             fence_check_interval: Duration::from_secs(1),
         }
     }

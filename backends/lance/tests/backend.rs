@@ -410,6 +410,104 @@ fn the_wal_tail_a_takeover_replays_is_bounded() {
     });
 }
 
+/// Writers replaced before they freeze (killed: dropped, never closed) leave a WAL tail
+/// longer than any one of them wrote. The open that replays it counts it against its own
+/// budget, so its first append freezes and the tail stays bounded across restarts;
+/// unbounded, it grew until no open fit the deadline (a writer id of the serve soak could
+/// never claim again).
+#[test]
+fn a_tail_left_by_replaced_writers_is_frozen_after_the_next_open() {
+    run("a_tail_left_by_replaced_writers_is_frozen_after_the_next_open", |ctx| {
+        Box::pin(async move {
+            let tuning = WriterTuning {
+                max_wal_tail: 4,
+                ..WriterTuning::default()
+            };
+            let s = store(&ctx, tuning).await?;
+            for round in 0..3 {
+                let mut shard = s.open_shard(&w("w1")).await?;
+                for b in 0..3 {
+                    shard.append(recs(&format!("r{round}b{b}"), "s", 1)).await?;
+                }
+                // Fewer appends than the bound: this handle alone never freezes.
+                drop(shard);
+            }
+            let mut last = s.open_shard(&w("w1")).await?;
+            let ack = last.append(recs("last", "s", 1)).await?;
+            ensure!(ack.first_seq == 10, "expected seq 10 after 9, got {}", ack.first_seq);
+            last.append(recs("after", "s", 1)).await?;
+            // Close flushes what is outstanding as one generation: a second one is the
+            // replayed tail, frozen by the first append after the open.
+            last.close().await?;
+            let generations = ctxlog_lance::testing::generation_dirs(&ctx.uri)?;
+            ensure!(
+                generations.len() >= 2,
+                "the replayed tail was frozen: expected 2 generations or more, got {}",
+                generations.len()
+            );
+            let view = s.projector().session("bot", "s").await?;
+            ensure!(
+                view.len() == 11,
+                "every acknowledged record is read, got {}",
+                view.len()
+            );
+            Ok(())
+        })
+    });
+}
+
+/// A writer whose flushes fall behind (here: a generation's writes held at a gate) is
+/// refused, nothing written, the append that makes the next freeze due, until the last
+/// freeze's flush lands; so the tail a successor replays stays bounded.
+#[test]
+fn appends_wait_for_the_flushes_of_the_last_freeze() {
+    use ctxlog_lance::faults::{Action, Faults, Gate, Op, Rule, Verdict};
+    run("appends_wait_for_the_flushes_of_the_last_freeze", |ctx| {
+        Box::pin(async move {
+            let tuning = WriterTuning {
+                max_wal_tail: 2,
+                ..WriterTuning::default()
+            };
+            let faults = Faults::new(1);
+            let held = Gate::new();
+            faults
+                .add(Rule::new(&[Op::Put, Op::PutIfAbsent, Op::Multipart], Action::Pause(held.clone())).path("_gen_"));
+            let mut options = ctx.options().with_timeout(Duration::from_secs(2));
+            options.limits.max_batch_records = tuning.max_memtable_rows;
+            let s = LanceStore::open_with_faults(&ctx.uri, options, Some(faults.clone()))
+                .await?
+                .with_tuning(tuning);
+            let mut shard = s.open_shard(&w("w1")).await?;
+            shard.append(recs("a", "s", 1)).await?;
+            // The second append freezes the memtable; its flush waits at the gate.
+            shard.append(recs("b", "s", 1)).await?;
+            ensure!(
+                held.arrivals(1, Duration::from_secs(30)).await,
+                "the frozen memtable's flush never started"
+            );
+            // The third fills the next memtable's budget but one: the fourth makes the next
+            // freeze due, and waits for the first one's flush.
+            shard.append(recs("c", "s", 1)).await?;
+            match shard.append(recs("d", "s", 1)).await {
+                Err(Error::Timeout {
+                    written: ctxlog_core::Written::Nothing,
+                    ..
+                }) => {}
+                other => anyhow::bail!("expected a timeout with nothing written, got {other:?}"),
+            }
+            held.release(Verdict::Proceed);
+            shard.append(recs("e", "s", 1)).await?;
+            shard.close().await?;
+            let view = ctxlog_conformance::ids(&s.projector().session("bot", "s").await?);
+            ensure!(
+                view == ["a-0", "b-0", "c-0", "e-0"],
+                "expected a, b, c and e, got {view:?}"
+            );
+            Ok(())
+        })
+    });
+}
+
 /// A refresh reads a window of WAL positions at once, so its reads are no snapshot: here
 /// the read of the next position answers "missing", the writer then puts that entry and
 /// the one after, and the read of the position after sees it. The refresh must not take

@@ -686,6 +686,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let store = crate::SqliteStore::open(&path, StoreOptions::default()).await.unwrap();
+        // What every batch so far acknowledged: what the summaries cover.
+        let mut acked = ctxlog_core::Checkpoint::default();
         for w in 0..3u64 {
             let mut shard = store
                 .open_shard(&WriterId::new(format!("w{w}")).unwrap())
@@ -693,19 +695,22 @@ mod tests {
                 .unwrap();
             for b in 0..4u64 {
                 // Ids shared across writers with other text (divergent puts), some deleted,
-                // across 37 sessions.
+                // across 37 sessions; summaries of their own ids covering every earlier batch.
                 let records = (0..1000u64)
                     .map(|i| {
                         let n = b * 1000 + i;
                         let (id, session) = (format!("id{}", n % 2600), format!("s{}", n % 37));
-                        if n % 101 == w {
+                        if i % 97 == 5 {
+                            Record::summary(format!("sum{w}-{n}"), "bot", session, "so far", acked.clone())
+                        } else if n % 101 == w {
                             Record::tombstone(id, "bot", session)
                         } else {
                             Record::text(id, "bot", session, "user", format!("w{w}"))
                         }
                     })
                     .collect();
-                shard.append(records).await.unwrap();
+                let ack = shard.append(records).await.unwrap();
+                acked.advance(ack.shard, ack.first_seq + 999);
             }
         }
         const { assert!(12_000 >= PARALLEL_FROM, "enough rows to apply on several threads") };
@@ -721,27 +726,44 @@ mod tests {
         assert_eq!(on_three, on_one);
         assert_eq!(four.projection().canonical_json(), one.projection().canonical_json());
         assert_eq!(four.sessions("bot"), one.sessions("bot"));
+        let mut summaries = 0;
         for s in 0..37 {
             let session = format!("s{s}");
             assert_eq!(four.session_keys("bot", &session), one.session_keys("bot", &session));
+            // Rule 21's bookkeeping: which entries are summaries, on either path.
+            let of = |i: &mut ProjectionIndex| i.session_with_summaries("bot", &session).summaries;
+            assert_eq!(of(&mut four), of(&mut one), "session {session}");
+            summaries += of(&mut one).len();
         }
+        assert_eq!(summaries, 3 * 4 * 11, "every summary written is one");
         assert!(one.stats().divergent_puts > 0 && one.stats().tombstoned > 0);
     }
 
-    /// A store of `writers` shards of `each` entries, every id written once.
+    /// A store of `writers` shards of `each` entries, every id written once; one in 500 a
+    /// summary covering every earlier batch.
     async fn store_of(path: &std::path::Path, writers: u64, each: u64) -> crate::SqliteStore {
         let options = StoreOptions::default().with_timeout(Duration::from_secs(10));
         let store = crate::SqliteStore::open(path, options).await.unwrap();
+        let mut acked = ctxlog_core::Checkpoint::default();
         for w in 0..writers {
             let mut shard = store
                 .open_shard(&WriterId::new(format!("w{w}")).unwrap())
                 .await
                 .unwrap();
             for first in (0..each).step_by(1000) {
-                let records = (first..each.min(first + 1000))
-                    .map(|i| Record::text(format!("w{w}-{i}"), "bot", format!("s{}", i % 7), "user", "text"))
+                let records: Vec<Record> = (first..each.min(first + 1000))
+                    .map(|i| {
+                        let (id, session) = (format!("w{w}-{i}"), format!("s{}", i % 7));
+                        if i % 500 == 499 {
+                            Record::summary(id, "bot", session, "so far", acked.clone())
+                        } else {
+                            Record::text(id, "bot", session, "user", "text")
+                        }
+                    })
                     .collect();
-                shard.append(records).await.unwrap();
+                let n = records.len() as u64;
+                let ack = shard.append(records).await.unwrap();
+                acked.advance(ack.shard, ack.first_seq + n - 1);
             }
             shard.close().await.unwrap();
         }
@@ -796,6 +818,19 @@ mod tests {
             full.sessions("bot").await.unwrap(),
             "{who}"
         );
+        // Rule 21: the summaries each session holds, and which of them governs.
+        for s in 0..7 {
+            let session = format!("s{s}");
+            let (mine, theirs) = (
+                p.context("bot", &session).await.unwrap(),
+                full.context("bot", &session).await.unwrap(),
+            );
+            assert!(
+                mine.summary.is_some(),
+                "{who}: session {session} has a governing summary"
+            );
+            assert_eq!(mine, theirs, "{who}: session {session}");
+        }
     }
 
     /// A large catch-up on several applying threads that the deadline cuts short keeps what

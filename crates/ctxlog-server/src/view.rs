@@ -244,6 +244,17 @@ impl View {
                     interval = if moved { poll_min } else { (interval * 2).min(poll_max) };
                     self.done.send_replace(Done { covers, failed: None });
                 }
+                // A refresh cut short by the shutdown (its tasks cancelled) is no failure of
+                // the store: nobody waits for it any more.
+                Err(e) if *stop.borrow() => {
+                    drop(p);
+                    tracing::debug!(error = %e, "a refresh ended by the shutdown");
+                    self.done.send_replace(Done {
+                        covers,
+                        failed: Some(Problem::from(&e)),
+                    });
+                    break;
+                }
                 Err(e) => {
                     drop(p);
                     self.metrics.refresh_errors.inc();

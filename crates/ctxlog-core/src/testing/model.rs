@@ -159,14 +159,7 @@ pub fn session_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<En
 /// is every live record that is no summary and that it does not cover, in order, with the
 /// summary in the place of the newest record it covers (its own place if it covers none).
 pub fn context_view(entries: &[Entry], bot_id: &str, session_id: &str) -> crate::context::ContextView {
-    let set = entry_set(entries);
-    let held = |shard: ShardId| {
-        set.iter()
-            .filter(|e| e.shard == shard)
-            .map(|e| e.seq)
-            .max()
-            .unwrap_or(0)
-    };
+    let held = |shard: ShardId| held(entries, shard);
     let live = session_view(entries, bot_id, session_id);
     let covered_by = |s: &Entry, e: &Entry| {
         s.record
@@ -207,6 +200,16 @@ pub fn context_view(entries: &[Entry], bot_id: &str, session_id: &str) -> crate:
         view.entries.insert(at, s.clone());
     }
     view
+}
+
+/// The highest seq of `shard` among `entries`: how far a reader of all of them holds it.
+pub fn held(entries: &[Entry], shard: ShardId) -> u64 {
+    entries
+        .iter()
+        .filter(|e| e.shard == shard)
+        .map(|e| e.seq)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The sessions of one bot with at least one live record, sorted by session id.

@@ -10,15 +10,35 @@ use proptest::prelude::*;
 
 /// Random histories, including stale epochs, gaps and corrupt entries, give the same
 /// projection and conflicts through the index/checker as through the reference model.
+/// Summaries (a fifth of the entries) cover a random prefix of the three shards, so some
+/// are trusted, some cover what the store does not hold, and some cover themselves.
 pub(crate) fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
-    let one = (0u8..3, 1u64..8, 1u64..3, 0u64..20, 0u8..6, 0u8..3, 0u8..8, 0u8..2);
+    let covers = proptest::collection::vec((0u8..3, 0u64..9), 0..3);
+    let one = (
+        0u8..3,
+        1u64..8,
+        1u64..3,
+        0u64..20,
+        0u8..6,
+        0u8..3,
+        0u8..10,
+        0u8..2,
+        covers,
+    );
     proptest::collection::vec(one, 0..40).prop_map(|raw| {
         raw.into_iter()
-            .map(|(w, seq, epoch, hlc, id, text, op, sess)| {
+            .map(|(w, seq, epoch, hlc, id, text, op, sess, covers)| {
                 let shard = WriterId::new(format!("w{w}")).unwrap().shard_id();
                 let mut record = Record::text(format!("id{id}"), "bot", format!("s{sess}"), "user", format!("t{text}"));
                 if op == 0 {
                     record.kind = Kind::Tombstone;
+                }
+                if op >= 8 {
+                    let mut c = crate::ids::Checkpoint::default();
+                    for (w, seq) in covers {
+                        c.advance(WriterId::new(format!("w{w}")).unwrap().shard_id(), seq);
+                    }
+                    record = Record::summary(format!("id{id}"), "bot", format!("s{sess}"), format!("t{text}"), c);
                 }
                 let mut content_hash = record.content_hash();
                 if op == 1 && text == 0 {
@@ -85,6 +105,36 @@ fn puts(n: u64, ids: u64, sessions: u64) -> Vec<Entry> {
             }
         })
         .collect()
+}
+
+/// The context view the index gives for `session` (rule 21): its live keys and which are
+/// summaries, with the coverage read from `entries` and each shard held up to its highest
+/// seq, as the reference model holds them.
+fn context_keys(idx: &mut ProjectionIndex, entries: &[Entry], session: &str) -> crate::context::ContextKeys {
+    let s = idx.session_with_summaries("bot", session);
+    let live: Vec<OrderKey> = s.keys.iter().map(|k| k.0).collect();
+    let held = |shard| model::held(entries, shard);
+    let covers = |k: &OrderKey| {
+        Ok::<_, ()>(
+            entries
+                .iter()
+                .find(|e| e.key() == *k)
+                .and_then(|e| e.record.covers.clone()),
+        )
+    };
+    crate::context::select(&live, |k| s.is_summary(k), held, covers)
+        .unwrap()
+        .0
+}
+
+/// The reference model's context view of `session`, as keys.
+fn model_context_keys(entries: &[Entry], session: &str) -> crate::context::ContextKeys {
+    let view = model::context_view(entries, "bot", session);
+    crate::context::ContextKeys {
+        summary: view.summary,
+        keys: view.entries.iter().map(Entry::key).collect(),
+        covered: view.covered,
+    }
 }
 
 /// `idx` answers as one thread applying `entries` in order would.
@@ -167,6 +217,7 @@ proptest! {
             let view: Vec<OrderKey> = model::session_view(&entries, bot, session).iter().map(|e| e.key()).collect();
             let keys: Vec<OrderKey> = idx.session_keys(bot, session).into_iter().map(|k| k.0).collect();
             prop_assert_eq!(keys, view);
+            prop_assert_eq!(context_keys(&mut idx, &entries, session), model_context_keys(&entries, session));
         }
     }
 
@@ -240,6 +291,11 @@ proptest! {
         for s in 0..6 {
             let session = format!("s{s}");
             prop_assert_eq!(parallel.session_keys("bot", &session), one.session_keys("bot", &session));
+            prop_assert_eq!(
+                parallel.session_with_summaries("bot", &session).summaries,
+                one.session_with_summaries("bot", &session).summaries
+            );
+            prop_assert_eq!(context_keys(&mut parallel, &entries, &session), model_context_keys(&entries, &session));
         }
         prop_assert_eq!(parallel.sessions("bot"), one.sessions("bot"));
         let conflicts = |i: &ProjectionIndex| crate::projection::canonical_conflicts(i.id_conflicts());
