@@ -169,8 +169,16 @@ impl View {
             let mut after = from.get(shard);
             while after < end {
                 let page = self.read_page(shard, after).await?;
+                // The view holds an entry at `end`: a read that shows nothing past `after`
+                // has not seen it yet, and a change that claimed to hold it would move every
+                // follower past what it never handed out.
                 let Some(last) = page.last().map(|e| e.entry.seq) else {
-                    break;
+                    return Err(Problem::replica_unavailable(
+                        format!(
+                            "a read of shard {shard} after seq {after} showed nothing of what the view holds up to {end}"
+                        ),
+                        ctxlog::Written::Nothing,
+                    ));
                 };
                 kept.extend(page.into_iter().filter(|e| e.entry.seq <= end));
                 after = last;

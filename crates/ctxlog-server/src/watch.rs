@@ -361,6 +361,12 @@ async fn catch_up(
                 _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
             };
             let page = match read {
+                Ok(page) if page.is_empty() => {
+                    // The view holds an entry at `end` this read did not show: going past it
+                    // would skip it for good. The client resumes from its last event.
+                    tracing::warn!(%shard, after = at.get(shard), end, "a watch stream's read showed nothing of what the view holds");
+                    return Err(Stop::End("unavailable"));
+                }
                 Ok(page) => page,
                 Err(p) => {
                     tracing::warn!(detail = %p.detail, "a watch stream could not read what it has not been shown");
@@ -381,7 +387,8 @@ async fn catch_up(
                 went = true;
             }
             if !went {
-                // Nothing is stored past here up to `end` (purged): nothing to show.
+                // What is stored past here lies past `end`: the seqs up to it are a hole (a
+                // batch that never landed), nothing to show.
                 at.advance(shard, end);
             }
         }
