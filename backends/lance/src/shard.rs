@@ -14,6 +14,7 @@ use lance::dataset::mem_wal::{
 };
 use lance_core::FenceReason;
 use lance_io::object_store::ObjectStore;
+use lance_table::system_index::mem_wal::ShardManifest;
 use object_store::path::Path;
 
 use crate::error::lance_err;
@@ -50,10 +51,7 @@ impl LanceShard {
             let (store, base_path) = inner.io(&ds).await?;
             steps.done("read the dataset");
             let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
-            let before = manifests
-                .latest()
-                .await
-                .map_err(|e| lance_err("read the shard manifest", Some(shard), Written::Nothing, e))?;
+            let before = latest_manifest(&manifests, shard).await?;
             let epoch_before = before.as_ref().map_or(0, |m| m.writer_epoch);
             steps.tail(before.as_ref().map(|m| (m.replay_after_wal_entry_position, m.wal_entry_position_last_seen)));
             steps.done("read the shard manifest");
@@ -264,12 +262,15 @@ impl std::fmt::Display for OpenSteps {
     }
 }
 
-async fn current_epoch(manifests: &ShardManifestStore, shard: ShardId) -> Result<Epoch> {
-    Ok(manifests
+async fn latest_manifest(manifests: &ShardManifestStore, shard: ShardId) -> Result<Option<ShardManifest>> {
+    manifests
         .latest()
         .await
-        .map_err(|e| lance_err("read the shard manifest", Some(shard), Written::Nothing, e))?
-        .map_or(0, |m| m.writer_epoch))
+        .map_err(|e| lance_err("read the shard manifest", Some(shard), Written::Nothing, e))
+}
+
+async fn current_epoch(manifests: &ShardManifestStore, shard: ShardId) -> Result<Epoch> {
+    Ok(latest_manifest(manifests, shard).await?.map_or(0, |m| m.writer_epoch))
 }
 
 /// Stop a writer's background tasks without flushing (everything acknowledged is in the
