@@ -15,10 +15,17 @@
 //! read may refresh the projector outside this task (a first scan after a failed refresh),
 //! so the projector can move without a hand-out. The next hand-out then covers those rows
 //! too: every entry is handed out once, in order, whatever refreshes failed.
+//!
+//! A failed refresh may leave the projector torn: SQLite's catch-up, cut short by its
+//! deadline, starts over from an empty index (its next refresh is a first scan). Until a
+//! refresh succeeds again, nothing is judged by it: [`View::fresh`] waits for a refresh
+//! that leaves it whole, and a page read for watchers fails (a position or a clock taken
+//! from an empty index would refuse a summary's coverage or order it before what it covers;
+//! a record judged by one is not its id's live record, and watchers would go past it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ctxlog::{Checkpoint, Entry, Kind, Projector, ShardId, Store};
@@ -64,6 +71,10 @@ pub(crate) struct View {
     store: Arc<dyn Store>,
     projector: Mutex<Box<dyn Projector>>,
     requested: AtomicU64,
+    /// Whether the last refresh failed (so the projector may hold less than before). Set by
+    /// the refreshing task while it holds the projector: whoever takes the lock after it
+    /// sees what that refresh left.
+    torn: AtomicBool,
     wake: Notify,
     done: watch::Sender<Done>,
     changes: broadcast::Sender<Arc<Change>>,
@@ -78,6 +89,8 @@ impl View {
             projector: Mutex::new(store.projector()),
             store,
             requested: AtomicU64::new(0),
+            // Nothing read yet.
+            torn: AtomicBool::new(true),
             wake: Notify::new(),
             done: watch::Sender::new(Done {
                 covers: 0,
@@ -105,44 +118,51 @@ impl View {
         self.wake.notify_one();
     }
 
-    /// The projector, refreshed after this call began: it shows every append acknowledged
-    /// before. Waits at most the store's deadline for the refresh.
+    /// The projector, refreshed after this call began and whole: it shows every append
+    /// acknowledged before. Waits at most twice the store's deadline in all.
     pub(crate) async fn fresh(&self) -> Result<MutexGuard<'_, Box<dyn Projector>>, Problem> {
-        let mine = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
-        self.wake.notify_one();
-        let mut done = self.done.subscribe();
-        let covered = async {
+        let within = self.timeout * 2;
+        let waited = async {
             loop {
-                {
-                    let d = done.borrow_and_update();
-                    if d.covers >= mine {
-                        return Some(d.failed.clone());
-                    }
-                }
-                if done.changed().await.is_err() {
-                    return None;
+                self.refreshed().await?;
+                let p = self.projector.lock().await;
+                // A refresh after the one waited for failed before this took the lock: ask
+                // for another.
+                if !self.torn.load(Ordering::Acquire) {
+                    return Ok(p);
                 }
             }
         };
-        match tokio::time::timeout(self.timeout * 2, covered).await {
-            Ok(Some(None)) => {}
-            Ok(Some(Some(failed))) => return Err(failed),
-            Ok(None) => {
+        match tokio::time::timeout(within, waited).await {
+            Ok(done) => done,
+            Err(_) => Err(Problem::from(&ctxlog::Error::Timeout {
+                op: "refresh",
+                after: within,
+                shard: None,
+                written: ctxlog::Written::Nothing,
+            })),
+        }
+    }
+
+    /// Ask for a refresh and wait until one that started after the request ended.
+    async fn refreshed(&self) -> Result<(), Problem> {
+        let mine = self.requested.fetch_add(1, Ordering::AcqRel) + 1;
+        self.wake.notify_one();
+        let mut done = self.done.subscribe();
+        loop {
+            {
+                let d = done.borrow_and_update();
+                if d.covers >= mine {
+                    return d.failed.clone().map_or(Ok(()), Err);
+                }
+            }
+            if done.changed().await.is_err() {
                 return Err(Problem::replica_unavailable(
                     "the replica's view stopped",
                     ctxlog::Written::Nothing,
                 ));
             }
-            Err(_) => {
-                return Err(Problem::from(&ctxlog::Error::Timeout {
-                    op: "refresh",
-                    after: self.timeout * 2,
-                    shard: None,
-                    written: ctxlog::Written::Nothing,
-                }));
-            }
         }
-        Ok(self.projector.lock().await)
     }
 
     /// The projector as it is (no refresh).
@@ -191,6 +211,7 @@ impl View {
     /// empty when the shard holds nothing past it. A page never ends inside the entries of
     /// one seq (a fenced writer's that landed and its successor's): the next page starts
     /// after the page's last seq, so it would skip the rest of them.
+    /// Fails while the projector is torn (the last refresh failed): it would show nothing.
     pub(crate) async fn read_page(&self, shard: ShardId, after: u64) -> Result<Vec<Event>, Problem> {
         let mut page = self
             .store
@@ -204,6 +225,12 @@ impl View {
             page.retain(|e| e.seq < last);
         }
         let p = self.projector.lock().await;
+        if self.torn.load(Ordering::Acquire) {
+            return Err(Problem::replica_unavailable(
+                format!("the replica's view cannot judge shard {shard} past seq {after}: its last refresh failed"),
+                ctxlog::Written::Nothing,
+            ));
+        }
         Ok(page.into_iter().map(|e| shown(&**p, e)).collect())
     }
 
@@ -225,6 +252,7 @@ impl View {
             let started = Instant::now();
             let mut p = self.projector.lock().await;
             let result = p.refresh().await;
+            self.torn.store(result.is_err(), Ordering::Release);
             self.metrics.refreshes.inc();
             self.metrics.refresh_latency.observe(started.elapsed().as_secs_f64());
             match result {

@@ -456,6 +456,7 @@ mod tests {
     /// A view of a reference store that refreshes only when asked (no schedule decides what
     /// a test sees), a shard to append to, and the replica's shutdown switch.
     struct Rig {
+        store: ReferenceStore,
         view: Arc<View>,
         shard: Box<dyn Shard>,
         stop: watch::Sender<bool>,
@@ -463,14 +464,20 @@ mod tests {
 
     async fn rig(name: &str) -> Rig {
         let options = StoreOptions::default().with_timeout(Duration::from_secs(10));
-        let store: Arc<dyn Store> = Arc::new(ReferenceStore::open(name, options).unwrap());
+        let reference = ReferenceStore::open(name, options).unwrap();
+        let store: Arc<dyn Store> = Arc::new(reference.clone());
         let view = View::new(store.clone(), Arc::new(Metrics::new()));
         let (stop, stopped) = watch::channel(false);
         let hour = Duration::from_secs(3600);
         tokio::spawn(view.clone().run(hour, hour, stopped));
         drop(view.fresh().await.unwrap());
         let shard = store.open_shard(&WriterId::new("w").unwrap()).await.unwrap();
-        Rig { view, shard, stop }
+        Rig {
+            store: reference,
+            view,
+            shard,
+            stop,
+        }
     }
 
     fn recs(prefix: &str, n: usize, text: &str) -> Vec<Record> {
@@ -488,6 +495,15 @@ mod tests {
         /// A stream of session `s` from the view's position now.
         async fn watch(&self) -> (BoxStream<'static, Out>, watch::Receiver<usize>) {
             let start = self.view.fresh().await.unwrap().checkpoint();
+            self.watch_from(start.clone(), start).await
+        }
+
+        /// A stream of session `s` from `from`, the view being at `start` or later.
+        async fn watch_from(
+            &self,
+            from: Checkpoint,
+            start: Checkpoint,
+        ) -> (BoxStream<'static, Out>, watch::Receiver<usize>) {
             let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
             let scope = Scope::Session {
                 bot: "bot".into(),
@@ -498,7 +514,7 @@ mod tests {
                 Arc::new(Metrics::new()),
                 self.stop.subscribe(),
                 scope,
-                start.clone(),
+                from,
                 start,
                 permit,
             );
@@ -578,6 +594,79 @@ mod tests {
         rig.shard.append(recs("c", 1, "x")).await.unwrap();
         rig.refreshed().await;
         assert_eq!(ids(&mut events, 1).await.0, names("c", 1), "and nothing twice");
+    }
+
+    /// A refresh that fails may leave the projector empty (SQLite's catch-up cut short by
+    /// its deadline starts over). A stream that reads from the store meanwhile must not
+    /// judge what it read by that projector (no record is its id's live one there, and the
+    /// stream would go past all of them): it ends, and the client that resumes from its
+    /// last event gets every record once, in order.
+    #[tokio::test]
+    async fn a_watch_judges_nothing_by_a_view_a_failed_refresh_emptied() {
+        let mut rig = rig("watch-torn-view").await;
+        rig.shard.append(recs("a", 3, "x")).await.unwrap();
+        rig.refreshed().await;
+        let start = rig.view.current().await.checkpoint();
+        let cut = rig.store.cut_a_refresh_short();
+        assert!(rig.view.fresh().await.is_err(), "the cut refresh failed");
+        drop(cut);
+        // A client resuming from before `a` while the projector is empty.
+        let (mut events, _) = rig.watch_from(Checkpoint::default(), start).await;
+        rig.shard.append(recs("b", 1, "x")).await.unwrap();
+        rig.refreshed().await;
+        let mut seen = Vec::new();
+        while seen.last().map(String::as_str) != Some("b-0") {
+            match next(&mut events).await {
+                Out::Entry { data, .. } => {
+                    let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+                    seen.push(v["id"].as_str().unwrap().to_string());
+                }
+                Out::End { id, reason } => {
+                    assert_eq!(reason, "unavailable");
+                    let from = cursor::parse_position("Last-Event-ID", &id).unwrap();
+                    let start = rig.view.fresh().await.unwrap().checkpoint();
+                    events = rig.watch_from(from, start).await.0;
+                }
+                Out::Position { .. } => {}
+            }
+        }
+        assert_eq!(
+            seen,
+            [names("a", 3), names("b", 1)].concat(),
+            "the watcher skipped records"
+        );
+    }
+
+    /// `fresh` hands out a projector that a refresh after the one it waited for emptied:
+    /// that refresh failed between the success it waited for and its taking the lock. A
+    /// summary's coverage checked against it would be refused ("past what the store
+    /// holds"), and its clock would order the summary before what it covers.
+    #[tokio::test]
+    async fn a_fresh_view_is_never_one_a_failed_refresh_emptied() {
+        let mut rig = rig("view-fresh-torn").await;
+        rig.shard.append(recs("a", 3, "x")).await.unwrap();
+        let shard = rig.shard.shard_id();
+        let (first, second) = (rig.store.hold_a_refresh(), rig.store.hold_a_refresh());
+        let view = rig.view.clone();
+        let reader = tokio::spawn(async move { view.fresh().await.map(|p| p.checkpoint()) });
+        assert!(first.reached(WITHIN).await, "the reader's refresh began");
+        // Another refresh is asked for while that one runs: it follows at once.
+        rig.view.nudge();
+        drop(first);
+        assert!(second.reached(WITHIN).await, "the next refresh began");
+        // The reader saw its refresh succeed and waits for the projector.
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+        let cut = rig.store.cut_a_refresh_short();
+        drop(second);
+        let seen = tokio::time::timeout(WITHIN, reader).await.unwrap().unwrap().unwrap();
+        drop(cut);
+        assert_eq!(
+            seen.get(shard),
+            3,
+            "a fresh view that lacks what was acknowledged before"
+        );
     }
 
     /// Issue 32 §5: a client that does not read holds at most its bound of queued events,

@@ -53,6 +53,11 @@ struct Shared {
 
 /// Where an append has stored its batch and not yet answered (a lost acknowledgement).
 const AFTER_WRITE: &str = "reference.append.after_write";
+/// Where a projector's catch-up waits before it reads.
+const REFRESH_HOLD: &str = "reference.refresh.hold";
+/// Where a projector's catch-up ends as one cut short by its deadline on SQLite does: its
+/// cursor and index back at their defaults (the next refresh is a first scan).
+const REFRESH_CUT: &str = "reference.refresh.cut_short";
 
 fn registry() -> &'static Mutex<HashMap<String, Arc<Shared>>> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<Shared>>>> = OnceLock::new();
@@ -111,6 +116,18 @@ impl ReferenceStore {
     /// acknowledgement were lost: the caller's deadline fires with an indeterminate error.
     pub fn stall_writes(&self) -> Armed {
         failpoint::arm(AFTER_WRITE, self.shared.name.clone(), failpoint::Action::Pause)
+    }
+
+    /// While the guard lives, the next refresh of a projector of this store waits before it
+    /// reads (one refresh for each guard armed).
+    pub fn hold_a_refresh(&self) -> Armed {
+        failpoint::arm_once(REFRESH_HOLD, self.shared.name.clone(), failpoint::Action::Pause)
+    }
+
+    /// The next refresh of a projector of this store fails as one cut short by its deadline
+    /// on SQLite does, leaving the projector empty (its next refresh is a first scan).
+    pub fn cut_a_refresh_short(&self) -> Armed {
+        failpoint::arm_once(REFRESH_CUT, self.shared.name.clone(), failpoint::Action::Fail)
     }
 
     /// Take the shard's next epoch; with `held`, only while the newest claim is `held`.
@@ -284,6 +301,18 @@ impl IndexSource for ReferenceStore {
     type Cursor = Cursor;
 
     async fn catch_up(&self, cursor: &mut Cursor, index: &mut ProjectionIndex) -> Result<CatchUp> {
+        let name = &self.shared.name;
+        let _ = failpoint::hit(REFRESH_HOLD, || name.clone()).await;
+        if failpoint::hit(REFRESH_CUT, || name.clone()).await.is_err() {
+            *cursor = Cursor::default();
+            *index = ProjectionIndex::scoped(index.scope());
+            return Err(Error::Timeout {
+                op: "refresh",
+                after: self.options.timeout,
+                shard: None,
+                written: Written::Nothing,
+            });
+        }
         let data = self.shared.data.lock().expect("not poisoned");
         let mut done = CatchUp::default();
         for (id, s) in &data.shards {
