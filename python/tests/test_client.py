@@ -266,6 +266,92 @@ def test_an_ended_stream_is_resumed_from_its_end_and_a_final_end_raises() -> Non
         srv.server_close()
 
 
+class _UnservedStreams(http.server.BaseHTTPRequestHandler):
+    """What a replica whose view cannot serve a stream answers: a 503 at the open, a stream
+    it ends as `unavailable` before any record; then one record and a shutdown's end, then
+    an end that cannot be resumed. `streams` is set per test; the last one repeats."""
+
+    asked: list[str | None] = []
+    streams: list[bytes | None] = []
+
+    def do_GET(self) -> None:
+        n = len(self.asked)
+        self.asked.append(self.headers.get("last-event-id"))
+        body = self.streams[min(n, len(self.streams) - 1)]
+        if body is None:
+            problem = json.dumps(
+                {
+                    "type": "urn:ctxlog:problem:replica-unavailable",
+                    "title": "Replica unavailable",
+                    "status": 503,
+                    "detail": "the replica's view cannot be refreshed",
+                    "written": "nothing",
+                }
+            ).encode()
+            self.send_response(503)
+            self.send_header("content-type", "application/problem+json")
+            self.send_header("content-length", str(len(problem)))
+            self.end_headers()
+            self.wfile.write(problem)
+            return
+        if b"%s" in body:
+            body = body % json.dumps(_RECORD).encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+_UNAVAILABLE = (
+    b"event: position\nid: P0\ndata: {}\n\n"
+    b'event: end\nid: P0\ndata: {"reason": "unavailable", "resume": true}\n\n'
+)
+
+
+def _unserved(streams: list[bytes | None], reconnects: int) -> tuple[list[str], BaseException]:
+    _UnservedStreams.asked, _UnservedStreams.streams = [], streams
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _UnservedStreams)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    seen: list[str] = []
+    try:
+        with ctxlog.Client(url, timeout=10) as c, pytest.raises(ctxlog.CtxlogError) as e:
+            for ev in c.session("b", "s").watch(reconnects=reconnects, backoff=0):
+                seen.append(ev.record.id)
+        return seen, e.value
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_stream_the_replica_cannot_serve_is_reopened_then_given_up() -> None:
+    """A 503 at the open and an `unavailable` end before any record are failed tries,
+    reopened (not raised at once, as a 503 was); a record resets the count, and a
+    shutdown's end is taken up at once; a replica that never serves the stream is given up
+    after `reconnects` tries, not retried for ever (a fake SSE server on 127.0.0.1: the
+    real one answers so only while its view cannot be refreshed)."""
+    record_then_shutdown = (
+        b"event: position\nid: P0\ndata: {}\n\n"
+        b"event: record\nid: P1\ndata: %s\n\n"
+        b'event: end\nid: P1\ndata: {"reason": "shutdown", "resume": true}\n\n'
+    )
+    behind = (
+        b"event: position\nid: P1\ndata: {}\n\n"
+        b'event: end\nid: P1\ndata: {"reason": "behind", "resume": false}\n\n'
+    )
+    seen, e = _unserved([None, _UNAVAILABLE, record_then_shutdown, behind], reconnects=2)
+    assert seen == ["r-1"] and isinstance(e, ctxlog.WatchEnded) and e.reason == "behind"
+    assert _UnservedStreams.asked == [None, None, "P0", "P1"]
+
+    seen, e = _unserved([None, _UNAVAILABLE], reconnects=3)
+    assert seen == [] and not isinstance(e, ctxlog.WatchEnded)
+    assert len(_UnservedStreams.asked) == 4, _UnservedStreams.asked
+
+
 def test_watch_resumes_across_a_server_restart(store: str, servers: list[Server]) -> None:
     """One `watch()` iterator through a restart of its server (same address): it reopens
     the stream from its last event by itself — no gap, no duplicate."""

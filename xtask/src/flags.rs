@@ -208,7 +208,7 @@ pub(crate) struct AppendArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct MutantsArgs {
-    /// Only this pass: `core`, `sqlite` or `server`.
+    /// Only this pass: `core`, `sqlite`, `server` or `lance`.
     #[arg(long)]
     pub only: Option<String>,
     /// Only mutate files matching this glob (cargo-mutants `--file`): a file name such as

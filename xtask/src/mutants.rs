@@ -1,9 +1,12 @@
 //! `cargo xtask mutants`: mutation testing (cargo-mutants) of `ctxlog-core`, the SQLite
 //! backend and the server against the fast suite — the core's own tests, the conformance
 //! suite on the reference store and on SQLite, the server's own tests (its writer, view and
-//! watch over the reference store and its failpoints). No Lance build. cargo-mutants is installed into
-//! the target directory the first time; its report lands in `<target>/mutants/`. Mutants build in
-//! cargo-mutants' scratch copies, each with a target directory of its own.
+//! watch over the reference store and its failpoints) — and the Lance backend against its own tests.
+//! cargo-mutants is installed into the target directory the first time; its report lands in
+//! `<target>/mutants/`. Mutants of the first three build in cargo-mutants' scratch copies, each with a
+//! target directory of its own (no Lance build); Lance's are made in place, one at a time, in the
+//! shared target directory with every feature (the features of every other build): a scratch copy
+//! would build Lance cold, most of an hour, for each job.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,23 +24,24 @@ struct Pass {
     name: &'static str,
     package: &'static str,
     tests: &'static [&'static str],
-    features: &'static str,
+    /// The features to build with; `None`: every feature, in place (see the module docs).
+    features: Option<&'static str>,
 }
 
 /// Core mutants are judged by the core's tests and the suite on the reference store (no
 /// storage engine to rebuild); SQLite's by its own tests and the suite on SQLite.
-const PASSES: [Pass; 3] = [
+const PASSES: [Pass; 4] = [
     Pass {
         name: "core",
         package: "ctxlog-core",
         tests: &["ctxlog-core", "ctxlog-conformance"],
-        features: "ctxlog-core/testing",
+        features: Some("ctxlog-core/testing"),
     },
     Pass {
         name: "sqlite",
         package: "ctxlog-sqlite",
         tests: &["ctxlog-sqlite"],
-        features: "ctxlog-sqlite/testing",
+        features: Some("ctxlog-sqlite/testing"),
     },
     // The server on SQLite only (its default, no Lance build), judged by its own tests and
     // the CLI's, which drive `ctxlog serve` over HTTP: its own tests alone caught 15 of 38
@@ -46,7 +50,15 @@ const PASSES: [Pass; 3] = [
         name: "server",
         package: "ctxlog-server",
         tests: &["ctxlog-server", "ctxlog-cli"],
-        features: "ctxlog-server/sqlite",
+        features: Some("ctxlog-server/sqlite"),
+    },
+    // Lance's shard and index modules by its own tests (on a local directory and the
+    // loopback S3 server); in place: run it with `--file`, a whole pass is hours.
+    Pass {
+        name: "lance",
+        package: "ctxlog-lance",
+        tests: &["ctxlog-lance"],
+        features: None,
     },
 ];
 
@@ -56,7 +68,8 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
     let mut summaries = Vec::new();
     for pass in PASSES
         .iter()
-        .filter(|p| args.only.as_deref().is_none_or(|o| o == p.name))
+        // Lance's pass only when asked for (`--only lance`).
+        .filter(|p| args.only.as_deref().map_or(p.features.is_some(), |o| o == p.name))
     {
         let out = target.join("mutants").join(pass.name);
         std::fs::create_dir_all(&out)?;
@@ -64,16 +77,27 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
         cmd.current_dir(cargo::root())
             .args(["mutants", "--package", pass.package])
             .args(pass.tests.iter().flat_map(|t| ["--test-package", t]))
-            .args(["--features", pass.features])
             .arg("--output")
             .arg(&out)
-            .args(["--jobs", &args.jobs.max(1).to_string(), "--timeout-multiplier", "3"])
-            // Each job builds in its scratch copy's own `target/` (cargo-mutants' default),
-            // never in the shared target directory: there, parallel jobs would overwrite each
-            // other's `ctxlog-core` (same package, same artifact names) between one job's
-            // build and its test run, so a mutant could be judged by another's binary; and
-            // the next ordinary build would rebuild everything above core (Lance, the CLI).
-            .env_remove("CARGO_TARGET_DIR");
+            .args(["--timeout-multiplier", "3"]);
+        match pass.features {
+            Some(features) => {
+                cmd.args(["--features", features])
+                    .args(["--jobs", &args.jobs.max(1).to_string()])
+                    // Each job builds in its scratch copy's own `target/` (cargo-mutants'
+                    // default), never in the shared target directory: there, parallel jobs
+                    // would overwrite each other's `ctxlog-core` (same package, same artifact
+                    // names) between one job's build and its test run, so a mutant could be
+                    // judged by another's binary; and the next ordinary build would rebuild
+                    // everything above core (Lance, the CLI).
+                    .env_remove("CARGO_TARGET_DIR");
+            }
+            // One job, in the tree and the shared target directory (cargo-mutants puts each
+            // file back after its mutant); the next ordinary build rebuilds this crate only.
+            None => {
+                cmd.args(["--all-features", "--in-place"]);
+            }
+        }
         for f in &args.file {
             cmd.args(["--file", f]);
         }

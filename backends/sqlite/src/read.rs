@@ -187,13 +187,26 @@ pub(crate) struct Cursor {
 
 pub(crate) struct SqliteIndex {
     conn: Arc<ReadConn>,
+    /// The projector's cursor and index while a catch-up works on them on its blocking
+    /// thread, and where one abandoned at its deadline (still queued, or outlasting the
+    /// projector's own deadline) leaves them when it ends: the next catch-up resumes from
+    /// them instead of starting over from an empty index (a first scan, which on a slow
+    /// replica may never fit in a deadline again).
+    parked: Parked,
     forced: Forced,
+}
+
+type Parked = Arc<std::sync::Mutex<Option<(Cursor, ProjectionIndex)>>>;
+
+fn slot(parked: &Parked) -> std::sync::MutexGuard<'_, Option<(Cursor, ProjectionIndex)>> {
+    parked.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl SqliteIndex {
     pub(crate) fn new(path: PathBuf, options: StoreOptions) -> Self {
         SqliteIndex {
             conn: Arc::new(ReadConn::new(path, options)),
+            parked: Parked::default(),
             forced: Forced::default(),
         }
     }
@@ -232,19 +245,33 @@ impl IndexSource for SqliteIndex {
             *index = ProjectionIndex::with_parts(parts, index.scope());
         }
         let stall_after = self.forced.take_stall();
-        // Move both into the blocking task and back; if the task is cancelled by the
-        // deadline, both stay at their defaults, which agree (the next refresh is a first scan).
-        let mut cur = std::mem::take(cursor);
-        let mut idx = std::mem::take(index);
-        let (cur, idx, n) = conn
+        // An abandoned catch-up left its work: resume from it (unless the projector started
+        // over under another id grouping meanwhile, rule 22).
+        if let Some((c, i)) = slot(&self.parked).take()
+            && i.scope() == index.scope()
+        {
+            *cursor = c;
+            *index = i;
+        }
+        // Both go to the slot, the blocking task works on them there, and they come back
+        // from it; if this call is abandoned, they stay there (both at their defaults here
+        // meanwhile, which agree) and the task puts them back when it ends. Calls on the
+        // connection run one at a time, so the next one finds them.
+        *slot(&self.parked) = Some((std::mem::take(cursor), std::mem::take(index)));
+        let parked = self.parked.clone();
+        let ran = conn
             .run("refresh", None, Written::Nothing, move |c| {
+                let (mut cur, mut idx) = slot(&parked).take().unwrap_or_default();
                 let n = catch_up(c, &mut cur, &mut idx, stall_after);
-                Ok((cur, idx, n))
+                *slot(&parked) = Some((cur, idx));
+                Ok(n)
             })
-            .await?;
-        *cursor = cur;
-        *index = idx;
-        n.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
+            .await;
+        if let Some((c, i)) = slot(&self.parked).take() {
+            *cursor = c;
+            *index = i;
+        }
+        ran?.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
     }
 
     async fn fetch(&self, _cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {
@@ -780,6 +807,7 @@ mod tests {
             .with_read_snapshots(false);
         IndexedProjector::new(Arc::new(SqliteIndex {
             conn: Arc::new(ReadConn::new(path.to_path_buf(), options)),
+            parked: Parked::default(),
             forced: Forced {
                 parts: Some(4),
                 stall_after: AtomicU64::new(stall_after),
@@ -874,6 +902,44 @@ mod tests {
         assert!(report.from_snapshot.is_some(), "{report:?}");
         assert_eq!(report.new_entries, 0);
         assert_same_view(&mut *next, &mut full, "a reader from its snapshot").await;
+    }
+
+    /// A catch-up whose refresh is abandoned (its deadline fired before SQLite's own one
+    /// could interrupt the read, or it was still queued) keeps what it read: the next
+    /// refresh resumes from it instead of reading the store again from the start.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_catch_up_is_resumed_not_started_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        store_of(&path, 2, 10_000).await;
+        let mut cut = four_part_reader(&path, Duration::from_secs(4), 15_000);
+        // Dropped while its catch-up reads (reading the format takes milliseconds): the
+        // blocking read goes on, waits out its deadline after three quarters of the rows, and
+        // ends interrupted.
+        let abandoned = tokio::time::timeout(Duration::from_millis(1_500), cut.refresh()).await;
+        assert!(abandoned.is_err(), "the refresh was abandoned: {abandoned:?}");
+        // The next refreshes queue behind it; one whose call's deadline passed in the queue
+        // never ran (and changes nothing).
+        let mut report = None;
+        for _ in 0..3 {
+            match bounded("a refresh after the abandoned one", cut.refresh()).await {
+                Ok(r) => {
+                    report = Some(r);
+                    break;
+                }
+                Err(Error::Timeout { .. }) => assert_index_and_positions_agree(&cut, "after a timeout"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let report = report.expect("a refresh succeeds within three");
+        assert!(
+            report.entries_read <= 5_000,
+            "the refresh after an abandoned one read {} entries: it started over",
+            report.entries_read
+        );
+        let mut full = four_part_reader(&path, Duration::from_secs(30), 0);
+        bounded("a full scan", full.refresh()).await.unwrap();
+        assert_same_view(&mut cut, &mut full, "the reader resumed").await;
     }
 
     /// A row that one applying thread cannot apply stops that thread while the others go on

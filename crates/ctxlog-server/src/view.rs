@@ -11,13 +11,13 @@
 //! one.
 //!
 //! A hand-out goes from what was last handed out, never from where the projector stood
-//! before the refresh: a refresh cut short by its deadline keeps the rows it applied, and a
-//! read may refresh the projector outside this task (a first scan after a failed refresh),
-//! so the projector can move without a hand-out. The next hand-out then covers those rows
+//! before the refresh: a refresh cut short by its deadline keeps the rows it applied, so
+//! the projector can move without a hand-out (and a projector's read may refresh it
+//! itself, a first scan after a failed refresh). The next hand-out then covers those rows
 //! too: every entry is handed out once, in order, whatever refreshes failed.
 //!
-//! A failed refresh may leave the projector torn: SQLite's catch-up, cut short by its
-//! deadline, starts over from an empty index (its next refresh is a first scan). Until a
+//! A failed refresh may leave the projector torn, holding less than before (a source may
+//! reset its index when a catch-up fails, rather than leave it half-applied). Until a
 //! refresh succeeds again, nothing is judged by it: [`View::fresh`] waits for a refresh
 //! that leaves it whole, and a page read for watchers fails (a position or a clock taken
 //! from an empty index would refuse a summary's coverage or order it before what it covers;
@@ -71,9 +71,9 @@ pub(crate) struct View {
     store: Arc<dyn Store>,
     projector: Mutex<Box<dyn Projector>>,
     requested: AtomicU64,
-    /// Whether the last refresh failed (so the projector may hold less than before). Set by
-    /// the refreshing task while it holds the projector: whoever takes the lock after it
-    /// sees what that refresh left.
+    /// Whether the projector may hold less than it did: a refresh failed and took positions
+    /// back, and none has succeeded since. Set by the refreshing task while it holds the
+    /// projector: whoever takes the lock after it sees what that refresh left.
     torn: AtomicBool,
     wake: Notify,
     done: watch::Sender<Done>,
@@ -131,6 +131,7 @@ impl View {
                 if !self.torn.load(Ordering::Acquire) {
                     return Ok(p);
                 }
+                tracing::debug!("a refresh after the one waited for emptied the view; waiting for another");
             }
         };
         match tokio::time::timeout(within, waited).await {
@@ -189,19 +190,22 @@ impl View {
             let mut after = from.get(shard);
             while after < end {
                 let page = self.read_page(shard, after).await?;
-                // The view holds an entry at `end`: a read that shows nothing past `after`
-                // has not seen it yet, and a change that claimed to hold it would move every
-                // follower past what it never handed out.
-                let Some(last) = page.last().map(|e| e.entry.seq) else {
+                // Every position names a stored entry (none is ever deleted; a hole is a
+                // batch that never landed, below a later position): a read that shows
+                // nothing up to `end` has not seen it, and a change that claimed to hold it
+                // would move every follower past what it never handed out.
+                let reached = page.iter().map(|e| e.entry.seq).filter(|seq| *seq <= end).max();
+                let Some(reached) = reached.filter(|seq| *seq == end || page.last().is_some_and(|e| e.entry.seq < end))
+                else {
                     return Err(Problem::replica_unavailable(
                         format!(
-                            "a read of shard {shard} after seq {after} showed nothing of what the view holds up to {end}"
+                            "a read of shard {shard} after seq {after} did not show seq {end}, which the view holds"
                         ),
                         ctxlog::Written::Nothing,
                     ));
                 };
                 kept.extend(page.into_iter().filter(|e| e.entry.seq <= end));
-                after = last;
+                after = reached;
             }
         }
         Ok(kept)
@@ -211,7 +215,7 @@ impl View {
     /// empty when the shard holds nothing past it. A page never ends inside the entries of
     /// one seq (a fenced writer's that landed and its successor's): the next page starts
     /// after the page's last seq, so it would skip the rest of them.
-    /// Fails while the projector is torn (the last refresh failed): it would show nothing.
+    /// Fails while the projector is torn (a failed refresh emptied it): it would show nothing.
     pub(crate) async fn read_page(&self, shard: ShardId, after: u64) -> Result<Vec<Event>, Problem> {
         let mut page = self
             .store
@@ -245,14 +249,26 @@ impl View {
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(interval) => {}
-                _ = crate::stopped(&mut stop) => break,
+                _ = crate::stopped(&mut stop) => {
+                    // Readers still waiting are told at once, not at their deadline.
+                    self.done.send_replace(Done {
+                        covers: u64::MAX,
+                        failed: Some(Problem::replica_unavailable("the replica is shutting down", ctxlog::Written::Nothing)),
+                    });
+                    break;
+                }
             }
             // Every request made before this point is covered by the refresh that follows.
             let covers = self.requested.load(Ordering::Acquire);
             let started = Instant::now();
             let mut p = self.projector.lock().await;
+            let before = p.checkpoint();
             let result = p.refresh().await;
-            self.torn.store(result.is_err(), Ordering::Release);
+            // A failure that kept every position (SQLite's read interrupted at its deadline
+            // keeps the rows it applied) leaves the projector as whole as it was.
+            let lost = result.is_err() && before.first_beyond(&p.checkpoint()).is_some();
+            let torn = result.is_err() && (lost || self.torn.load(Ordering::Acquire));
+            self.torn.store(torn, Ordering::Release);
             self.metrics.refreshes.inc();
             self.metrics.refresh_latency.observe(started.elapsed().as_secs_f64());
             match result {
@@ -286,7 +302,7 @@ impl View {
                     drop(p);
                     tracing::debug!(error = %e, "a refresh ended by the shutdown");
                     self.done.send_replace(Done {
-                        covers,
+                        covers: u64::MAX,
                         failed: Some(Problem::from(&e)),
                     });
                     break;

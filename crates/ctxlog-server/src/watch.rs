@@ -22,7 +22,7 @@
 //! "resume": true}`: reconnect with that id as `Last-Event-ID`. Comments keep an idle
 //! connection open.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -294,19 +294,26 @@ async fn follow(
     }
 }
 
-/// Where a stream is: the position it went through, and the seq it is in (entries of one
-/// seq — a fenced writer's that landed and its successor's — come together and are gone
-/// through together).
+/// Where a stream is: the position it went through, and per shard the seq it is in
+/// (entries of one seq — a fenced writer's that landed and its successor's — come together
+/// and are gone through together).
 struct Through<'a> {
     at: &'a mut Checkpoint,
-    group: Option<(ShardId, u64)>,
+    groups: BTreeMap<ShardId, u64>,
 }
 
-impl Through<'_> {
+impl<'a> Through<'a> {
+    fn new(at: &'a mut Checkpoint) -> Self {
+        Through {
+            at,
+            groups: BTreeMap::new(),
+        }
+    }
+
     /// The position through `e`, when the stream has not gone past it.
     fn next(&self, e: &Entry) -> Option<Checkpoint> {
         let past = self.at.get(e.shard);
-        if e.seq < past || (e.seq == past && self.group != Some((e.shard, e.seq))) {
+        if e.seq < past || (e.seq == past && !self.in_group(e)) {
             return None;
         }
         let mut next = self.at.clone();
@@ -315,11 +322,11 @@ impl Through<'_> {
     }
 
     fn in_group(&self, e: &Entry) -> bool {
-        self.group == Some((e.shard, e.seq))
+        self.groups.get(&e.shard) == Some(&e.seq)
     }
 
     fn went_through(&mut self, e: &Entry, next: Checkpoint) {
-        self.group = Some((e.shard, e.seq));
+        self.groups.insert(e.shard, e.seq);
         *self.at = next;
     }
 }
@@ -342,9 +349,12 @@ fn event(scope: &Scope, ev: &Event, through: &Checkpoint) -> Option<Out> {
     })
 }
 
-/// Read from the store what lies between `at` and `to`, page by page, and send what
-/// `scope` shows as the client takes it; `at` reaches `to` only by going through every
-/// entry up to it.
+/// Read from the store what lies between `at` and `to`, a page of each shard at a time,
+/// and send what `scope` shows as the client takes it, in the log's order across shards
+/// (each shard's entries in seq order): a client that reconnects often, or a replica slow
+/// to read, still moves on every shard (shard after shard, the last would wait for every
+/// other to be caught up, for as long as they keep growing). `at` reaches `to` only by
+/// going through every entry up to it.
 async fn catch_up(
     view: &View,
     out: &Outbox,
@@ -353,47 +363,51 @@ async fn catch_up(
     to: &Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), Stop> {
-    for (&shard, &end) in &to.0 {
-        while at.get(shard) < end {
-            let read = tokio::select! {
-                r = view.read_page(shard, at.get(shard)) => r,
+    // Per shard still behind `to`, what was read of it and not yet gone through.
+    let mut read: BTreeMap<ShardId, VecDeque<Event>> = BTreeMap::new();
+    let mut through = Through::new(at);
+    loop {
+        for (&shard, &end) in &to.0 {
+            let after = through.at.get(shard);
+            if after >= end || read.get(&shard).is_some_and(|r| !r.is_empty()) {
+                continue;
+            }
+            let page = tokio::select! {
+                r = view.read_page(shard, after) => r,
                 _ = out.tx.closed() => return Err(Stop::Gone),
                 _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
             };
-            let page = match read {
-                Ok(page) if page.is_empty() => {
-                    // The view holds an entry at `end` this read did not show: going past it
-                    // would skip it for good. The client resumes from its last event.
-                    tracing::warn!(%shard, after = at.get(shard), end, "a watch stream's read showed nothing of what the view holds");
-                    return Err(Stop::End("unavailable"));
-                }
-                Ok(page) => page,
+            let page: VecDeque<Event> = match page {
+                Ok(page) => page.into_iter().filter(|ev| ev.entry.seq <= end).collect(),
                 Err(p) => {
                     tracing::warn!(detail = %p.detail, "a watch stream could not read what it has not been shown");
                     return Err(Stop::End("unavailable"));
                 }
             };
-            let mut through = Through {
-                at: &mut *at,
-                group: None,
-            };
-            let mut went = false;
-            for ev in page.iter().filter(|ev| ev.entry.seq <= end) {
-                let Some(next) = through.next(&ev.entry) else { continue };
-                if let Some(o) = event(scope, ev, &next) {
-                    out.push_when_room(o, shutdown).await?;
-                }
-                through.went_through(&ev.entry, next);
-                went = true;
+            if page.is_empty() {
+                // Every position names a stored entry (none is ever deleted; a hole is a
+                // batch that never landed, below a later position): this read skipped the
+                // one at `end`, and going past it would skip it for good.
+                tracing::warn!(%shard, after, end, "a watch stream's read skipped what the view holds");
+                return Err(Stop::End("unavailable"));
             }
-            if !went {
-                // What is stored past here lies past `end`: the seqs up to it are a hole (a
-                // batch that never landed), nothing to show.
-                at.advance(shard, end);
-            }
+            read.insert(shard, page);
         }
+        // The oldest entry read, by the log's order.
+        let oldest = read
+            .iter()
+            .filter_map(|(shard, r)| r.front().map(|ev| (ev.entry.key(), *shard)))
+            .min();
+        let Some((_, shard)) = oldest else { return Ok(()) };
+        let Some(ev) = read.get_mut(&shard).and_then(VecDeque::pop_front) else {
+            return Ok(());
+        };
+        let Some(next) = through.next(&ev.entry) else { continue };
+        if let Some(o) = event(scope, &ev, &next) {
+            out.push_when_room(o, shutdown).await?;
+        }
+        through.went_through(&ev.entry, next);
     }
-    Ok(())
 }
 
 /// Follow the view's changes while the client keeps up. `Ok` when the stream must read
@@ -422,10 +436,7 @@ async fn follow_changes(
             return Ok(());
         }
         let Some(events) = &change.events else { return Ok(()) };
-        let mut through = Through {
-            at: &mut *at,
-            group: None,
-        };
+        let mut through = Through::new(&mut *at);
         for ev in events {
             let Some(next) = through.next(&ev.entry) else { continue };
             if let Some(o) = event(scope, ev, &next) {
@@ -610,31 +621,55 @@ mod tests {
         let cut = rig.store.cut_a_refresh_short();
         assert!(rig.view.fresh().await.is_err(), "the cut refresh failed");
         drop(cut);
-        // A client resuming from before `a` while the projector is empty.
+        // A client resuming from before `a` while the projector is empty: the stream ends
+        // at once (the view refreshes only when asked), where it started.
         let (mut events, _) = rig.watch_from(Checkpoint::default(), start).await;
+        let resume = match next(&mut events).await {
+            Out::End { id, reason } => {
+                assert_eq!(reason, "unavailable");
+                id
+            }
+            other => panic!("a stream over an emptied view ends, got {other:?}"),
+        };
         rig.shard.append(recs("b", 1, "x")).await.unwrap();
         rig.refreshed().await;
-        let mut seen = Vec::new();
-        while seen.last().map(String::as_str) != Some("b-0") {
-            match next(&mut events).await {
-                Out::Entry { data, .. } => {
-                    let v: serde_json::Value = serde_json::from_str(&data).unwrap();
-                    seen.push(v["id"].as_str().unwrap().to_string());
-                }
-                Out::End { id, reason } => {
-                    assert_eq!(reason, "unavailable");
-                    let from = cursor::parse_position("Last-Event-ID", &id).unwrap();
-                    let start = rig.view.fresh().await.unwrap().checkpoint();
-                    events = rig.watch_from(from, start).await.0;
-                }
-                Out::Position { .. } => {}
-            }
-        }
+        // Resumed once, on a whole view.
+        let from = cursor::parse_position("Last-Event-ID", &resume).unwrap();
+        assert_eq!(from, Checkpoint::default(), "the end names where the stream started");
+        let start = rig.view.fresh().await.unwrap().checkpoint();
+        let (mut events, _) = rig.watch_from(from, start).await;
+        let (seen, _) = ids(&mut events, 4).await;
         assert_eq!(
             seen,
             [names("a", 3), names("b", 1)].concat(),
             "the watcher skipped records"
         );
+    }
+
+    /// A stream that reads from the store sends what it read in the log's order across
+    /// shards, not shard after shard: there, a client that reconnects every few events (or
+    /// a replica slow to read) never reached the last shard while the others grew (a store
+    /// watcher on a slow Lance replica received none of one shard's records in a 10-minute
+    /// soak, 2026-12-03, seed 105).
+    #[tokio::test]
+    async fn a_catch_up_goes_in_the_log_order_across_shards() {
+        let rig = rig("watch-merge").await;
+        let mut a = rig.store.open_shard(&WriterId::new("wa").unwrap()).await.unwrap();
+        let mut b = rig.store.open_shard(&WriterId::new("wb").unwrap()).await.unwrap();
+        // The older records in the shard read last.
+        let (read_first, read_last) = if a.shard_id() < b.shard_id() {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        let old = read_last.append(recs("old", 2, "x")).await.unwrap();
+        read_first.observe(old.last_hlc).unwrap();
+        read_first.append(recs("new", 2, "x")).await.unwrap();
+        rig.refreshed().await;
+        let start = rig.view.current().await.checkpoint();
+        let (mut events, _) = rig.watch_from(Checkpoint::default(), start).await;
+        let (seen, _) = ids(&mut events, 4).await;
+        assert_eq!(seen, [names("old", 2), names("new", 2)].concat());
     }
 
     /// `fresh` hands out a projector that a refresh after the one it waited for emptied:

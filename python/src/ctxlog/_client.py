@@ -217,11 +217,14 @@ class Session:
         """New records as they arrive (after `after`, a position from a page or an event;
         without one, from the position the first stream started at, which the server
         sends first). A dropped or ended stream is reopened from the last position it
-        gave: nothing is missed or seen twice. Gives up after `reconnects` failed tries in
-        a row; raises `WatchEnded` if the server ends the stream as not resumable."""
+        gave: nothing is missed or seen twice. A stream the replica could not serve (it
+        ended it, or answered 5xx) is reopened after a pause that grows; gives up after
+        `reconnects` tries in a row that brought no record; raises `WatchEnded` if the
+        server ends the stream as not resumable."""
         state = _core.Watch(after)
         failures = 0
         while True:
+            opened = progressed = False
             try:
                 with connect_sse(
                     self.client._http, "GET", f"{self._path}/watch", headers=state.headers()
@@ -229,18 +232,25 @@ class Session:
                     if source.response.status_code >= 400:
                         source.response.read()
                         _core.check(source.response)
-                    failures = 0
+                    opened = True
                     for sse in source.iter_sse():
                         event = state.on(sse.event, sse.id, sse.data)
                         if event is not None:
+                            progressed = True
                             yield event
                         elif state.ended:
                             break
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 pass
-            if state.ended:
-                continue
-            failures += 1
-            if failures > reconnects:
-                raise CtxlogError(f"the watch stream could not be reopened {reconnects} times")
-            time.sleep(backoff * failures)
+            except CtxlogError as e:
+                if not _core.Watch.reopen_after(e):
+                    raise
+            failures, pause = state.next_try(
+                failures,
+                opened=opened,
+                progressed=progressed,
+                reconnects=reconnects,
+                backoff=backoff,
+            )
+            if pause:
+                time.sleep(pause)

@@ -163,10 +163,41 @@ class Watch:
     def __init__(self, after: str | None) -> None:
         self.last = after
         self.ended = False
+        self.reason = ""
 
     def headers(self) -> dict[str, str]:
         self.ended = False
+        self.reason = ""
         return {"last-event-id": self.last} if self.last else {}
+
+    def next_try(
+        self, failures: int, *, opened: bool, progressed: bool, reconnects: int, backoff: float
+    ) -> tuple[int, float]:
+        """The failed tries in a row and the pause before the next stream, after one that
+        `opened` (or not) and brought a record (`progressed`) or not; raises `CtxlogError`
+        when `reconnects` tries in a row failed. A shutdown's end is taken up at once
+        (another replica, or this one restarted, serves the next stream); a stream that
+        brought records and then ended, after one pause; every other end (a replica that
+        could not serve the stream now would end the next one at once too), an answer that
+        refused the stream, and a stream that could not open are failed tries, each paused
+        longer; a stream that ran and dropped counts afresh."""
+        if self.ended and self.reason == "shutdown":
+            return failures, 0.0
+        if progressed and self.ended:
+            return 0, backoff
+        if progressed or (opened and not self.ended):
+            failures = 0
+        failures += 1
+        if failures > reconnects:
+            raise CtxlogError(f"the watch stream could not be reopened {reconnects} times")
+        return failures, backoff * failures
+
+    @staticmethod
+    def reopen_after(e: Exception) -> bool:
+        """Whether a stream that could not be opened is tried again: the replica was
+        unavailable, timed out or failed (a 5xx: reading it again is always safe), never a
+        refusal of the request."""
+        return isinstance(e, CtxlogError) and (e.status or 0) >= 500
 
     def on(self, kind: str, id: str | None, data: str) -> Event | None:
         """The event to hand the caller, if any; `ended` tells the caller to reconnect."""
@@ -179,6 +210,7 @@ class Watch:
             end = json.loads(data) if data else {}
             if id:
                 self.last = id
+            self.reason = str(end.get("reason", ""))
             if not end.get("resume", False):
                 reason = str(end.get("reason", ""))
                 raise WatchEnded(
