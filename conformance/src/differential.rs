@@ -88,16 +88,23 @@ fn step() -> impl Strategy<Value = Step> {
             (prop_oneof![1 => Just(None), 1 => any::<u8>().prop_map(Some)], prop_oneof![3 => Just(true), 1 => Just(false)]),
             (prop_oneof![3 => Just(true), 1 => Just(false)], prop_oneof![3 => Just(0u8), 1 => 1u8..4], 0..WRITERS)
         )
-            .prop_map(|((writer, id), (view, own), (observe, ahead, past))| Step::Summarise {
-                writer,
-                id,
-                view,
-                own,
-                observe,
-                ahead,
-                past,
-            }),
+            .prop_map(|((writer, id), (view, own), (observe, ahead, past))| summarise(
+                writer, id, view, own, observe, ahead, past
+            )),
     ]
+}
+
+/// A [`Step::Summarise`] of these fields, in their order.
+fn summarise(writer: u8, id: u8, view: Option<u8>, own: bool, observe: bool, ahead: u8, past: u8) -> Step {
+    Step::Summarise {
+        writer,
+        id,
+        view,
+        own,
+        observe,
+        ahead,
+        past,
+    }
 }
 
 /// Record ids `id0..id11` of puts and tombstones; summaries mostly take their own
@@ -424,15 +431,6 @@ pub fn cases_of(entries: &[ctxlog_core::Entry]) -> [bool; CASES.len()] {
 /// earlier trusted one); in `s1`, a summary that covers itself. (`id15` is no id of the
 /// random histories: in them a session has one summary id of its own.)
 pub fn scenario() -> Vec<Step> {
-    let summarise = |writer, id, view, own, observe, ahead, past| Step::Summarise {
-        writer,
-        id,
-        view,
-        own,
-        observe,
-        ahead,
-        past,
-    };
     vec![
         Step::Append {
             writer: 2,

@@ -216,17 +216,21 @@ class _EndingStreams(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         n = len(self.asked)
         self.asked.append(self.headers.get("last-event-id"))
-        body = self.streams[min(n, 1)]
-        if b"%s" in body:
-            body = body % json.dumps(_RECORD).encode()
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        _send(self, 200, "text/event-stream", self.streams[min(n, 1)])
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def _send(h: http.server.BaseHTTPRequestHandler, status: int, kind: str, body: bytes) -> None:
+    """Answer `h` with `body` (its `%s`: the record below as JSON)."""
+    if b"%s" in body:
+        body = body % json.dumps(_RECORD).encode()
+    h.send_response(status)
+    h.send_header("content-type", kind)
+    h.send_header("content-length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
 
 
 _RECORD = {
@@ -266,7 +270,7 @@ def test_an_ended_stream_is_resumed_from_its_end_and_a_final_end_raises() -> Non
         srv.server_close()
 
 
-class _UnservedStreams(http.server.BaseHTTPRequestHandler):
+class _UnservedStreams(_EndingStreams):
     """What a replica whose view cannot serve a stream answers: a 503 at the open, a stream
     it ends as `unavailable` before any record; then one record and a shutdown's end, then
     an end that cannot be resumed. `streams` is set per test; the last one repeats."""
@@ -288,22 +292,9 @@ class _UnservedStreams(http.server.BaseHTTPRequestHandler):
                     "written": "nothing",
                 }
             ).encode()
-            self.send_response(503)
-            self.send_header("content-type", "application/problem+json")
-            self.send_header("content-length", str(len(problem)))
-            self.end_headers()
-            self.wfile.write(problem)
+            _send(self, 503, "application/problem+json", problem)
             return
-        if b"%s" in body:
-            body = body % json.dumps(_RECORD).encode()
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        _send(self, 200, "text/event-stream", body)
 
 
 _UNAVAILABLE = (
