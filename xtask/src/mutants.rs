@@ -94,7 +94,20 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
             }
             // One job, in the tree and the shared target directory (cargo-mutants puts each
             // file back after its mutant); the next ordinary build rebuilds this crate only.
+            // Refused on a tree with changes: a run killed half-way leaves a mutant in the
+            // sources, and `git diff` must be able to show it.
             None => {
+                let status = Command::new("git")
+                    .current_dir(cargo::root())
+                    .args(["status", "--porcelain"])
+                    .output()
+                    .context("run git status")?;
+                if !status.stdout.is_empty() {
+                    bail!(
+                        "mutants ({}): the tree has changes; commit or stash them first (mutants are made in place)",
+                        pass.name
+                    );
+                }
                 cmd.args(["--all-features", "--in-place"]);
             }
         }

@@ -196,9 +196,17 @@ pub(crate) struct SqliteIndex {
     forced: Forced,
 }
 
-type Parked = Arc<std::sync::Mutex<Option<(Cursor, ProjectionIndex)>>>;
+type Parked = Arc<std::sync::Mutex<Slot>>;
 
-fn slot(parked: &Parked) -> std::sync::MutexGuard<'_, Option<(Cursor, ProjectionIndex)>> {
+/// See [`SqliteIndex::parked`].
+#[derive(Default)]
+struct Slot {
+    state: Option<(Cursor, ProjectionIndex)>,
+    /// A blocking call holds the state (it may outlive the refresh that started it).
+    busy: bool,
+}
+
+fn slot(parked: &Parked) -> std::sync::MutexGuard<'_, Slot> {
     parked.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -246,32 +254,61 @@ impl IndexSource for SqliteIndex {
         }
         let stall_after = self.forced.take_stall();
         // An abandoned catch-up left its work: resume from it (unless the projector started
-        // over under another id grouping meanwhile, rule 22).
-        if let Some((c, i)) = slot(&self.parked).take()
-            && i.scope() == index.scope()
+        // over under another id grouping meanwhile, rule 22). One still at work on it: wait
+        // for it (this refresh fails, changing nothing) rather than start over without it.
         {
-            *cursor = c;
-            *index = i;
+            let mut parked = slot(&self.parked);
+            if parked.busy {
+                return Err(Error::Timeout {
+                    op: "refresh",
+                    after: self.conn.options.timeout,
+                    shard: None,
+                    written: Written::Nothing,
+                });
+            }
+            if let Some((c, i)) = parked.state.take()
+                && i.scope() == index.scope()
+            {
+                *cursor = c;
+                *index = i;
+            }
+            // The state goes to the slot, the blocking call works on it there, and it comes
+            // back from it; if this refresh is abandoned, it stays there (both at their
+            // defaults here meanwhile, which agree) and the call puts it back when it ends.
+            // A call that finds no state (a later refresh's call took and returned it first:
+            // calls on the connection are not run in the order they came) does nothing.
+            parked.state = Some((std::mem::take(cursor), std::mem::take(index)));
         }
-        // Both go to the slot, the blocking task works on them there, and they come back
-        // from it; if this call is abandoned, they stay there (both at their defaults here
-        // meanwhile, which agree) and the task puts them back when it ends. Calls on the
-        // connection run one at a time, so the next one finds them.
-        *slot(&self.parked) = Some((std::mem::take(cursor), std::mem::take(index)));
         let parked = self.parked.clone();
         let ran = conn
             .run("refresh", None, Written::Nothing, move |c| {
-                let (mut cur, mut idx) = slot(&parked).take().unwrap_or_default();
+                let Some((mut cur, mut idx)) = ({
+                    let mut s = slot(&parked);
+                    s.busy = s.state.is_some();
+                    s.state.take()
+                }) else {
+                    return Ok(None);
+                };
                 let n = catch_up(c, &mut cur, &mut idx, stall_after);
-                *slot(&parked) = Some((cur, idx));
-                Ok(n)
+                let mut s = slot(&parked);
+                s.state = Some((cur, idx));
+                s.busy = false;
+                Ok(Some(n))
             })
             .await;
-        if let Some((c, i)) = slot(&self.parked).take() {
+        if let Some((c, i)) = slot(&self.parked).state.take() {
             *cursor = c;
             *index = i;
         }
-        ran?.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
+        let Some(n) = ran? else {
+            return Err(Error::Timeout {
+                op: "refresh",
+                after: self.conn.options.timeout,
+                shard: None,
+                written: Written::Nothing,
+            });
+        };
+        n.map_err(|e| sql_error("refresh", None, Written::Nothing, e))
     }
 
     async fn fetch(&self, _cursor: &Cursor, keys: &[(OrderKey, RowRef)]) -> Result<Vec<Entry>> {

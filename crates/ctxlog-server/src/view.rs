@@ -40,7 +40,7 @@ const MAX_CHANGE_ENTRIES: usize = 20_000;
 /// Changes kept for watchers that fall behind; one that falls further catches up by reading.
 const CHANGES_KEPT: usize = 256;
 /// Entries asked of the store in one read.
-const READ_CHUNK: usize = 2_000;
+pub(crate) const READ_CHUNK: usize = 2_000;
 
 /// One entry of a change, and whether watchers show it.
 #[derive(Clone, Debug)]
@@ -75,6 +75,11 @@ pub(crate) struct View {
     /// back, and none has succeeded since. Set by the refreshing task while it holds the
     /// projector: whoever takes the lock after it sees what that refresh left.
     torn: AtomicBool,
+    /// Whether the last refresh succeeded. One that failed and kept every position leaves
+    /// the projector consistent (not torn) but unscanned: its next read would refresh it
+    /// itself, and could be cut short and empty it, so [`View::fresh`] hands it out only
+    /// after a success. Set as `torn` is.
+    whole: AtomicBool,
     wake: Notify,
     done: watch::Sender<Done>,
     changes: broadcast::Sender<Arc<Change>>,
@@ -91,6 +96,7 @@ impl View {
             requested: AtomicU64::new(0),
             // Nothing read yet.
             torn: AtomicBool::new(true),
+            whole: AtomicBool::new(false),
             wake: Notify::new(),
             done: watch::Sender::new(Done {
                 covers: 0,
@@ -128,10 +134,10 @@ impl View {
                 let p = self.projector.lock().await;
                 // A refresh after the one waited for failed before this took the lock: ask
                 // for another.
-                if !self.torn.load(Ordering::Acquire) {
+                if self.whole.load(Ordering::Acquire) {
                     return Ok(p);
                 }
-                tracing::debug!("a refresh after the one waited for emptied the view; waiting for another");
+                tracing::debug!("a refresh after the one waited for failed; waiting for another");
             }
         };
         match tokio::time::timeout(within, waited).await {
@@ -189,7 +195,7 @@ impl View {
         for (&shard, &end) in &to.0 {
             let mut after = from.get(shard);
             while after < end {
-                let page = self.read_page(shard, after).await?;
+                let page = self.read_page(shard, after, READ_CHUNK).await?;
                 // Every position names a stored entry (none is ever deleted; a hole is a
                 // batch that never landed, below a later position): a read that shows
                 // nothing up to `end` has not seen it, and a change that claimed to hold it
@@ -216,13 +222,13 @@ impl View {
     /// one seq (a fenced writer's that landed and its successor's): the next page starts
     /// after the page's last seq, so it would skip the rest of them.
     /// Fails while the projector is torn (a failed refresh emptied it): it would show nothing.
-    pub(crate) async fn read_page(&self, shard: ShardId, after: u64) -> Result<Vec<Event>, Problem> {
+    pub(crate) async fn read_page(&self, shard: ShardId, after: u64, limit: usize) -> Result<Vec<Event>, Problem> {
         let mut page = self
             .store
-            .read_shard(shard, after, READ_CHUNK)
+            .read_shard(shard, after, limit)
             .await
             .map_err(Problem::from)?;
-        if page.len() == READ_CHUNK
+        if page.len() == limit
             && let (Some(first), Some(last)) = (page.first().map(|e| e.seq), page.last().map(|e| e.seq))
             && first < last
         {
@@ -269,6 +275,7 @@ impl View {
             let lost = result.is_err() && before.first_beyond(&p.checkpoint()).is_some();
             let torn = result.is_err() && (lost || self.torn.load(Ordering::Acquire));
             self.torn.store(torn, Ordering::Release);
+            self.whole.store(result.is_ok(), Ordering::Release);
             self.metrics.refreshes.inc();
             self.metrics.refresh_latency.observe(started.elapsed().as_secs_f64());
             match result {

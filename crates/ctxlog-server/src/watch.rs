@@ -40,7 +40,11 @@ use crate::api::EntryOut;
 use crate::cursor;
 use crate::metrics::Metrics;
 use crate::problem::{Problem, types};
-use crate::view::{Change, Event, View};
+use crate::view::{Change, Event, READ_CHUNK, View};
+
+/// The fewest entries a stream reads of one shard at a time, however many shards it is
+/// behind on.
+const MIN_PAGE: usize = 64;
 
 /// What a stream shows.
 #[derive(Clone, Debug)]
@@ -363,8 +367,12 @@ async fn catch_up(
     to: &Checkpoint,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), Stop> {
-    // Per shard still behind `to`, what was read of it and not yet gone through.
+    // Per shard still behind `to`, what was read of it and not yet gone through; pages
+    // share one read's worth of entries (what a stream holds does not grow with the
+    // store's shards).
     let mut read: BTreeMap<ShardId, VecDeque<Event>> = BTreeMap::new();
+    let behind = to.0.iter().filter(|(shard, end)| at.get(**shard) < **end).count();
+    let limit = (READ_CHUNK / behind.max(1)).max(MIN_PAGE);
     let mut through = Through::new(at);
     loop {
         for (&shard, &end) in &to.0 {
@@ -373,7 +381,7 @@ async fn catch_up(
                 continue;
             }
             let page = tokio::select! {
-                r = view.read_page(shard, after) => r,
+                r = view.read_page(shard, after, limit) => r,
                 _ = out.tx.closed() => return Err(Stop::Gone),
                 _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
             };
@@ -399,14 +407,27 @@ async fn catch_up(
             .filter_map(|(shard, r)| r.front().map(|ev| (ev.entry.key(), *shard)))
             .min();
         let Some((_, shard)) = oldest else { return Ok(()) };
-        let Some(ev) = read.get_mut(&shard).and_then(VecDeque::pop_front) else {
+        // It and the rest of its seq (a page never ends inside one), together: another
+        // shard's entry between them would carry a position past the seq, and a client
+        // resuming from it would never get the rest.
+        let Some(pending) = read.get_mut(&shard) else {
             return Ok(());
         };
-        let Some(next) = through.next(&ev.entry) else { continue };
-        if let Some(o) = event(scope, &ev, &next) {
-            out.push_when_room(o, shutdown).await?;
+        let Some(first) = pending.pop_front() else {
+            return Ok(());
+        };
+        let seq = first.entry.seq;
+        let mut group = vec![first];
+        while let Some(ev) = pending.pop_front_if(|ev| ev.entry.seq == seq) {
+            group.push(ev);
         }
-        through.went_through(&ev.entry, next);
+        for ev in group {
+            let Some(next) = through.next(&ev.entry) else { continue };
+            if let Some(o) = event(scope, &ev, &next) {
+                out.push_when_room(o, shutdown).await?;
+            }
+            through.went_through(&ev.entry, next);
+        }
     }
 }
 

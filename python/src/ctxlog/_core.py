@@ -175,14 +175,14 @@ class Watch:
     ) -> tuple[int, float]:
         """The failed tries in a row and the pause before the next stream, after one that
         `opened` (or not) and brought a record (`progressed`) or not; raises `CtxlogError`
-        when `reconnects` tries in a row failed. A shutdown's end is taken up at once
+        when `reconnects` tries in a row failed. A shutdown's end is taken up almost at once
         (another replica, or this one restarted, serves the next stream); a stream that
         brought records and then ended, after one pause; every other end (a replica that
         could not serve the stream now would end the next one at once too), an answer that
         refused the stream, and a stream that could not open are failed tries, each paused
         longer; a stream that ran and dropped counts afresh."""
         if self.ended and self.reason == "shutdown":
-            return failures, 0.0
+            return failures, min(backoff, 0.05)
         if progressed and self.ended:
             return 0, backoff
         if progressed or (opened and not self.ended):
@@ -195,9 +195,11 @@ class Watch:
     @staticmethod
     def reopen_after(e: Exception) -> bool:
         """Whether a stream that could not be opened is tried again: the replica was
-        unavailable, timed out or failed (a 5xx: reading it again is always safe), never a
-        refusal of the request."""
-        return isinstance(e, CtxlogError) and (e.status or 0) >= 500
+        unavailable, timed out or failed (a 5xx: reading it again is always safe), or the
+        token's streams were all taken (a 429: the stream just ended may not have let go of
+        its place yet); never a refusal of the request."""
+        status = (e.status or 0) if isinstance(e, CtxlogError) else 0
+        return status >= 500 or status == 429
 
     def on(self, kind: str, id: str | None, data: str) -> Event | None:
         """The event to hand the caller, if any; `ended` tells the caller to reconnect."""
