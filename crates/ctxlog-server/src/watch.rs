@@ -693,6 +693,40 @@ mod tests {
         assert_eq!(seen, [names("old", 2), names("new", 2)].concat());
     }
 
+    /// The entries of one seq (a fenced writer's that landed and its successor's) go out
+    /// together in a catch-up, whatever other shards hold between their clocks: an event of
+    /// another shard between them would carry a position through the seq, and a client
+    /// resuming from it would never get the rest of it.
+    #[tokio::test]
+    async fn a_catch_up_sends_one_seqs_entries_together() {
+        let rig = rig("watch-merge-group").await;
+        let entry = |writer: &str, epoch, hlc, id: &str| {
+            let record = Record::text(id, "bot", "s", "user", "x");
+            Entry {
+                shard: WriterId::new(writer).unwrap().shard_id(),
+                seq: 1,
+                epoch,
+                hlc: ctxlog::Hlc(hlc),
+                content_hash: record.content_hash(),
+                record,
+                purged: false,
+            }
+        };
+        // Seq 1 of `wx` twice, a clock of `wy` between them.
+        for e in [
+            entry("wx", 1, 100, "fenced"),
+            entry("wx", 2, 300, "successor"),
+            entry("wy", 1, 200, "between"),
+        ] {
+            rig.store.inject_raw_entry(e);
+        }
+        rig.refreshed().await;
+        let start = rig.view.current().await.checkpoint();
+        let (mut events, _) = rig.watch_from(Checkpoint::default(), start).await;
+        let (seen, _) = ids(&mut events, 3).await;
+        assert_eq!(seen, ["fenced", "successor", "between"]);
+    }
+
     /// `fresh` hands out a projector that a refresh after the one it waited for emptied:
     /// that refresh failed between the success it waited for and its taking the lock. A
     /// summary's coverage checked against it would be refused ("past what the store
