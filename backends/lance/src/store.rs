@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
     /// Whether the store is known to be of the format that holds summaries (`format`).
     pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
+    /// What shard reads learned of the generations they read (see `entries::read_shard`).
+    pub(crate) generation_tops: crate::entries::GenerationTops,
 }
 
 impl Shared {
@@ -50,6 +52,7 @@ impl Shared {
             tuning,
             live: std::sync::Mutex::new(Vec::new()),
             summaries_allowed: std::sync::atomic::AtomicBool::new(false),
+            generation_tops: Default::default(),
         }
     }
 

@@ -16,6 +16,7 @@ use ctxlog_core::{Result, ShardId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore, WalReadEntry, WalTailer};
+use lance::dataset::scanner::MaterializationStyle as Materialization;
 use lance_io::object_store::ObjectStore;
 use object_store::path::Path;
 use uuid::Uuid;
@@ -70,6 +71,9 @@ pub(crate) struct Tiers {
     /// Which rows of the base table a walk reads (an SQL filter; all when `None`). Taken for
     /// one shard: only its rows.
     pub base_filter: Option<String>,
+    /// Which rows of the generations a walk reads (all when `None`). Apart from the base
+    /// table's: a filter of the base table may leave out shards it knows were never folded.
+    pub generation_filter: Option<String>,
     /// Whether a walk reads the base table at all.
     pub read_base: bool,
     /// Per shard, the newest generation the base table holds (from its MemWAL index). Only
@@ -114,6 +118,7 @@ pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tier
         base_path,
         shards,
         base_filter: only.map(shard_filter),
+        generation_filter: None,
         read_base: true,
         folded: compacted,
     })
@@ -246,18 +251,31 @@ async fn visit_tables(
     // shards' rows. Generations are small: read up to a window of them at once, each
     // visited whole, in source order.
     if let Some(base) = sources.first().filter(|_| t.read_base) {
-        scan_table(base, how, t.base_filter.as_deref(), |batch| {
-            visit(Rows::Table { batch, source: 0 })
-        })
+        scan_table(
+            base,
+            how,
+            t.base_filter.as_deref(),
+            Materialization::Heuristic,
+            |batch| visit(Rows::Table { batch, source: 0 }),
+        )
         .await?;
     }
     let mut generations = futures::stream::iter(sources.iter().cloned().enumerate().skip(1))
         .map(|(i, ds): (usize, Dataset)| async move {
             let mut batches = Vec::new();
-            scan_table(&ds, how, None, |b| {
-                batches.push(b.clone());
-                Ok(())
-            })
+            // Every column early: a generation is small, and late materialization of the
+            // rows a filter keeps costs a request per range taken (seconds per page on an
+            // object store, where a whole column is one request).
+            scan_table(
+                &ds,
+                how,
+                t.generation_filter.as_deref(),
+                Materialization::AllEarly,
+                |b| {
+                    batches.push(b.clone());
+                    Ok(())
+                },
+            )
             .await?;
             Ok::<_, ctxlog_core::Error>((i as u32, batches))
         })
@@ -286,9 +304,11 @@ async fn scan_table(
     ds: &Dataset,
     how: Walk<'_>,
     filter: Option<&str>,
+    materialization: Materialization,
     mut f: impl FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<()> {
     let mut scan = ds.scan();
+    scan.materialization_style(materialization);
     if let Some(cols) = how.columns {
         scan.project(cols).map_err(read_err)?;
     }
