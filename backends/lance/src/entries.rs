@@ -2,7 +2,7 @@
 //! checker's pass over every stored entry.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,7 +11,7 @@ use ctxlog_core::{Checkpoint, Entry, Result, ShardId, ShardInfo, WriterId};
 
 use crate::schema::{POSITION_COLUMNS, SEQ, SHARD};
 use crate::store::Shared;
-use crate::tiers::{Generation, Rows, Tiers, Walk, open_sources, rows, shard_filter, tiers, walk, walk_all};
+use crate::tiers::{Rows, Tiers, Walk, open_sources, rows, shard_filter, tiers, walk, walk_all};
 use crate::writers;
 use uuid::Uuid;
 
@@ -29,44 +29,11 @@ async fn for_each_entry(shared: &Shared, t: &Tiers, f: &mut (dyn FnMut(Entry) + 
     Ok(())
 }
 
-/// Per shard, per flushed generation (by URI), a seq no entry of that generation exceeds:
-/// learned by [`read_shard`], so that a reader paging through a shard skips the generations
-/// it has passed instead of opening and scanning each of them for every page. A generation
-/// never gains rows once listed: Lance flushes each into a directory of its own
-/// (`{random}_gen_{n}`), finished before the shard's manifest lists it, and ctxlog rewrites
-/// only the base table (purge) and deletes only folded generations (gc); so a bound once
-/// true stays true. Only the generations a shard's manifest listed at its last read are kept.
-#[derive(Default)]
-pub(crate) struct GenerationTops(Mutex<HashMap<ShardId, HashMap<String, u64>>>);
-
-impl GenerationTops {
-    /// Drop from `generations` those known to hold nothing past `after`, and forget the
-    /// generations of `shard` no longer listed.
-    fn skip_passed(&self, shard: ShardId, generations: &mut Vec<Generation>, after: u64) {
-        let listed: HashSet<&str> = generations.iter().map(|g| g.uri.as_str()).collect();
-        let mut all = self.0.lock().expect("not poisoned");
-        let Some(tops) = all.get_mut(&shard) else { return };
-        tops.retain(|uri, _| listed.contains(uri.as_str()));
-        if tops.is_empty() {
-            all.remove(&shard);
-            return;
-        }
-        generations.retain(|g| tops.get(&g.uri).is_none_or(|top| *top > after));
-    }
-
-    /// `top` bounds the seqs of the generation at `uri`.
-    fn learn(&self, shard: ShardId, uri: &str, top: u64) {
-        let mut all = self.0.lock().expect("not poisoned");
-        let known = all.entry(shard).or_default().entry(uri.to_owned()).or_insert(top);
-        *known = (*known).min(top);
-    }
-}
-
 /// A shard's entries past `after_seq` (at most `limit`, by `(seq, epoch)`): what a watch's
 /// every page costs, so it reads what is past `after_seq`, not the shard's history. The base
 /// table only when compaction folded the shard, and there only its rows past `after_seq`;
 /// the generations not yet folded past `after_seq` only, skipping those an earlier read
-/// found hold nothing past it ([`GenerationTops`]); the WAL tail whole (it is what no
+/// found hold nothing past it ([`crate::bounds::GenerationTops`]); the WAL tail whole (it is what no
 /// generation covers yet).
 pub(crate) async fn read_shard(shared: &Shared, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
     let mut t = tiers(shared, Some(shard)).await?;
@@ -75,7 +42,9 @@ pub(crate) async fn read_shard(shared: &Shared, shard: ShardId, after_seq: u64, 
     t.base_filter = Some(format!("{} AND {past}", shard_filter(shard)));
     t.generation_filter = Some(past);
     if let Some(s) = t.shards.first_mut() {
-        shared.generation_tops.skip_passed(shard, &mut s.generations, after_seq);
+        let listed: Vec<&str> = s.generations.iter().map(|g| g.uri.as_str()).collect();
+        let passed = shared.generation_tops.passed(shard, &listed, after_seq);
+        s.generations.retain(|g| !passed.contains(&g.uri));
     }
     let read: Vec<String> = t
         .shards

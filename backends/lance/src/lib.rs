@@ -20,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+mod bounds;
 mod compact;
 mod entries;
 mod error;

@@ -31,7 +31,7 @@ pub(crate) struct Shared {
     /// Whether the store is known to be of the format that holds summaries (`format`).
     pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
     /// What shard reads learned of the generations they read (see `entries::read_shard`).
-    pub(crate) generation_tops: crate::entries::GenerationTops,
+    pub(crate) generation_tops: crate::bounds::GenerationTops,
 }
 
 impl Shared {
