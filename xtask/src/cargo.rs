@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 static VERBOSE: AtomicBool = AtomicBool::new(false);
+static LINT: AtomicBool = AtomicBool::new(false);
 
 /// Print every command in full and stream its output.
 pub(crate) fn set_verbose(v: bool) {
@@ -19,6 +20,39 @@ pub(crate) fn set_verbose(v: bool) {
 
 pub(crate) fn verbose() -> bool {
     VERBOSE.load(Ordering::Relaxed)
+}
+
+/// Lint the workspace's own crates while they are built: every later cargo call compiles
+/// them with `clippy-driver` as `RUSTC_WORKSPACE_WRAPPER` and `-D warnings`, as `cargo clippy`
+/// does. Why: `cargo clippy` checks, and a check shares no artifact with a build — a cold run
+/// would compile the whole dependency tree (DataFusion, Lance) twice, once as metadata only.
+/// As the wrapper of a build, clippy-driver compiles for real and lints on the way; only the
+/// workspace's crates see it, so dependencies stay one set of artifacts, and cargo keeps the
+/// linted builds of the workspace's crates under their own names beside plain ones.
+pub(crate) fn set_lint(on: bool) {
+    LINT.store(on, Ordering::Relaxed);
+}
+
+/// The toolchain's `clippy-driver` (beside `rustc` in its sysroot).
+fn clippy_driver() -> Result<PathBuf> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .context("rustc --print sysroot")?;
+    if !out.status.success() {
+        bail!("rustc --print sysroot failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let driver = Path::new(String::from_utf8_lossy(&out.stdout).trim())
+        .join("bin")
+        .join(format!("clippy-driver{}", std::env::consts::EXE_SUFFIX));
+    if !driver.is_file() {
+        bail!(
+            "{} is missing: the tests lint with clippy (`rustup component add clippy`)",
+            driver.display()
+        );
+    }
+    Ok(driver)
 }
 
 /// A `cargo` command with `PROTOC` pointing at the vendored binary (unless the caller
@@ -42,6 +76,11 @@ pub(crate) fn cargo(args: &[&str]) -> Result<Command> {
     if std::env::var_os("PROTOC").is_none() {
         let protoc = protoc_bin_vendored::protoc_bin_path().context("no vendored protoc for this platform")?;
         cmd.env("PROTOC", protoc);
+    }
+    if LINT.load(Ordering::Relaxed) {
+        // clippy-driver's own protocol (what `cargo clippy` sets): arguments joined by a marker.
+        cmd.env("RUSTC_WORKSPACE_WRAPPER", clippy_driver()?)
+            .env("CLIPPY_ARGS", "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__");
     }
     Ok(cmd)
 }
