@@ -223,6 +223,11 @@ pub(crate) struct MutantsArgs {
     /// after adding tests, the counts that changed, in minutes instead of a whole run.
     #[arg(long)]
     pub iterate: bool,
+    /// Only one share of the mutants (cargo-mutants `--shard K/N`, dealt round-robin, so
+    /// that a share samples every file): a pass too long for one sitting, in N sittings or
+    /// as a sample of 1/N.
+    #[arg(long)]
+    pub shard: Option<String>,
 }
 
 #[derive(Args, Clone)]

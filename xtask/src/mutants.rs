@@ -117,6 +117,9 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
         if args.iterate {
             cmd.arg("--iterate");
         }
+        if let Some(shard) = &args.shard {
+            cmd.args(["--shard", shard, "--sharding", "round-robin"]);
+        }
         // cargo-mutants runs cargo itself: give it the same vendored protoc as every build.
         if std::env::var_os("PROTOC").is_none()
             && let Ok(protoc) = protoc_bin_vendored::protoc_bin_path()

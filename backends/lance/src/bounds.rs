@@ -1,24 +1,37 @@
-//! What shard reads learned of the flushed generations they read: bounds that let a reader
-//! paging through a shard skip the generations it has passed.
+//! What shard reads learned of the sources they read — the base table at one version and
+//! each flushed generation: bounds that let a reader paging through a shard skip the sources
+//! it has passed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use ctxlog_core::ShardId;
 
-/// Per shard, per flushed generation (by URI), a seq no entry of that generation exceeds:
-/// learned by `entries::read_shard`, so that a reader paging through a shard skips the generations
-/// it has passed instead of opening and scanning each of them for every page. A generation
-/// never gains rows once listed: Lance flushes each into a directory of its own
+/// The key of the base table at `version` among a shard's sources.
+pub(crate) fn base_at(version: u64) -> String {
+    format!("the base table at version {version}")
+}
+
+/// Per shard, per source (a flushed generation by URI, or the base table at one version,
+/// [`base_at`]), a seq no entry of that shard in that source exceeds: learned by
+/// `entries::read_shard`, so that a reader paging through a shard skips the sources it has
+/// passed instead of scanning each of them for every page. A source never gains rows once
+/// listed: a version of the base table is a snapshot (compaction, purge and any other write
+/// make a new version), and Lance flushes each generation into a directory of its own
 /// (`{random}_gen_{n}`), finished before the shard's manifest lists it, and ctxlog rewrites
 /// only the base table (purge) and deletes only folded generations (gc); so a bound once
-/// true stays true. Only the generations a shard's manifest listed at its last read are kept.
+/// true stays true. Only the sources listed at a shard's last read are kept.
+///
+/// Why the base table is bounded by what was read, not skipped for a shard compaction never
+/// folded: its rows are what the store holds, whatever put them there (a damaged store, a
+/// broken writer, a restored copy), and a read of a shard must show what the history
+/// checker judges.
 #[derive(Default)]
-pub(crate) struct GenerationTops(Mutex<HashMap<ShardId, HashMap<String, u64>>>);
+pub(crate) struct SourceTops(Mutex<HashMap<ShardId, HashMap<String, u64>>>);
 
-impl GenerationTops {
-    /// Of the generations of `shard` its manifest lists (by URI), those known to hold
-    /// nothing past `after`; forgets the generations no longer listed.
+impl SourceTops {
+    /// Of the sources of `shard` listed now, those known to hold nothing of it past
+    /// `after`; forgets the sources no longer listed.
     pub(crate) fn passed(&self, shard: ShardId, listed: &[&str], after: u64) -> HashSet<String> {
         let listed: HashSet<&str> = listed.iter().copied().collect();
         let mut all = self.0.lock().expect("not poisoned");
@@ -37,7 +50,7 @@ impl GenerationTops {
         passed
     }
 
-    /// `top` bounds the seqs of the generation at `uri`.
+    /// `top` bounds the seqs of `shard` in the source `uri`.
     pub(crate) fn learn(&self, shard: ShardId, uri: &str, top: u64) {
         let mut all = self.0.lock().expect("not poisoned");
         let known = all.entry(shard).or_default().entry(uri.to_owned()).or_insert(top);

@@ -30,58 +30,61 @@ async fn for_each_entry(shared: &Shared, t: &Tiers, f: &mut (dyn FnMut(Entry) + 
 }
 
 /// A shard's entries past `after_seq` (at most `limit`, by `(seq, epoch)`): what a watch's
-/// every page costs, so it reads what is past `after_seq`, not the shard's history. The base
-/// table only when compaction folded the shard, and there only its rows past `after_seq`;
-/// the generations not yet folded past `after_seq` only, skipping those an earlier read
-/// found hold nothing past it ([`crate::bounds::GenerationTops`]); the WAL tail whole (it is what no
-/// generation covers yet).
+/// every page costs, so it reads what is past `after_seq`, not the shard's history. Every
+/// source (the base table, the generations not yet folded) only its rows past `after_seq`,
+/// and none an earlier read found holds nothing past it ([`crate::bounds::SourceTops`]);
+/// the WAL tail whole (it is what no generation covers yet).
 pub(crate) async fn read_shard(shared: &Shared, shard: ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
     let mut t = tiers(shared, Some(shard)).await?;
     let past = format!("{SEQ} > {after_seq}");
-    t.read_base = t.folded.contains_key(&shard.0);
     t.base_filter = Some(format!("{} AND {past}", shard_filter(shard)));
     t.generation_filter = Some(past);
+    let base = crate::bounds::base_at(t.base.version().version);
+    let mut listed: Vec<&str> = vec![&base];
+    if let Some(s) = t.shards.first() {
+        listed.extend(s.generations.iter().map(|g| g.uri.as_str()));
+    }
+    let passed = shared.source_tops.passed(shard, &listed, after_seq);
+    t.read_base = !passed.contains(&base);
     if let Some(s) = t.shards.first_mut() {
-        let listed: Vec<&str> = s.generations.iter().map(|g| g.uri.as_str()).collect();
-        let passed = shared.generation_tops.passed(shard, &listed, after_seq);
         s.generations.retain(|g| !passed.contains(&g.uri));
     }
-    let read: Vec<String> = t
-        .shards
-        .iter()
-        .flat_map(|s| &s.generations)
-        .map(|g| g.uri.clone())
+    // The sources in their order (the base table is source 0 whether read or not).
+    let sources_read: Vec<String> = std::iter::once(base.clone())
+        .chain(t.shards.iter().flat_map(|s| &s.generations).map(|g| g.uri.clone()))
         .collect();
-    // Per generation read (source 1 onwards), the highest seq it showed past `after_seq`.
-    let mut tops: Vec<Option<u64>> = vec![None; read.len()];
+    // Per source, the highest seq of the shard it showed past `after_seq`.
+    let mut tops: Vec<Option<u64>> = vec![None; sources_read.len()];
     let mut out: HashMap<(u64, u64), Entry> = HashMap::new();
     let sources = open_sources(shared, &t).await?;
     debug_assert_eq!(
         sources.len(),
-        read.len() + 1,
+        sources_read.len(),
         "the base table, then the generations read"
     );
     walk(&t, &sources, EVERY_COLUMN, |r| {
-        let generation = match r {
-            Rows::Table { source, .. } => (source as usize).checked_sub(1),
+        let source = match r {
+            Rows::Table { source, .. } => Some(source as usize),
             Rows::Wal { .. } => None,
         };
         rows(r.batch(), |c, i| {
             let e = c.entry(i)?;
-            if let Some(top) = generation.and_then(|g| tops.get_mut(g)) {
-                *top = (*top).max(Some(e.seq));
-            }
             if e.shard == shard && e.seq > after_seq {
+                if let Some(top) = source.and_then(|s| tops.get_mut(s)) {
+                    *top = (*top).max(Some(e.seq));
+                }
                 out.entry((e.seq, e.epoch)).or_insert(e);
             }
             Ok(())
         })
     })
     .await?;
-    // A generation that showed nothing past `after_seq` holds nothing past it; one that did
-    // showed its highest seq.
-    for (uri, top) in read.iter().zip(tops) {
-        shared.generation_tops.learn(shard, uri, top.unwrap_or(after_seq));
+    // A source read that showed nothing past `after_seq` holds nothing past it; one that
+    // did showed its highest seq. The base table only when it was read.
+    for (at, (uri, top)) in sources_read.iter().zip(tops).enumerate() {
+        if at > 0 || t.read_base {
+            shared.source_tops.learn(shard, uri, top.unwrap_or(after_seq));
+        }
     }
     let mut entries: Vec<Entry> = out.into_values().collect();
     entries.sort_by_key(|e| (e.seq, e.epoch));

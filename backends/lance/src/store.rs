@@ -31,7 +31,7 @@ pub(crate) struct Shared {
     /// Whether the store is known to be of the format that holds summaries (`format`).
     pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
     /// What shard reads learned of the generations they read (see `entries::read_shard`).
-    pub(crate) generation_tops: crate::bounds::GenerationTops,
+    pub(crate) source_tops: crate::bounds::SourceTops,
 }
 
 impl Shared {
@@ -52,7 +52,7 @@ impl Shared {
             tuning,
             live: std::sync::Mutex::new(Vec::new()),
             summaries_allowed: std::sync::atomic::AtomicBool::new(false),
-            generation_tops: Default::default(),
+            source_tops: Default::default(),
         }
     }
 
