@@ -7,9 +7,15 @@ use std::sync::Mutex;
 
 use ctxlog_core::ShardId;
 
-/// The key of the base table at `version` among a shard's sources.
-pub(crate) fn base_at(version: u64) -> String {
-    format!("the base table at version {version}")
+/// The key of the base table at one version among a shard's sources: the version's number
+/// and its commit time, so that a store replaced by a restored copy whose history reaches
+/// the same number is not taken for the one a bound was learned of.
+pub(crate) fn base_at(version: &lance::dataset::Version) -> String {
+    format!(
+        "the base table at version {} of {}",
+        version.version,
+        version.timestamp.to_rfc3339()
+    )
 }
 
 /// Per shard, per source (a flushed generation by URI, or the base table at one version,
@@ -18,9 +24,10 @@ pub(crate) fn base_at(version: u64) -> String {
 /// passed instead of scanning each of them for every page. A source never gains rows once
 /// listed: a version of the base table is a snapshot (compaction, purge and any other write
 /// make a new version), and Lance flushes each generation into a directory of its own
-/// (`{random}_gen_{n}`), finished before the shard's manifest lists it, and ctxlog rewrites
-/// only the base table (purge) and deletes only folded generations (gc); so a bound once
-/// true stays true. Only the sources listed at a shard's last read are kept.
+/// (`{random}_gen_{n}`), finished before the shard's manifest lists it, and ctxlog deletes
+/// only folded generations (gc); so a bound once true stays true. (The WAL tail, which gc
+/// empties in place, is never bounded.) A read forgets the sources of its shard that are no
+/// longer listed; a shard never read again keeps its few.
 ///
 /// Why the base table is bounded by what was read, not skipped for a shard compaction never
 /// folded: its rows are what the store holds, whatever put them there (a damaged store, a

@@ -39,7 +39,7 @@ pub(crate) async fn read_shard(shared: &Shared, shard: ShardId, after_seq: u64, 
     let past = format!("{SEQ} > {after_seq}");
     t.base_filter = Some(format!("{} AND {past}", shard_filter(shard)));
     t.generation_filter = Some(past);
-    let base = crate::bounds::base_at(t.base.version().version);
+    let base = crate::bounds::base_at(&t.base.version());
     let mut listed: Vec<&str> = vec![&base];
     if let Some(s) = t.shards.first() {
         listed.extend(s.generations.iter().map(|g| g.uri.as_str()));

@@ -30,7 +30,8 @@ pub(crate) struct Shared {
     live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
     /// Whether the store is known to be of the format that holds summaries (`format`).
     pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
-    /// What shard reads learned of the generations they read (see `entries::read_shard`).
+    /// What shard reads learned of the sources they read: the base table at a version, each
+    /// generation (see `entries::read_shard`).
     pub(crate) source_tops: crate::bounds::SourceTops,
 }
 

@@ -732,6 +732,64 @@ fn a_failed_refresh_leaves_no_row_pointing_into_another_dataset() {
     });
 }
 
+/// A watch's every page is a shard read past its position: a reader paging through a shard
+/// reads each source (the base table at its version, each generation not yet folded) until
+/// a read found it holds nothing past the position, then never again. With the data of the
+/// base table and of the shard's open generation unreadable, a read from the start fails
+/// (so the rule bites) and a read from the end still answers, from nothing but the WAL.
+#[test]
+fn a_shard_read_past_what_a_source_holds_does_not_read_it() {
+    run("a_shard_read_past_what_a_source_holds_does_not_read_it", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let late = w("late");
+            // Two generations folded into the base table, a third flushed and not folded.
+            for batch in ["b1", "b2"] {
+                let mut shard = store.open_shard(&late).await?;
+                shard.append(recs(batch, "s", 3)).await?;
+                shard.close().await?;
+            }
+            compact_all(store.as_ref()).await?;
+            let before = generation_names(&ctx.uri)?;
+            let mut shard = store.open_shard(&late).await?;
+            shard.append(recs("g3", "s", 3)).await?;
+            shard.close().await?;
+            let open: Vec<String> = generation_names(&ctx.uri)?.difference(&before).cloned().collect();
+            ensure!(open.len() == 1, "expected one new generation, got {open:?}");
+
+            let faults = Faults::new(33);
+            let reader = faulted(&ctx, &faults).await?;
+            let id = late.shard_id();
+            let all = reader.read_shard(id, 0, 100).await?;
+            let seqs: Vec<u64> = all.iter().map(|e| e.seq).collect();
+            ensure!(seqs == (1..=9).collect::<Vec<_>>(), "the shard holds seqs {seqs:?}");
+            // A page in the middle reads both sources (each holds something past 3).
+            ensure!(reader.read_shard(id, 3, 3).await?.len() == 3, "a middle page");
+
+            let unreadable = [
+                faults.add(Rule::new(&[Op::Get], Action::FailBefore).path("store.lance/data/")),
+                faults.add(Rule::new(&[Op::Get], Action::FailBefore).path(&format!("{}/data/", open[0]))),
+            ];
+            ensure!(
+                reader.read_shard(id, 0, 100).await.is_err(),
+                "a read from the start must read the base table's and the generation's data"
+            );
+            let past = reader.read_shard(id, 9, 100).await?;
+            ensure!(past.is_empty(), "nothing is past seq 9: {past:?}");
+            // Past the base table's rows, the generation alone (it holds 7..=9).
+            for id_ in unreadable {
+                faults.remove(id_);
+            }
+            let tail = faults.add(Rule::new(&[Op::Get], Action::FailBefore).path("store.lance/data/"));
+            let page = reader.read_shard(id, 6, 100).await?;
+            faults.remove(tail);
+            let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+            ensure!(seqs == vec![7, 8, 9], "past seq 6: {seqs:?}");
+            Ok(())
+        })
+    });
+}
+
 /// Issue 23, item 7: a snapshot is bytes anyone who can write under `_ctxlog/snapshots/`
 /// can forge (its checksum is no secret), and the datasets its cursor names are opened with
 /// the store's storage options. One that names a dataset outside the store — another
