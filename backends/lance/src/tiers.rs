@@ -78,7 +78,10 @@ pub(crate) struct Tiers {
     pub read_base: bool,
     /// Per shard, the newest generation the base table holds (from its MemWAL index). Only
     /// compaction adds rows to the base table, and it records the generations it folds in
-    /// the same commit: a shard with none here has no row there.
+    /// the same commit: a shard with none here has no row there. A refresh relies on that
+    /// (`index.rs`: what a new writer would otherwise cost every reader); a shard read and the
+    /// history checker do not, so rows below the write path (a damaged store) are still read
+    /// and judged.
     pub folded: HashMap<Uuid, u64>,
 }
 

@@ -317,11 +317,16 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 /// The launcher that starts moto's server with ranged reads served from the range alone and
-/// conditional writes made atomic (see `serve.py`), written into `venv` under a name of its own and renamed into place, so
-/// that a process starting the server never reads a half-written file.
+/// conditional writes made atomic (see `serve.py`), written into `venv` under a name of its
+/// own and renamed into place, so that a process starting the server never reads a
+/// half-written file. The name is this call's (process and call number): tests that start
+/// servers on several threads of one process (`cargo test`) would otherwise rename each
+/// other's file away.
 fn write_launcher(venv: &Path) -> Result<PathBuf, Error> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = venv.join("ctxlog-serve.py");
-    let partial = venv.join(format!("ctxlog-serve.py.{}", std::process::id()));
+    let partial = venv.join(format!("ctxlog-serve.py.{}.{call}", std::process::id()));
     std::fs::write(&partial, include_str!("serve.py"))
         .and_then(|()| std::fs::rename(&partial, &path))
         .map_err(|e| err(format!("writing {}: {e}", path.display())))?;
