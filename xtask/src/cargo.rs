@@ -33,8 +33,17 @@ pub(crate) fn set_lint(on: bool) {
     LINT.store(on, Ordering::Relaxed);
 }
 
-/// The toolchain's `clippy-driver` (beside `rustc` in its sysroot).
+/// The toolchain's `clippy-driver` (beside `rustc` in its sysroot), found once per run.
 fn clippy_driver() -> Result<PathBuf> {
+    static FOUND: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(driver) = FOUND.get() {
+        return Ok(driver.clone());
+    }
+    let driver = find_clippy_driver()?;
+    Ok(FOUND.get_or_init(|| driver).clone())
+}
+
+fn find_clippy_driver() -> Result<PathBuf> {
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let out = Command::new(&rustc)
         .args(["--print", "sysroot"])
