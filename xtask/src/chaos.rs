@@ -75,6 +75,17 @@ impl Exits {
     }
 }
 
+/// Add a started writer to the running ones. With another process of its slot still running
+/// (a takeover, or a kill of one of a takeover's pair), each is the other's rival: either
+/// may claim the shard and fence the other.
+fn join(writers: &mut Vec<Writer>, mut w: Writer) {
+    for o in writers.iter_mut().filter(|o| o.slot == w.slot) {
+        o.rival = true;
+        w.rival = true;
+    }
+    writers.push(w);
+}
+
 pub(crate) fn run(args: &ChaosArgs) -> Result<()> {
     if args.serve {
         return crate::chaos_serve::run(args);
@@ -351,18 +362,15 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 let _ = w.child.kill();
                 let _ = w.child.wait_timeout(Duration::from_secs(30))?;
                 kills += 1;
-                writers.push(spawn_writer(w.slot, &mut rng, None, false)?);
+                // The killed process may have been one of a takeover's pair: its partner
+                // still runs, and the new process is its rival too.
+                join(&mut writers, spawn_writer(w.slot, &mut rng, None, false)?);
             }
             // A second process with the same writer id: it takes the shard over; the first
             // is fenced and exits.
             2 if !writers.is_empty() => {
                 let slot = writers[below(&mut rng, writers.len() as u64) as usize].slot;
-                let mut w = spawn_writer(slot, &mut rng, None, false)?;
-                for o in writers.iter_mut().filter(|o| o.slot == slot) {
-                    o.rival = true;
-                }
-                w.rival = true;
-                writers.push(w);
+                join(&mut writers, spawn_writer(slot, &mut rng, None, false)?);
                 takeovers += 1;
             }
             3 => {
@@ -745,6 +753,33 @@ mod tests {
         assert_eq!((clean.fenced, clean.failed, clean.failures.len()), (0, 0, 0));
         let crashed = exit(4, false);
         assert_eq!((crashed.failed, crashed.failures.len()), (1, 1));
+    }
+
+    /// A writer started while another process of its slot runs is that one's rival, and it
+    /// theirs; a writer alone in its slot is no one's. (Seed 2037053736 killed the newer of
+    /// a takeover's pair: the slot's next process, started beside the older one, was fenced
+    /// by it and counted as a failure.)
+    #[test]
+    fn a_writer_started_beside_one_of_its_slot_is_a_rival() {
+        let writer = |slot: usize, incarnation: u64| Writer {
+            slot,
+            incarnation,
+            rival: false,
+            child: Command::new("true").spawn().unwrap(),
+        };
+        let mut writers = Vec::new();
+        join(&mut writers, writer(0, 1));
+        join(&mut writers, writer(1, 2));
+        assert!(writers.iter().all(|w| !w.rival));
+        // A takeover of slot 0, then a kill of its newer process and a restart.
+        join(&mut writers, writer(0, 3));
+        writers.retain(|w| w.incarnation != 3);
+        join(&mut writers, writer(0, 4));
+        let rivals: Vec<(u64, bool)> = writers.iter().map(|w| (w.incarnation, w.rival)).collect();
+        assert_eq!(rivals, vec![(1, true), (2, false), (4, true)]);
+        for mut w in writers {
+            let _ = w.child.wait();
+        }
     }
 
     /// Each way a run can go wrong fails the verdict on its own.
