@@ -241,27 +241,7 @@ impl Faults {
     fn new(seed: u64) -> Self {
         #[cfg(feature = "lance")]
         {
-            use ctxlog_lance::faults::{Action, Latency, Op, Rule, When};
-            let f = ctxlog_lance::faults::Faults::new(seed);
-            let f: Arc<ctxlog_lance::faults::Faults> = f;
-            let writes = [Op::Put, Op::PutIfAbsent, Op::Multipart];
-            let reads = [Op::Get, Op::Head, Op::List];
-            f.add(Rule::new(&writes, Action::FailBefore).when(When::Probability(0.02)));
-            f.add(Rule::new(&writes, Action::FailAfter).when(When::Probability(0.01)));
-            f.add(
-                Rule::new(&[Op::PutIfAbsent], Action::Stall)
-                    .path("/wal/")
-                    .when(When::Probability(0.003)),
-            );
-            f.add(Rule::new(&reads, Action::Throttle).when(When::Probability(0.01)));
-            f.add(
-                Rule::new(
-                    &Op::ALL,
-                    Action::Delay(Latency::Uniform(Duration::ZERO, Duration::from_millis(20))),
-                )
-                .when(When::Probability(0.1)),
-            );
-            Faults(f)
+            Faults(ctxlog_lance::faults::Faults::soak(seed))
         }
         #[cfg(not(feature = "lance"))]
         {

@@ -11,7 +11,8 @@
 //! on a session and on the whole store, disconnect at random and resume with
 //! `Last-Event-ID`. Meanwhile: SIGKILL and SIGTERM of replicas, takeovers (a second process
 //! of a writer id on another port, the first one sometimes stopped across the claim), the
-//! slow replica's bursts, maintenance through `/v1/admin/…`, and `/v1/shards` polled for the
+//! slow replica's bursts, maintenance through `/v1/admin/…`, with `--faults` (Lance) the
+//! library soak's object-store faults in every replica, and `/v1/shards` polled for the
 //! shards' epochs. At the end: fence posts (a last record per watched session) that every
 //! watcher must receive, what every replica serves, and a SIGTERM each. The verdict is
 //! [`serve_judge::judge`] of that history; the summary (JSON, stdout) holds every check.
@@ -65,6 +66,10 @@ struct Cli {
     /// `--timeout` of the slow replica.
     #[arg(long, default_value_t = 1.0)]
     slow_timeout: f64,
+    /// Every replica's object store injects the soaks' seeded faults (Lance; the replicas
+    /// must be built with `ctxlog-lance/testing`), each replica process its own seed.
+    #[arg(long)]
+    faults: bool,
 }
 
 /// Writer ids; the last one is the slow replica's.
@@ -208,6 +213,8 @@ struct Cluster {
     crashes: Vec<String>,
     /// Starts that failed (the last lines of their logs).
     start_failures: Vec<String>,
+    /// The run's seed when the replicas inject object-store faults (`--faults`).
+    faults: Option<u64>,
 }
 
 fn signal(pid: i32, sig: i32) {
@@ -265,7 +272,14 @@ impl Cluster {
         // The index the process gets in the history if it starts (a failed start reuses it).
         let process = self.processes.len();
         let log = std::fs::File::create(self.dir.join(format!("{writer}-{process}.log")))?;
-        let mut child = Command::new(&self.ctxlog)
+        let mut child = Command::new(&self.ctxlog);
+        if let Some(seed) = self.faults {
+            #[cfg(feature = "lance")]
+            child.env(ctxlog_lance::faults::ENV, (seed ^ process as u64).to_string());
+            #[cfg(not(feature = "lance"))]
+            bail!("--faults (seed {seed}) needs the `lance` feature");
+        }
+        let mut child = child
             .args(["--store", &self.store, "--timeout", &timeout.to_string()])
             .args(["serve", "--writer", writer, "--listen", "127.0.0.1:0"])
             .stdin(std::process::Stdio::null())
@@ -474,6 +488,7 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         terms: Vec::new(),
         crashes: Vec::new(),
         start_failures: Vec::new(),
+        faults: cli.faults.then_some(cli.seed),
     };
     // The first replica creates the store before the others race to open it.
     for slot in 0..WRITERS.len() {
@@ -674,6 +689,10 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         }
     }
     let (retained, retain_unknown) = retained.lock().unwrap().clone();
+    if cli.faults {
+        let injected = injected_faults(&cli.dir)?;
+        sh.counts.lock().unwrap().insert("faults_injected".into(), injected);
+    }
     let history = History {
         ops: std::mem::take(&mut *sh.ops.lock().unwrap()),
         processes: cluster.processes,
@@ -687,6 +706,7 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         writers: WRITERS.iter().map(|w| w.to_string()).collect(),
         counts: sh.counts.lock().unwrap().clone(),
         crashes: cluster.crashes,
+        faults: cli.faults,
     };
     std::fs::write(cli.dir.join("history.json"), serde_json::to_vec(&history)?)?;
     let checks = serve_judge::judge(&history);
@@ -711,6 +731,19 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         "history": cli.dir.join("history.json"),
     });
     Ok((summary, ok))
+}
+
+/// The object-store faults the replicas injected, as their logs say (each is logged).
+fn injected_faults(dir: &std::path::Path) -> Result<u64> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let log = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+            n += log.lines().filter(|l| l.contains("injected fault")).count() as u64;
+        }
+    }
+    Ok(n)
 }
 
 /// One maintenance call; retention's report says which cold sessions it ended.

@@ -184,6 +184,8 @@ pub(crate) struct History {
     pub(crate) counts: BTreeMap<String, u64>,
     /// Replicas that exited without being told to.
     pub(crate) crashes: Vec<String>,
+    /// Whether the replicas were told to inject object-store faults (then some must have).
+    pub(crate) faults: bool,
 }
 
 /// One check's result.
@@ -651,6 +653,9 @@ fn progress(h: &History) -> Check {
             problems.push(format!("no {what}"));
         }
     }
+    if h.faults && h.counts.get("faults_injected").copied().unwrap_or(0) == 0 {
+        problems.push("no object-store fault was injected".into());
+    }
     for w in &h.watchers {
         if w.events.is_empty() {
             problems.push(format!("{} received nothing", w.name));
@@ -803,11 +808,13 @@ mod tests {
                 "slow_bursts",
                 "maintenance_ok",
                 "disconnects",
+                "faults_injected",
             ]
             .into_iter()
             .map(|k| (k.to_string(), 1))
             .collect(),
             crashes: vec![],
+            faults: true,
         }
     }
 
@@ -997,7 +1004,7 @@ mod tests {
     #[test]
     fn a_run_without_progress_fails() {
         type Breaks = fn(&mut History);
-        let broken: [(&str, Breaks); 6] = [
+        let broken: [(&str, Breaks); 7] = [
             ("no summary", |h| h.ops.retain(|o| o.kind != OpKind::Summary)),
             ("a writer id without acks", |h| h.writers.push("w9".into())),
             ("no kills", |h| {
@@ -1008,6 +1015,9 @@ mod tests {
                 h.watchers[1].start_ms = 10_000;
             }),
             ("a watcher that never reconnected", |h| h.watchers[0].reconnects = 0),
+            ("faults asked for, none injected", |h| {
+                h.counts.remove("faults_injected");
+            }),
             ("nothing read at the end", |h| {
                 h.finals.clear();
                 h.writers.clear();

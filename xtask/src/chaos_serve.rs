@@ -138,6 +138,10 @@ fn soak(backend: &str, seconds: u64, seed: u64, s3: Option<&s3_loopback::Server>
         .arg(dir.join("run"))
         .args(["--seconds", &seconds.to_string(), "--seed", &seed.to_string()])
         .args(["--timeout", &timeout.to_string(), "--slow-timeout", &slow.to_string()]);
+    if backend == "lance-s3" {
+        // Every replica's object store injects the soaks' seeded faults (logged, counted).
+        cmd.arg("--faults");
+    }
     // The load, its retries, the drain and the final reads and SIGTERMs, with room to spare.
     let within = Duration::from_secs(seconds + 900);
     let out = crate::bench::probe::output_within(&mut cmd, within)?;

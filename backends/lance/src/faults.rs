@@ -243,9 +243,17 @@ fn injected(fault: InjectedFault) -> object_store::Error {
     }
 }
 
+/// The environment variable that makes every store a process opens inject the soaks' faults
+/// ([`Faults::soak`]), seeded with its value, each injection logged (warn, `injected fault`):
+/// how the serve soak faults `ctxlog serve` replicas, which it cannot hand an injector. Read
+/// only by builds with the `testing` feature, so a release binary never injects anything.
+pub const ENV: &str = "CTXLOG_LANCE_FAULTS";
+
 /// A set of rules, a seeded generator, and counts of what was injected.
 pub struct Faults {
     seed: u64,
+    /// Log each injected fault but latency (the serve soak counts them in the replicas' logs).
+    announce: bool,
     rules: Mutex<Vec<Armed>>,
     rng: Mutex<StdRng>,
     injected: Mutex<BTreeMap<(Op, &'static str), u64>>,
@@ -277,6 +285,7 @@ impl Faults {
     pub fn new(seed: u64) -> Arc<Self> {
         Arc::new(Faults {
             seed,
+            announce: false,
             rules: Mutex::new(Vec::new()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: Mutex::new(BTreeMap::new()),
@@ -288,6 +297,46 @@ impl Faults {
 
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// The chaos soaks' mix: writes failing before (2 %) and after (1 %) they reach storage,
+    /// a WAL entry's conditional put stalling until its caller gives up (0.3 %), reads
+    /// throttled (1 %), and up to 20 ms of latency on a tenth of all requests.
+    pub fn soak(seed: u64) -> Arc<Self> {
+        let f = Faults::new(seed);
+        let writes = [Op::Put, Op::PutIfAbsent, Op::Multipart];
+        let reads = [Op::Get, Op::Head, Op::List];
+        f.add(Rule::new(&writes, Action::FailBefore).when(When::Probability(0.02)));
+        f.add(Rule::new(&writes, Action::FailAfter).when(When::Probability(0.01)));
+        f.add(
+            Rule::new(&[Op::PutIfAbsent], Action::Stall)
+                .path("/wal/")
+                .when(When::Probability(0.003)),
+        );
+        f.add(Rule::new(&reads, Action::Throttle).when(When::Probability(0.01)));
+        f.add(
+            Rule::new(&Op::ALL, Action::Delay(Latency::Uniform(Duration::ZERO, Duration::from_millis(20))))
+                .when(When::Probability(0.1)),
+        );
+        f
+    }
+
+    /// [`Faults::soak`] seeded by [`ENV`], announcing each fault, if it is set (and this
+    /// build has the `testing` feature).
+    pub(crate) fn from_env() -> Option<Arc<Self>> {
+        if !cfg!(feature = "testing") {
+            return None;
+        }
+        let value = std::env::var(ENV).ok()?;
+        let Ok(seed) = value.parse::<u64>() else {
+            tracing::warn!("{ENV}=`{value}` is not a seed (an unsigned integer): no faults injected");
+            return None;
+        };
+        let soak = Faults::soak(seed);
+        let mut f = Arc::into_inner(soak).expect("no other handle yet");
+        f.announce = true;
+        tracing::warn!(seed, "injecting object-store faults ({ENV} is set)");
+        Some(Arc::new(f))
     }
 
     /// Add a rule; it applies to requests from now on.
@@ -350,6 +399,9 @@ impl Faults {
             if fire {
                 armed.fired += 1;
                 let action = armed.rule.action.clone();
+                if self.announce && !matches!(action, Action::Delay(_)) {
+                    tracing::warn!(op = op.as_str(), action = action.name(), path, "injected fault");
+                }
                 *self
                     .injected
                     .lock()

@@ -30,6 +30,7 @@ pub(crate) async fn open_store(uri: &str, options: StoreOptions, faults: Option<
     options.validate()?;
     let uri = io::lance_uri(uri)?;
     let storage_options: HashMap<String, String> = options.storage_options.iter().cloned().collect();
+    let faults = faults.or_else(Faults::from_env);
     let params = io::store_params(&uri, &storage_options, faults.as_ref());
     let session = Arc::new(Session::default());
     let ds = with_deadline(
