@@ -83,6 +83,8 @@ const CLIENTS: usize = 6;
 const TERM_BOUND: Duration = Duration::from_secs(30);
 /// How long a write is retried before it is given up as unknown.
 const RETRY_FOR: Duration = Duration::from_secs(120);
+/// How long a replica may take, at the end, to be ready and to answer every final read.
+const FINAL_PATIENCE: Duration = Duration::from_secs(120);
 /// How long watchers may take to receive the fence posts.
 const DRAIN: Duration = Duration::from_secs(90);
 /// While draining, a watcher that received its fence posts stops after this long without
@@ -215,6 +217,8 @@ struct Cluster {
     start_failures: Vec<String>,
     /// The run's seed when the replicas inject object-store faults (`--faults`).
     faults: Option<u64>,
+    /// Processes started so far (each start's faults are seeded apart).
+    starts: u64,
 }
 
 fn signal(pid: i32, sig: i32) {
@@ -271,11 +275,16 @@ impl Cluster {
         };
         // The index the process gets in the history if it starts (a failed start reuses it).
         let process = self.processes.len();
-        let log = std::fs::File::create(self.dir.join(format!("{writer}-{process}.log")))?;
+        // A log per attempt: a failed start's is kept (its faults are counted at the end).
+        let log = std::fs::File::create(self.dir.join(format!("{writer}-{process}-{attempt}.log")))?;
         let mut child = Command::new(&self.ctxlog);
+        self.starts += 1;
         if let Some(seed) = self.faults {
+            // A seed per start: a start again with the same one would meet the same faults
+            // at the same requests of its open.
+            let seed = seed.wrapping_add(self.starts.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             #[cfg(feature = "lance")]
-            child.env(ctxlog_lance::faults::ENV, (seed ^ process as u64).to_string());
+            child.env(ctxlog_lance::faults::ENV, seed.to_string());
             #[cfg(not(feature = "lance"))]
             bail!("--faults (seed {seed}) needs the `lance` feature");
         }
@@ -310,7 +319,8 @@ impl Cluster {
         };
         let Some(line) = line else {
             let _ = child.kill().await;
-            let log = std::fs::read_to_string(self.dir.join(format!("{writer}-{process}.log"))).unwrap_or_default();
+            let log =
+                std::fs::read_to_string(self.dir.join(format!("{writer}-{process}-{attempt}.log"))).unwrap_or_default();
             let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
             self.start_failures
                 .push(format!("{writer} (attempt {process}): {tail}"));
@@ -489,6 +499,7 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         crashes: Vec::new(),
         start_failures: Vec::new(),
         faults: cli.faults.then_some(cli.seed),
+        starts: 0,
     };
     // The first replica creates the store before the others race to open it.
     for slot in 0..WRITERS.len() {
@@ -1164,26 +1175,50 @@ async fn final_read(sh: &Shared, process: usize, addr: &str) -> Final {
         process,
         ..Final::default()
     };
-    match sh
-        .http
-        .call(Method::GET, &format!("http://{addr}/readyz"), None, sh.deadline)
-        .await
-    {
-        Answer::Status(200, _) => f.ready = true,
-        Answer::Status(s, v) => f.reason = format!("{s}: {}", v["reason"].as_str().unwrap_or("")),
-        other => f.reason = format!("{other:?}"),
+    // Ready, and every read answered, within FINAL_PATIENCE in all: a replica whose object
+    // store injects faults may be between a failed refresh and the next one (503, nothing
+    // written); one that stays unready or refuses (a poisoned writer, a view that cannot be
+    // refreshed) is a finding.
+    let until = Instant::now() + FINAL_PATIENCE;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match sh
+            .http
+            .call(Method::GET, &format!("http://{addr}/readyz"), None, sh.deadline)
+            .await
+        {
+            Answer::Status(200, _) => {
+                f.ready = true;
+                break;
+            }
+            Answer::Status(s, v) => f.reason = format!("{s}: {}", v["reason"].as_str().unwrap_or("")),
+            other => f.reason = format!("{other:?}"),
+        }
+        if Instant::now() + pause > until {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
     let get = |path: String| async move {
-        for _ in 0..5 {
-            if let Answer::Status(200, v) = sh
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let last = match sh
                 .http
                 .call(Method::GET, &format!("http://{addr}{path}"), None, sh.deadline)
                 .await
             {
-                return Ok(v);
+                Answer::Status(200, v) => return Ok(v),
+                other => format!("{other:?}"),
+            };
+            if Instant::now() + pause > until {
+                return Err(format!(
+                    "GET {path} still failed {FINAL_PATIENCE:?} after the final read began: {last}"
+                ));
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
-        Err(format!("GET {path} failed five times"))
     };
     let mut errors = Vec::new();
     for bot in BOTS.iter().chain([&COLD_BOT]) {

@@ -315,8 +315,11 @@ impl Faults {
         );
         f.add(Rule::new(&reads, Action::Throttle).when(When::Probability(0.01)));
         f.add(
-            Rule::new(&Op::ALL, Action::Delay(Latency::Uniform(Duration::ZERO, Duration::from_millis(20))))
-                .when(When::Probability(0.1)),
+            Rule::new(
+                &Op::ALL,
+                Action::Delay(Latency::Uniform(Duration::ZERO, Duration::from_millis(20))),
+            )
+            .when(When::Probability(0.1)),
         );
         f
     }
