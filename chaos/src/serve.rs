@@ -275,14 +275,15 @@ impl Cluster {
         };
         // The index the process gets in the history if it starts (a failed start reuses it).
         let process = self.processes.len();
-        // A log per attempt: a failed start's is kept (its faults are counted at the end).
-        let log = std::fs::File::create(self.dir.join(format!("{writer}-{process}-{attempt}.log")))?;
-        let mut child = Command::new(&self.ctxlog);
+        // A log per start: a failed start's is kept (its faults are counted at the end).
         self.starts += 1;
+        let log_path = self.dir.join(format!("{writer}-start{}.log", self.starts));
+        let log = std::fs::File::create(&log_path)?;
+        let mut child = Command::new(&self.ctxlog);
         if let Some(seed) = self.faults {
             // A seed per start: a start again with the same one would meet the same faults
             // at the same requests of its open.
-            let seed = seed.wrapping_add(self.starts.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let seed = seed.wrapping_add(self.starts);
             #[cfg(feature = "lance")]
             child.env(ctxlog_lance::faults::ENV, seed.to_string());
             #[cfg(not(feature = "lance"))]
@@ -319,8 +320,7 @@ impl Cluster {
         };
         let Some(line) = line else {
             let _ = child.kill().await;
-            let log =
-                std::fs::read_to_string(self.dir.join(format!("{writer}-{process}-{attempt}.log"))).unwrap_or_default();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
             self.start_failures
                 .push(format!("{writer} (attempt {process}): {tail}"));
@@ -687,12 +687,17 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
     }
     sh.stop_watch.store(true, Ordering::Release);
     // What every replica serves at the end.
-    let mut finals = Vec::new();
-    for slot in 0..WRITERS.len() {
-        if let Some(p) = &cluster.slots[slot].current {
-            finals.push(final_read(&sh, p.process, &p.addr).await);
+    let finals = {
+        let reads = cluster.slots.iter().filter_map(|s| s.current.as_ref()).map(|p| {
+            let (sh, process, addr) = (sh.clone(), p.process, p.addr.clone());
+            tokio::spawn(async move { final_read(&sh, process, &addr).await })
+        });
+        let mut finals = Vec::new();
+        for read in reads.collect::<Vec<_>>() {
+            finals.push(read.await.context("a final read panicked")?);
         }
-    }
+        finals
+    };
     for slot in 0..WRITERS.len() {
         if let Some(p) = cluster.slots[slot].current.take() {
             cluster.sync(&sh);
@@ -751,10 +756,16 @@ fn injected_faults(dir: &std::path::Path) -> Result<u64> {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "log") {
             let log = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-            n += log.lines().filter(|l| l.contains("injected fault")).count() as u64;
+            n += faults_in(&log);
         }
     }
     Ok(n)
+}
+
+/// The injection events in one replica's log: the event itself (`injected fault op=…`), not
+/// the errors that quote an injected fault's message (`…: injected fault: 503 SlowDown`).
+fn faults_in(log: &str) -> u64 {
+    log.lines().filter(|l| l.contains("injected fault op=")).count() as u64
 }
 
 /// One maintenance call; retention's report says which cold sessions it ended.
@@ -1168,6 +1179,46 @@ async fn watch(sh: Arc<Shared>, name: String, slot: usize, scope: Scope, seed: u
     log
 }
 
+/// `GET path` of the replica at `addr` until it answers 200, asked again (counted as
+/// `final_retries`) after a refusal that wrote nothing (503, 429) or no answer, never past
+/// `until`; any other answer is final.
+async fn patient(sh: &Shared, addr: &str, path: &str, until: Instant) -> Result<Value, String> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "GET {path}: no answer {FINAL_PATIENCE:?} after the final read began"
+            ));
+        }
+        let last = match sh
+            .http
+            .call(
+                Method::GET,
+                &format!("http://{addr}{path}"),
+                None,
+                sh.deadline.min(left),
+            )
+            .await
+        {
+            Answer::Status(200, v) => return Ok(v),
+            Answer::Status(s @ (503 | 429), v) => {
+                format!("{s}: {}", v["reason"].as_str().or(v["detail"].as_str()).unwrap_or(""))
+            }
+            Answer::Status(s, v) => return Err(format!("GET {path}: {s} {v}")),
+            other => format!("{other:?}"),
+        };
+        if Instant::now() + pause >= until {
+            return Err(format!(
+                "GET {path} still refused {FINAL_PATIENCE:?} after the final read began: {last}"
+            ));
+        }
+        sh.count("final_retries");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
 /// What one replica serves at the end: ready or why not, every bot's records, the context
 /// view of every hot session.
 async fn final_read(sh: &Shared, process: usize, addr: &str) -> Final {
@@ -1178,48 +1229,13 @@ async fn final_read(sh: &Shared, process: usize, addr: &str) -> Final {
     // Ready, and every read answered, within FINAL_PATIENCE in all: a replica whose object
     // store injects faults may be between a failed refresh and the next one (503, nothing
     // written); one that stays unready or refuses (a poisoned writer, a view that cannot be
-    // refreshed) is a finding.
+    // refreshed) is a finding, and so is any other answer.
     let until = Instant::now() + FINAL_PATIENCE;
-    let mut pause = Duration::from_millis(100);
-    loop {
-        match sh
-            .http
-            .call(Method::GET, &format!("http://{addr}/readyz"), None, sh.deadline)
-            .await
-        {
-            Answer::Status(200, _) => {
-                f.ready = true;
-                break;
-            }
-            Answer::Status(s, v) => f.reason = format!("{s}: {}", v["reason"].as_str().unwrap_or("")),
-            other => f.reason = format!("{other:?}"),
-        }
-        if Instant::now() + pause > until {
-            break;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+    match patient(sh, addr, "/readyz", until).await {
+        Ok(_) => f.ready = true,
+        Err(e) => f.reason = e,
     }
-    let get = |path: String| async move {
-        let mut pause = Duration::from_millis(100);
-        loop {
-            let last = match sh
-                .http
-                .call(Method::GET, &format!("http://{addr}{path}"), None, sh.deadline)
-                .await
-            {
-                Answer::Status(200, v) => return Ok(v),
-                other => format!("{other:?}"),
-            };
-            if Instant::now() + pause > until {
-                return Err(format!(
-                    "GET {path} still failed {FINAL_PATIENCE:?} after the final read began: {last}"
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
-        }
-    };
+    let get = |path: String| async move { patient(sh, addr, &path, until).await };
     let mut errors = Vec::new();
     for bot in BOTS.iter().chain([&COLD_BOT]) {
         let mut after: Option<String> = None;
@@ -1287,4 +1303,22 @@ async fn final_read(sh: &Shared, process: usize, addr: &str) -> Final {
         f.reason = format!("{} {}", f.reason, errors.join("; "));
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::faults_in;
+
+    #[test]
+    fn a_fault_is_counted_once_not_with_every_error_that_quotes_it() {
+        let log = concat!(
+            "2026-12-05T08:48:37.175254Z  WARN ctxlog_lance::faults: injecting object-store faults (CTXLOG_LANCE_FAULTS is set) seed=8\n",
+            "2026-12-05T08:48:37.307737Z  WARN ctxlog_lance::faults: injected fault op=\"list\" action=\"throttle\" path=\"serve.lance/_versions\"\n",
+            "2026-12-05T08:48:37.307901Z  WARN ctxlog_server::view: refreshing the replica's view failed error=list failed: Generic fault-injection error: injected fault: 503 SlowDown (the service is throttling requests)\n",
+            "2026-12-05T08:48:38.1Z  WARN ctxlog_lance::faults: injected fault op=\"put\" action=\"fail_after\" path=\"serve.lance/_mem_wal/x/wal/1.arrow\"\n",
+            // Cut by a SIGKILL: the fault was decided before its line was written.
+            "2026-12-05T08:48:38.2Z  WARN ctxlog_lance::faults: injected fault op=\"put\" act",
+        );
+        assert_eq!(faults_in(log), 3);
+    }
 }

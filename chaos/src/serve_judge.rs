@@ -1034,5 +1034,10 @@ mod tests {
         h.watchers.clear();
         h.finals.clear();
         assert!(failed(&h).contains(&"progress"));
+        // A run that injected no faults owes none.
+        let mut h = passing();
+        h.faults = false;
+        h.counts.remove("faults_injected");
+        assert!(!failed(&h).contains(&"progress"), "{:?}", failed(&h));
     }
 }

@@ -246,7 +246,8 @@ fn injected(fault: InjectedFault) -> object_store::Error {
 /// The environment variable that makes every store a process opens inject the soaks' faults
 /// ([`Faults::soak`]), seeded with its value, each injection logged (warn, `injected fault`):
 /// how the serve soak faults `ctxlog serve` replicas, which it cannot hand an injector. Read
-/// only by builds with the `testing` feature, so a release binary never injects anything.
+/// only by debug builds with the `env-faults` feature (which only the chaos crate enables);
+/// any other build that finds it set says that it ignores it.
 pub const ENV: &str = "CTXLOG_LANCE_FAULTS";
 
 /// A set of rules, a seeded generator, and counts of what was injected.
@@ -283,7 +284,11 @@ impl fmt::Debug for Faults {
 
 impl Faults {
     pub fn new(seed: u64) -> Arc<Self> {
-        Arc::new(Faults {
+        Arc::new(Faults::unshared(seed))
+    }
+
+    fn unshared(seed: u64) -> Self {
+        Faults {
             seed,
             announce: false,
             rules: Mutex::new(Vec::new()),
@@ -292,7 +297,7 @@ impl Faults {
             requests: Mutex::new(BTreeMap::new()),
             bytes_read: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
-        })
+        }
     }
 
     pub fn seed(&self) -> u64 {
@@ -303,7 +308,14 @@ impl Faults {
     /// a WAL entry's conditional put stalling until its caller gives up (0.3 %), reads
     /// throttled (1 %), and up to 20 ms of latency on a tenth of all requests.
     pub fn soak(seed: u64) -> Arc<Self> {
-        let f = Faults::new(seed);
+        Arc::new(Faults::soak_mix(seed, false))
+    }
+
+    fn soak_mix(seed: u64, announce: bool) -> Self {
+        let f = Faults {
+            announce,
+            ..Faults::unshared(seed)
+        };
         let writes = [Op::Put, Op::PutIfAbsent, Op::Multipart];
         let reads = [Op::Get, Op::Head, Op::List];
         f.add(Rule::new(&writes, Action::FailBefore).when(When::Probability(0.02)));
@@ -324,22 +336,22 @@ impl Faults {
         f
     }
 
-    /// [`Faults::soak`] seeded by [`ENV`], announcing each fault, if it is set (and this
-    /// build has the `testing` feature).
+    /// [`Faults::soak`] seeded by [`ENV`], announcing each fault, if it is set and this is a
+    /// debug build with the `env-faults` feature.
     pub(crate) fn from_env() -> Option<Arc<Self>> {
-        if !cfg!(feature = "testing") {
+        let value = std::env::var(ENV).ok()?;
+        if !(cfg!(feature = "env-faults") && cfg!(debug_assertions)) {
+            tracing::warn!(
+                "{ENV} is set, but this build injects no faults (a debug build with ctxlog-lance/env-faults does)"
+            );
             return None;
         }
-        let value = std::env::var(ENV).ok()?;
         let Ok(seed) = value.parse::<u64>() else {
             tracing::warn!("{ENV}=`{value}` is not a seed (an unsigned integer): no faults injected");
             return None;
         };
-        let soak = Faults::soak(seed);
-        let mut f = Arc::into_inner(soak).expect("no other handle yet");
-        f.announce = true;
         tracing::warn!(seed, "injecting object-store faults ({ENV} is set)");
-        Some(Arc::new(f))
+        Some(Arc::new(Faults::soak_mix(seed, true)))
     }
 
     /// Add a rule; it applies to requests from now on.
