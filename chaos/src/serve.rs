@@ -421,6 +421,28 @@ impl Cluster {
             if self.slots[slot].current.is_none() {
                 self.sync(sh);
                 self.start(sh, slot, None).await?;
+                continue;
+            }
+            // A slot's newest process fenced, with no successor in the slot: a claim of its
+            // own whose answer was lost moved its shard on (it cannot tell that from a
+            // successor's, so it stays fenced for good), or a start that failed after its
+            // claim. As an operator would, start the writer id again: a new process claims
+            // afresh.
+            let addr = self.slots[slot].current.as_ref().map(|p| p.addr.clone());
+            if let Some(addr) = addr
+                && let Answer::Status(503, v) = sh
+                    .http
+                    .call(
+                        Method::GET,
+                        &format!("http://{addr}/readyz"),
+                        None,
+                        Duration::from_secs(2),
+                    )
+                    .await
+                && v["fenced"] == true
+            {
+                sh.count("fenced_restarts");
+                self.start(sh, slot, None).await?;
             }
         }
         self.sync(sh);
@@ -1202,6 +1224,8 @@ async fn patient(sh: &Shared, addr: &str, path: &str, until: Instant) -> Result<
             .await
         {
             Answer::Status(200, v) => return Ok(v),
+            // Fenced for good: no wait makes it ready.
+            Answer::Status(503, v) if v["fenced"] == true => return Err(format!("GET {path}: 503 {v}")),
             Answer::Status(s @ (503 | 429), v) => {
                 format!("{s}: {}", v["reason"].as_str().or(v["detail"].as_str()).unwrap_or(""))
             }
@@ -1301,6 +1325,7 @@ async fn final_read(sh: &Shared, process: usize, addr: &str) -> Final {
     if !errors.is_empty() {
         f.ready = false;
         f.reason = format!("{} {}", f.reason, errors.join("; "));
+        f.unread = errors;
     }
     f
 }

@@ -157,6 +157,8 @@ pub(crate) struct Final {
     pub(crate) ready: bool,
     /// Why not, when not.
     pub(crate) reason: String,
+    /// The final reads that got no answer (then `records` and `contexts` are partial).
+    pub(crate) unread: Vec<String>,
     /// Every live record of every session of every bot, as listed (duplicates kept).
     pub(crate) records: Vec<Rec>,
     /// Per hot session (`bot/session`): its context view (summary, covered, ids and texts).
@@ -269,6 +271,14 @@ fn acked_readable_once(h: &History) -> Check {
     }
     let mut problems = Vec::new();
     for f in &h.finals {
+        if !f.unread.is_empty() {
+            problems.push(format!(
+                "process {}: its listing is partial, {} final reads got no answer (replicas_ready_at_end says which)",
+                f.process,
+                f.unread.len()
+            ));
+            continue;
+        }
         let mut listed: BTreeMap<(String, String), Vec<&Rec>> = BTreeMap::new();
         for r in &f.records {
             listed.entry(key(r)).or_default().push(r);
@@ -601,9 +611,17 @@ fn replicas_ready_at_end(h: &History) -> Check {
 fn context_views_identical(h: &History) -> Check {
     let mut problems = Vec::new();
     let mut sessions = 0u64;
-    if let Some(first) = h.finals.first() {
+    for f in h.finals.iter().filter(|f| !f.unread.is_empty()) {
+        problems.push(format!(
+            "process {}: its context views are partial, {} final reads got no answer",
+            f.process,
+            f.unread.len()
+        ));
+    }
+    let mut complete = h.finals.iter().filter(|f| f.unread.is_empty());
+    if let Some(first) = complete.next() {
         sessions = first.contexts.len() as u64;
-        for f in &h.finals[1..] {
+        for f in complete {
             for (s, view) in &first.contexts {
                 if f.contexts.get(s) != Some(view) {
                     problems.push(format!(
@@ -755,6 +773,7 @@ mod tests {
             process,
             ready: true,
             reason: String::new(),
+            unread: Vec::new(),
             records: vec![a.clone(), c.clone(), s.clone()],
             contexts: [("alpha/s0".to_string(), context.clone())].into_iter().collect(),
         };
@@ -989,6 +1008,29 @@ mod tests {
             let mut h = passing();
             breaks(&mut h);
             assert_eq!(failed(&h), vec!["replicas_ready_at_end"], "{what}");
+        }
+    }
+
+    /// A replica whose final reads went unanswered fails the checks of what it serves with
+    /// one line each (not with every acknowledged id), and is judged on nothing it listed.
+    #[test]
+    fn a_replica_whose_final_reads_failed_fails_once_per_check() {
+        let mut h = passing();
+        h.finals[1].ready = false;
+        h.finals[1].unread = vec!["GET /v1/bots/alpha/sessions: 503".into()];
+        h.finals[1].records.clear();
+        h.finals[1].contexts.clear();
+        assert_eq!(
+            failed(&h),
+            vec![
+                "acked_readable_once",
+                "replicas_ready_at_end",
+                "context_views_identical"
+            ]
+        );
+        let verdict = judge(&h);
+        for c in verdict.iter().filter(|c| !c.ok) {
+            assert_eq!(c.detail["problems"], 1, "{}: {}", c.name, c.detail);
         }
     }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use ctxlog_core::{Result, StoreOptions, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
-use lance::dataset::mem_wal::WalTailer;
 
 use crate::LanceStore;
 use crate::schema::INDEX_COLUMNS;
@@ -46,12 +45,14 @@ pub async fn raw_scan(uri: &str, options: StoreOptions) -> Result<u64> {
         })
         .buffer_unordered(READ_WINDOW)
         .try_fold(0u64, |sum, n| async move { Ok(sum + n) });
-    let tails = futures::stream::iter(t.shards.iter().map(|s| (s.shard.0, s.wal_from)))
+    let tails = futures::stream::iter(t.shards.iter().map(|s| (s.shard, s.wal_from)))
         .map(|(shard, from)| {
-            let tailer = WalTailer::new(t.store.clone(), t.base_path.clone(), shard);
+            let (store, base_path) = (&t.store, &t.base_path);
             async move {
                 let (mut rows, mut position) = (0u64, from);
-                while let Some(entry) = tailer.read_entry(position).await.map_err(floor_err)? {
+                while let Some(entry) =
+                    crate::wal::read_entry(store, base_path, shard, position, "count rows", Written::Nothing).await?
+                {
                     rows += entry.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
                     position += 1;
                 }

@@ -22,12 +22,12 @@ use ctxlog_core::{Entry, Error, OrderKey, Result, ShardId, StoreOptions, Written
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use lance::dataset::ProjectionRequest;
-use lance::dataset::mem_wal::{DatasetMemWalExt, WalReadEntry, WalTailer};
 
 use crate::reclaim;
 use crate::schema::{Columns, INDEX_COLUMNS};
 use crate::store::Shared;
 use crate::tiers::{READ_WINDOW, Rows, Tiers, Walk, Walked, open_sources, read_err, read_tails, tiers, wal_rows, walk};
+use crate::wal::{WalEntry, read_entry};
 
 /// Where an entry can be fetched from, kept by the index with each put as a [`RowRef`].
 #[derive(Clone, Copy, Debug)]
@@ -203,11 +203,8 @@ impl IndexSource for LanceIndex {
         // base table, its generations not folded, its WAL.
         // The latest version and the shard list at once: the list does not depend on the
         // version (each is a round trip on an object store).
-        let held = shared.held().await;
-        let (base, ids) = futures::try_join!(shared.latest(), async {
-            held.list_mem_wal_latest_shard_ids().await.map_err(read_err)
-        })?;
-        let (store, base_path) = shared.io(&base).await?;
+        let (store, base_path) = shared.objects().await?;
+        let (base, ids) = futures::try_join!(shared.latest(), crate::wal::shard_ids(&store, &base_path, "read"))?;
         let floors = reclaim::floors(&base);
         // gc may empty the WAL up to and including a shard's floor (`reclaim.rs`).
         let below = |s: &ShardId, next: u64| next <= floors.get(s).copied().unwrap_or(0);
@@ -558,19 +555,16 @@ impl LanceIndex {
         if !wal.is_empty() {
             let base = self.shared.latest().await?;
             let (store, base_path) = self.shared.io(&base).await?;
-            let read: Vec<(ShardId, u64, WalSlots, WalReadEntry)> = futures::stream::iter(wal)
+            let read: Vec<(ShardId, u64, WalSlots, WalEntry)> = futures::stream::iter(wal)
                 .map(|((shard, position), rows)| {
-                    let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
+                    let (store, base_path) = (&store, &base_path);
                     async move {
-                        let entry =
-                            tailer
-                                .read_entry(position)
-                                .await
-                                .map_err(read_err)?
-                                .ok_or_else(|| Error::Corrupt {
-                                    shard: Some(shard),
-                                    what: format!("WAL entry {position} vanished"),
-                                })?;
+                        let entry = read_entry(store, base_path, shard, position, "read the WAL", Written::Nothing)
+                            .await?
+                            .ok_or_else(|| Error::Corrupt {
+                                shard: Some(shard),
+                                what: format!("WAL entry {position} vanished"),
+                            })?;
                         Ok::<_, Error>((shard, position, rows, entry))
                     }
                 })

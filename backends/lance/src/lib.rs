@@ -36,6 +36,7 @@ mod shard;
 mod snapshots;
 mod store;
 mod tiers;
+mod wal;
 mod writers;
 
 #[cfg(feature = "testing")]

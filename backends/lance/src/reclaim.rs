@@ -44,8 +44,8 @@ use ctxlog_core::{Error, GcOptions, GcReport, PurgeOptions, PurgeReport, Result,
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
 use lance::dataset::cleanup::CleanupPolicy;
+use lance::dataset::mem_wal::ShardManifestStore;
 use lance::dataset::mem_wal::util::{shard_base_path, shard_wal_path, wal_entry_filename};
-use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore};
 use lance::dataset::optimize::{CompactionOptions, compact_files};
 use lance::dataset::{UpdateBuilder, VersionRef};
 use lance_io::object_store::ObjectStore;
@@ -128,7 +128,7 @@ pub(crate) async fn gc(shared: &Shared, opts: &GcOptions) -> Result<GcReport> {
     let work_until = tokio::time::Instant::now() + shared.timeout() / 2;
     let mut base = shared.latest().await?;
     let (store, base_path) = shared.io(&base).await?;
-    let shards: Vec<Uuid> = base.list_mem_wal_latest_shard_ids().await.map_err(gc_err)?;
+    let shards: Vec<Uuid> = crate::wal::shard_ids(&store, &base_path, "gc").await?;
     // 1. Record each shard's floor: the WAL position its flushed generations cover.
     // Shard manifests at once, as the readers take them (`tiers::READ_WINDOW`).
     let manifests: HashMap<Uuid, _> = futures::stream::iter(shards.iter().copied())

@@ -21,6 +21,7 @@ use crate::error::lance_err;
 use crate::open::ensure_mem_wal;
 use crate::schema::{Stamped, to_batch};
 use crate::store::Shared;
+use crate::wal::read_entry;
 use crate::{tiers, writers};
 
 pub(crate) struct LanceShard {
@@ -187,14 +188,22 @@ impl LanceShard {
         let mut successor_sentinel = false;
         while pos > 1 {
             pos -= 1;
-            let Some(entry) = tailer.read_entry(pos).await.map_err(err)? else {
+            let read = read_entry(
+                &self.store,
+                &self.base_path,
+                shard,
+                pos,
+                "check a fenced append",
+                Written::Unknown,
+            );
+            let Some(entry) = read.await? else {
                 continue;
             };
-            if entry.writer_epoch > self.state.epoch() {
+            if entry.epoch > self.state.epoch() {
                 successor_sentinel |= entry.batches.is_empty();
                 continue;
             }
-            if entry.writer_epoch == self.state.epoch() && !entry.batches.is_empty() {
+            if entry.epoch == self.state.epoch() && !entry.batches.is_empty() {
                 // Our newest entry: our appends are sequential, so ours is this one or none.
                 let mut max_seq = 0;
                 for b in &entry.batches {

@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use ctxlog_core::{Result, ShardId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
-use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore, WalReadEntry, WalTailer};
+use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore};
 use lance::dataset::scanner::MaterializationStyle as Materialization;
 use lance_io::object_store::ObjectStore;
 use object_store::path::Path;
@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::error::lance_err;
 use crate::schema::{Columns, POSITION_COLUMNS, SHARD};
 use crate::store::Shared;
+use crate::wal::{WalEntry, read_entry};
 
 /// WAL entries fetched at once while reading a tail.
 const WAL_READ_AHEAD: usize = 16;
@@ -107,7 +108,7 @@ pub(crate) async fn tiers(shared: &Shared, only: Option<ShardId>) -> Result<Tier
     let compacted = folded(&base).await?;
     let ids = match only {
         Some(s) => vec![s.0],
-        None => base.list_mem_wal_latest_shard_ids().await.map_err(read_err)?,
+        None => crate::wal::shard_ids(&store, &base_path, "read").await?,
     };
     let shards: Vec<Option<ShardTier>> = futures::stream::iter(ids)
         .map(|id| shard_tier(shared, &store, &base_path, ShardId(id), compacted.get(&id).copied()))
@@ -343,19 +344,17 @@ pub(crate) async fn read_wal(
     shard: ShardId,
     from: u64,
     known: u64,
-) -> Result<(u64, Vec<WalReadEntry>)> {
-    let tailer = WalTailer::new(store.clone(), base_path.clone(), shard.0);
+) -> Result<(u64, Vec<WalEntry>)> {
+    let read = |pos| read_entry(store, base_path, shard, pos, "read the WAL", Written::Nothing);
     let mut entries = Vec::new();
     let mut next = from;
     loop {
         let start = next;
-        let read_err = |e| lance_err("read the WAL", Some(shard), Written::Nothing, e);
-        let mut window: Vec<Option<WalReadEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
-            .map(|pos| tailer.read_entry(pos))
+        let mut window: Vec<Option<WalEntry>> = futures::stream::iter(start..start + WAL_READ_AHEAD as u64)
+            .map(read)
             .buffered(WAL_READ_AHEAD)
             .try_collect()
-            .await
-            .map_err(read_err)?;
+            .await?;
         let last_present = window.iter().rposition(Option::is_some);
         // The window's reads run concurrently, so they are no snapshot: the read of a
         // position may answer "missing" just before the writer puts it and the next, which
@@ -364,7 +363,7 @@ pub(crate) async fn read_wal(
         if let Some(l) = last_present {
             for (pos, slot) in (start..).zip(&mut window[..l]) {
                 if slot.is_none() {
-                    *slot = tailer.read_entry(pos).await.map_err(read_err)?;
+                    *slot = read(pos).await?;
                 }
             }
         }
@@ -383,7 +382,7 @@ pub(crate) async fn read_wal(
 }
 
 /// What [`read_tails`] read of one shard: its next WAL position and the entries before it.
-pub(crate) type Tail = (ShardId, u64, Vec<WalReadEntry>);
+pub(crate) type Tail = (ShardId, u64, Vec<WalEntry>);
 
 /// The WAL tails of several shards, each `(shard, from, known)` as for [`read_wal`]: read up
 /// to `READ_WINDOW` shards at once, returned in the order given.
@@ -403,10 +402,10 @@ pub(crate) async fn read_tails(
 }
 
 /// The record batches of a WAL entry, as rows of a walk.
-pub(crate) fn wal_rows(e: &WalReadEntry) -> impl Iterator<Item = Rows<'_>> {
+pub(crate) fn wal_rows(e: &WalEntry) -> impl Iterator<Item = Rows<'_>> {
     e.batches.iter().enumerate().map(|(b, batch)| Rows::Wal {
         batch,
-        position: e.entry_position,
+        position: e.position,
         batch_no: b as u32,
     })
 }

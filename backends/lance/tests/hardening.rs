@@ -347,6 +347,69 @@ fn a_wal_hole_hides_nothing_after_it() {
     });
 }
 
+/// A throttled WAL read or list of shards reaches the caller as `Unavailable`, nothing
+/// written (503, retry later), not as a plain storage error: Lance's own WAL reader and
+/// shard listing format the cause into a message, so the backend makes both itself.
+#[test]
+fn a_throttled_wal_read_or_listing_is_unavailable() {
+    run("a_throttled_wal_read_or_listing_is_unavailable", |ctx| {
+        Box::pin(async move {
+            let store = ctx.store().await?;
+            let mut a = store.open_shard(&w("tail")).await?;
+            a.append(recs("t", "s", 2)).await?;
+            // A crash without a flush: the entries are only in the WAL.
+            drop(a);
+            drop(store);
+            let faults = Faults::new(41);
+            let throttle = faults.add(Rule::new(&[Op::Get], Action::Throttle).path("/wal/"));
+            let store = faulted(&ctx, &faults).await?;
+            let got = store.projector().session("bot", "s").await;
+            ensure!(
+                matches!(
+                    &got,
+                    Err(Error::Unavailable { shard: Some(s), written: Written::Nothing, .. }) if *s == w("tail").shard_id()
+                ),
+                "a throttled WAL read: {:?}",
+                got.map(|v| v.len())
+            );
+            let read = store.read_shard(w("tail").shard_id(), 0, 10).await;
+            ensure!(
+                matches!(
+                    &read,
+                    Err(Error::Unavailable {
+                        written: Written::Nothing,
+                        ..
+                    })
+                ),
+                "a throttled shard read: {:?}",
+                read.map(|v| v.len())
+            );
+            faults.remove(throttle);
+            ensure!(
+                store.read_shard(w("tail").shard_id(), 0, 10).await?.len() == 2,
+                "read again"
+            );
+            // The list of shards, which every first scan and refresh makes.
+            let throttle = faults.add(Rule::new(&[Op::List], Action::Throttle).path("_mem_wal"));
+            let got = store.projector().session("bot", "s").await;
+            ensure!(
+                matches!(
+                    &got,
+                    Err(Error::Unavailable {
+                        written: Written::Nothing,
+                        ..
+                    })
+                ),
+                "a throttled list of shards: {:?}",
+                got.map(|v| v.len())
+            );
+            faults.remove(throttle);
+            ensure!(store.projector().session("bot", "s").await?.len() == 2, "read again");
+            Ok(())
+        })
+    });
+}
+
 async fn compact_all(store: &dyn Store) -> anyhow::Result<()> {
     for _ in 0..64 {
         if store.compact(&CompactOptions::default()).await?.generations_remaining == 0 {

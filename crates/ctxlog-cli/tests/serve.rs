@@ -290,15 +290,19 @@ async fn serve_same_writer_fences_the_older_for_good(ctx: Ctx) -> anyhow::Result
     }
     let ready = co.get("/readyz").await?;
     ensure!(
-        ready.status == StatusCode::SERVICE_UNAVAILABLE
-            && ready.json["reason"].as_str().unwrap_or("").contains("fenced"),
+        ready.status == StatusCode::SERVICE_UNAVAILABLE && ready.json["fenced"] == true,
         "{} {}",
         ready.status,
         ready.text
     );
     // The newer one keeps the shard: the fenced one never claimed it back.
     ensure!(cn.append("bot", "s", &[rec("new-2", "x")]).await?.status == StatusCode::OK);
-    ensure!(cn.get("/readyz").await?.status == StatusCode::OK);
+    let ready = cn.get("/readyz").await?;
+    ensure!(
+        ready.status == StatusCode::OK && ready.json["fenced"] == false,
+        "{}",
+        ready.text
+    );
     let ids: Vec<String> = cn
         .session("bot", "s")
         .await?

@@ -365,6 +365,11 @@ pub struct ReadyOut {
     pub ready: bool,
     /// The writer identity.
     pub writer: String,
+    /// The writer identity's shard was claimed past this replica's epoch: it never takes a
+    /// write again (it still serves reads). A successor holds the id, or a claim of this
+    /// replica's own whose answer was lost moved the shard on (it cannot tell the two
+    /// apart); only a new process claims afresh — start one where no successor runs.
+    pub fenced: bool,
     /// Why not, when not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

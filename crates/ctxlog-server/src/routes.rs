@@ -998,7 +998,17 @@ async fn readyz(State(r): Shared) -> Response {
         StatusCode::OK
     };
     let ready = reason.is_none();
-    (status, axum::Json(ReadyOut { ready, writer, reason })).into_response()
+    let fenced = r.writer.fenced();
+    (
+        status,
+        axum::Json(ReadyOut {
+            ready,
+            writer,
+            fenced,
+            reason,
+        }),
+    )
+        .into_response()
 }
 
 /// Prometheus text (admin when tokens are required).
