@@ -331,7 +331,16 @@ impl Cluster {
         // Keep stdout drained (it prints nothing more, but a full pipe would block it).
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let started_ms = ms();
-        let start_epoch = sh.poll_shards(&addr, Some(writer)).await;
+        // The epoch it claimed, which the judge compares its predecessors' writes with: asked
+        // again (a replica between a failed refresh and the next answers 503) for a while.
+        let mut start_epoch = None;
+        for attempt in 0..20u32 {
+            start_epoch = sh.poll_shards(&addr, Some(writer)).await;
+            if start_epoch.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100 << attempt.min(4))).await;
+        }
         self.processes.push(Process {
             writer: writer.to_string(),
             started_ms,
@@ -427,7 +436,8 @@ impl Cluster {
             // own whose answer was lost moved its shard on (it cannot tell that from a
             // successor's, so it stays fenced for good), or a start that failed after its
             // claim. As an operator would, start the writer id again: a new process claims
-            // afresh.
+            // afresh. (A superseded process that claimed back and wrote is judged by its
+            // acks, `no_fenced_claim_again`.)
             let addr = self.slots[slot].current.as_ref().map(|p| p.addr.clone());
             if let Some(addr) = addr
                 && let Answer::Status(503, v) = sh

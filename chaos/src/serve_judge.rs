@@ -487,11 +487,15 @@ fn no_fenced_claim_again(h: &History) -> Check {
         }
     }
     let mut problems = Vec::new();
-    let mut takeovers = 0u64;
+    let (mut takeovers, mut unjudged) = (0u64, 0u64);
     for procs in by_writer(h).values() {
         for (n, &older) in procs.iter().enumerate() {
             for &younger in &procs[n + 1..] {
-                let Some(claim) = h.processes[younger].start_epoch else {
+                // The epoch it claimed as polled at its start, else the lowest it wrote under
+                // (its claim or later); a process with neither cannot be judged, and says so.
+                let lowest_acked = held.get(&younger).and_then(|e| e.first().copied());
+                let Some(claim) = h.processes[younger].start_epoch.or(lowest_acked) else {
+                    unjudged += 1;
                     continue;
                 };
                 takeovers += 1;
@@ -522,7 +526,7 @@ fn no_fenced_claim_again(h: &History) -> Check {
     check(
         "no_fenced_claim_again",
         problems,
-        json!({"pairs": takeovers, "epochs_seen": h.epochs.len()}),
+        json!({"pairs": takeovers, "unjudged_pairs": unjudged, "epochs_seen": h.epochs.len()}),
     )
 }
 

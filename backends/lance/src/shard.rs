@@ -7,11 +7,9 @@ use tokio::time::Instant;
 
 use async_trait::async_trait;
 use ctxlog_core::backend::writer::{Staged, WriterState};
-use ctxlog_core::backend::{HlcClock, with_deadline};
+use ctxlog_core::backend::{HlcClock, failpoint, with_deadline};
 use ctxlog_core::{AppendAck, Epoch, Error, Hlc, Record, Result, Shard, ShardId, WriterId, Written};
-use lance::dataset::mem_wal::{
-    DatasetMemWalExt, FreezeFence, ShardManifestStore, ShardWriter, ShardWriterConfig, WalTailer,
-};
+use lance::dataset::mem_wal::{DatasetMemWalExt, FreezeFence, ShardWriter, ShardWriterConfig};
 use lance_core::FenceReason;
 use lance_io::object_store::ObjectStore;
 use lance_table::system_index::mem_wal::ShardManifest;
@@ -40,6 +38,47 @@ pub(crate) struct LanceShard {
     flushes_behind: bool,
 }
 
+/// Where an open recovers seqs and clocks, after its claim landed (failpoint).
+pub(crate) const RECOVER_AFTER_CLAIM: &str = "lance.open.recover_after_claim";
+
+/// Seqs and clocks of `shard`, read after this open's claim landed: only this open knows the
+/// epoch it took. Given up on a failed read, its caller would still hold the epoch before
+/// (which is no longer the newest), and a reopen from there would find itself fenced by its
+/// own claim — a replica fenced with no successor. So the reads (which write nothing) are
+/// tried again until they succeed, within the open's deadline (whose miss says the claim may
+/// have landed). An error reading again cannot cure (denied, damaged) is returned at once.
+async fn recover_after_claim(inner: &Shared, shard: ShardId) -> Result<tiers::Recovered> {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let read = match failpoint::hit(RECOVER_AFTER_CLAIM, || inner.uri.clone()).await {
+            Ok(()) => tiers::recover(inner, shard).await,
+            Err(stopped) => Err(Error::Unavailable {
+                op: "recover seqs and clocks",
+                shard: Some(shard),
+                reason: ctxlog_core::Unavailability::Throttled,
+                what: format!("stopped at {}", stopped.point),
+                written: Written::Nothing,
+            }),
+        };
+        match read {
+            Ok(r) => return Ok(r),
+            // What reading again may cure: a throttled or unreachable store, a storage error
+            // (Lance's, its cause unknown), a read that missed its deadline.
+            Err(e @ (Error::Unavailable { .. } | Error::Backend { .. } | Error::Timeout { .. })) => {
+                tracing::warn!(%shard, error = %e, "reading seqs and clocks after the claim failed; reading again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            // What it cannot (denied, damaged, not a store): said at once. The claim landed,
+            // so the open may have written.
+            Err(e) => {
+                tracing::warn!(%shard, error = %e, "reading seqs and clocks after the claim failed for good");
+                return Err(e);
+            }
+        }
+    }
+}
+
 impl LanceShard {
     /// Claim the shard; with `held`, only while its newest claim is `held` (a reopen).
     pub(crate) async fn open(inner: Arc<Shared>, writer_id: WriterId, held: Option<Epoch>) -> Result<Self> {
@@ -51,8 +90,7 @@ impl LanceShard {
             ensure_mem_wal(&mut ds).await?;
             let (store, base_path) = inner.io(&ds).await?;
             steps.done("read the dataset");
-            let manifests = ShardManifestStore::new(store.clone(), &base_path, shard.0, 2);
-            let before = latest_manifest(&manifests, shard).await?;
+            let before = latest_manifest(&store, &base_path, shard).await?;
             let epoch_before = before.as_ref().map_or(0, |m| m.writer_epoch);
             steps.tail(before.as_ref().map(|m| (m.replay_after_wal_entry_position, m.wal_entry_position_last_seen)));
             steps.done("read the shard manifest");
@@ -96,7 +134,7 @@ impl LanceShard {
                     // Lance does not say which epoch this open claimed, if any, so classify by
                     // what is proven. A failed claim against a concurrent opener of the same
                     // writer id is an I/O error in Lance, as is a lost answer to our own claim.
-                    let now = current_epoch(&manifests, shard).await.ok();
+                    let now = current_epoch(&store, &base_path, shard).await.ok();
                     return Err(match (e.fence_reason(), now) {
                         // Proven: Lance saw a successor's epoch past ours during replay.
                         (Some(FenceReason::PeerClaimedEpoch), now) => Error::Fenced {
@@ -142,7 +180,7 @@ impl LanceShard {
                 flushes_behind: false,
             };
             // Seqs and HLCs are ctxlog's: recover them from what the shard holds.
-            let recovered = tiers::recover(&inner, shard).await?;
+            let recovered = recover_after_claim(&inner, shard).await?;
             handle.state = WriterState::new(
                 writer_id,
                 writer.epoch(),
@@ -182,9 +220,14 @@ impl LanceShard {
     /// last entry, so no entry of ours can land any more. `None` when it cannot tell.
     async fn landed(&self, first_seq: u64) -> Result<Option<bool>> {
         let shard = self.state.shard();
-        let err = |e| lance_err("check a fenced append", Some(shard), Written::Unknown, e);
-        let tailer = WalTailer::new(self.store.clone(), self.base_path.clone(), shard.0);
-        let mut pos = tailer.next_position().await.map_err(err)?;
+        let mut pos = crate::wal::next_wal_position(
+            &self.store,
+            &self.base_path,
+            shard,
+            "check a fenced append",
+            Written::Unknown,
+        )
+        .await?;
         let mut successor_sentinel = false;
         while pos > 1 {
             pos -= 1;
@@ -271,15 +314,14 @@ impl std::fmt::Display for OpenSteps {
     }
 }
 
-async fn latest_manifest(manifests: &ShardManifestStore, shard: ShardId) -> Result<Option<ShardManifest>> {
-    manifests
-        .latest()
-        .await
-        .map_err(|e| lance_err("read the shard manifest", Some(shard), Written::Nothing, e))
+async fn latest_manifest(store: &ObjectStore, base_path: &Path, shard: ShardId) -> Result<Option<ShardManifest>> {
+    crate::wal::latest_manifest(store, base_path, shard, "read the shard manifest", Written::Nothing).await
 }
 
-async fn current_epoch(manifests: &ShardManifestStore, shard: ShardId) -> Result<Epoch> {
-    Ok(latest_manifest(manifests, shard).await?.map_or(0, |m| m.writer_epoch))
+async fn current_epoch(store: &ObjectStore, base_path: &Path, shard: ShardId) -> Result<Epoch> {
+    Ok(latest_manifest(store, base_path, shard)
+        .await?
+        .map_or(0, |m| m.writer_epoch))
 }
 
 /// Stop a writer's background tasks without flushing (everything acknowledged is in the
@@ -403,13 +445,12 @@ impl LanceShard {
         }
         self.fence_checked = Instant::now();
         let shard = self.state.shard();
-        let manifests = ShardManifestStore::new(self.store.clone(), &self.base_path, shard.0, 2);
         let budget = self.shared.timeout() / 4;
         // The store's format with the fence: a store another release moved on is not
         // written (rule 22). Read beside the epoch: one round trip for both.
         let (format, epoch) = tokio::join!(
             tokio::time::timeout(budget, crate::format::check(&self.shared)),
-            tokio::time::timeout(budget, current_epoch(&manifests, shard)),
+            tokio::time::timeout(budget, current_epoch(&self.store, &self.base_path, shard)),
         );
         match format {
             Ok(Err(e @ Error::NotAStore { .. })) => return Err(e),

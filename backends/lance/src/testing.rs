@@ -132,6 +132,17 @@ async fn inject(uri: &str, e: &Entry, kind: Option<u8>) -> Result<()> {
     Ok(())
 }
 
+/// Fail the next open of a shard of `store` once where it reads seqs and clocks after its
+/// claim landed (as a throttled read there would); the guard disarms it, and says whether an
+/// open reached the point.
+pub fn fail_recovery_after_claim_once(store: &LanceStore) -> failpoint::Armed {
+    failpoint::arm_once(
+        crate::shard::RECOVER_AFTER_CLAIM,
+        store.shared.uri.clone(),
+        failpoint::Action::Fail,
+    )
+}
+
 /// Run one compaction pass that stops at `stop`, as a crash there would.
 pub async fn compact_interrupted(
     uri: &str,

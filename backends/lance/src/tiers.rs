@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use ctxlog_core::{Result, ShardId, Written};
 use futures::{StreamExt, TryStreamExt};
 use lance::Dataset;
-use lance::dataset::mem_wal::{DatasetMemWalExt, ShardManifestStore};
+use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::dataset::scanner::MaterializationStyle as Materialization;
 use lance_io::object_store::ObjectStore;
 use object_store::path::Path;
@@ -135,12 +135,7 @@ async fn shard_tier(
     shard: ShardId,
     compacted: Option<u64>,
 ) -> Result<Option<ShardTier>> {
-    // A fresh manifest store per read: `latest()` then scans storage instead of
-    // returning a cached position.
-    let manifest = ShardManifestStore::new(store.clone(), base_path, shard.0, 2)
-        .latest()
-        .await
-        .map_err(read_err)?;
+    let manifest = crate::wal::latest_manifest(store, base_path, shard, "read", Written::Nothing).await?;
     let Some(m) = manifest else { return Ok(None) };
     let root = shared.uri.trim_end_matches('/');
     let mut all: Vec<Generation> = m

@@ -151,6 +151,48 @@ fn a_reopen_after_a_takeover_and_a_timeout_claims_nothing() {
     });
 }
 
+/// Rules 3 and 4 (issue 33, a review of e36160f): a reopen whose claim landed and whose
+/// next read — seqs and clocks, on object storage a throttled GET — failed returned an
+/// error that said nothing was written. The replica kept the epoch it held before, and its
+/// next reopen from there found itself fenced by its own claim: a replica fenced with no
+/// successor. The open reads again, within its deadline, holding the epoch it took.
+#[test]
+fn a_read_that_fails_after_the_claim_does_not_lose_the_claim() {
+    run("a_read_that_fails_after_the_claim_does_not_lose_the_claim", |ctx| {
+        Box::pin(async move {
+            let store = LanceStore::open_with_faults(&ctx.uri, ctx.options(), None).await?;
+            let mut a = store.open_shard(&w("same")).await?;
+            a.append(recs("a", "s", 2)).await?;
+            let held = a.epoch();
+            drop(a);
+            let failed = ctxlog_lance::testing::fail_recovery_after_claim_once(&store);
+            let mut b = tokio::time::timeout(WAIT, store.reopen_shard(&w("same"), held))
+                .await
+                .context("the reopen hung")?
+                .context("a read that failed after the claim cost the reopen")?;
+            ensure!(
+                failed.reached(Duration::ZERO).await,
+                "the reopen never reached its recovery"
+            );
+            ensure!(
+                b.epoch() == held + 1,
+                "the reopen claimed epoch {} after {held}",
+                b.epoch()
+            );
+            let ack = b.append(recs("b", "s", 1)).await?;
+            ensure!(ack.first_seq == 3, "seqs recovered: {ack:?}");
+            let claimed = b.epoch();
+            drop(b);
+            // Its claim is the newest: reopening from it is no takeover.
+            let mut c = store.reopen_shard(&w("same"), claimed).await?;
+            c.append(recs("c", "s", 1)).await?;
+            c.close().await?;
+            ensure!(ids(&ctx, "s").await? == ["a-0", "a-1", "b-0", "c-0"]);
+            Ok(())
+        })
+    });
+}
+
 /// Rule 3: a writer fenced after its batch reached the memtable but before its WAL entry
 /// was stored: the successor's sentinel took the slot, so the batch can never land — the
 /// append says `Fenced` with nothing written, and nothing of it is ever visible.
@@ -405,6 +447,31 @@ fn a_throttled_wal_read_or_listing_is_unavailable() {
             );
             faults.remove(throttle);
             ensure!(store.projector().session("bot", "s").await?.len() == 2, "read again");
+            // A shard's manifest, which every shard read, claim and fence check reads first.
+            let throttle = faults.add(Rule::new(&[Op::Get, Op::Head, Op::List], Action::Throttle).path("/manifest/"));
+            let read = store.read_shard(w("tail").shard_id(), 0, 10).await;
+            ensure!(
+                matches!(
+                    &read,
+                    Err(Error::Unavailable { shard: Some(s), written: Written::Nothing, .. }) if *s == w("tail").shard_id()
+                ),
+                "a throttled manifest read: {:?}",
+                read.map(|v| v.len())
+            );
+            let claim = store.open_shard(&w("tail")).await;
+            ensure!(
+                matches!(
+                    &claim,
+                    Err(Error::Unavailable {
+                        written: Written::Nothing,
+                        ..
+                    })
+                ),
+                "a claim whose manifest read was throttled: {:?}",
+                claim.map(|s| s.epoch())
+            );
+            faults.remove(throttle);
+            ensure!(store.open_shard(&w("tail")).await?.epoch() == 2, "claimed again");
             Ok(())
         })
     });

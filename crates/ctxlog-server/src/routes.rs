@@ -756,7 +756,7 @@ fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static
     params(("bot" = String, Path), ("session" = String, Path), PositionQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
-               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
+               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id, and `position` again where the stream went through entries it shows nothing of; `end` (data `{reason, resume}`) when the stream must stop"),
               (status = 400, body = Problem),
               (status = 401, body = Problem),
               (status = 403, body = Problem),
@@ -779,7 +779,7 @@ async fn watch_session(
 #[utoipa::path(get, path = "/v1/watch",
     params(PositionQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
-               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id; `end` (data `{reason, resume}`) when the stream must stop"),
+               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id, and `position` again where the stream went through entries it shows nothing of; `end` (data `{reason, resume}`) when the stream must stop"),
               (status = 400, body = Problem),
               (status = 401, body = Problem),
               (status = 403, body = Problem),
@@ -983,6 +983,9 @@ async fn healthz() -> axum::Json<Value> {
 #[utoipa::path(get, path = "/readyz", responses((status = 200, body = ReadyOut), (status = 503, body = ReadyOut)))]
 async fn readyz(State(r): Shared) -> Response {
     let writer = r.writer.writer().as_str().to_string();
+    // Read before the reason: fenced never turns false again, so a fenced answer always says
+    // not ready (the reason, read after, says fenced too).
+    let fenced = r.writer.fenced();
     let reason = if let Some(why) = r.writer.unready() {
         Some(why)
     } else if let Some(why) = r.view.failing() {
@@ -998,7 +1001,6 @@ async fn readyz(State(r): Shared) -> Response {
         StatusCode::OK
     };
     let ready = reason.is_none();
-    let fenced = r.writer.fenced();
     (
         status,
         axum::Json(ReadyOut {

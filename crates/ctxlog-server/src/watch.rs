@@ -21,6 +21,12 @@
 //! failed): its id is the position the stream went through, its data `{"reason": …,
 //! "resume": true}`: reconnect with that id as `Last-Event-ID`. Comments keep an idle
 //! connection open.
+//!
+//! A stream also sends `position` when it went through entries its scope does not show
+//! (another session's): after each page read from the store, and at most every [`PROGRESS`]
+//! while it follows the view's changes. A session watcher on a busy store that reconnects
+//! then resumes past what it was shown nothing of, instead of reading it all again (with
+//! reconnects more frequent than a page read, it would never move).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
@@ -45,6 +51,14 @@ use crate::view::{Change, Event, READ_CHUNK, View};
 /// The fewest entries a stream reads of one shard at a time, however many shards it is
 /// behind on.
 const MIN_PAGE: usize = 64;
+
+/// While a stream follows the view's changes, how often it says where it went through
+/// entries it showed nothing of (a `position` event).
+const PROGRESS: Duration = Duration::from_secs(5);
+
+/// Page reads of a catch-up in flight at once (one per shard behind): a stream behind on
+/// several shards waits for the slowest read, not their sum, before its first event.
+const PAGE_READS: usize = 4;
 
 /// What a stream shows.
 #[derive(Clone, Debug)]
@@ -148,6 +162,11 @@ enum Stop {
 struct Outbox {
     tx: mpsc::UnboundedSender<(Out, usize)>,
     queued: Arc<watch::Sender<usize>>,
+    /// The id of the last event pushed (a position).
+    told: Mutex<String>,
+    /// How often a stream that follows the view's changes says where it went through
+    /// ([`PROGRESS`]).
+    every: Duration,
 }
 
 impl Outbox {
@@ -161,13 +180,14 @@ impl Outbox {
 
     fn push(&self, out: Out) -> Result<(), Stop> {
         let n = out.bytes();
+        let (Out::Position { id } | Out::Entry { id, .. } | Out::End { id, .. }) = &out;
+        id.clone_into(&mut self.told.lock().unwrap_or_else(|p| p.into_inner()));
         self.queued.send_modify(|q| *q += n);
         self.tx.send((out, n)).map_err(|_| Stop::Gone)
     }
 
-    /// Push `out` once the client has taken enough of what it was sent.
-    async fn push_when_room(&self, out: Out, shutdown: &mut watch::Receiver<bool>) -> Result<(), Stop> {
-        let n = out.bytes();
+    /// Wait until `n` bytes more fit (the client has taken enough of what it was sent).
+    async fn wait_for_room(&self, n: usize, shutdown: &mut watch::Receiver<bool>) -> Result<(), Stop> {
         let mut queued = self.queued.subscribe();
         let room = async { queued.wait_for(|q| Self::room_for(*q, n)).await.is_ok() };
         tokio::select! {
@@ -175,7 +195,18 @@ impl Outbox {
             _ = self.tx.closed() => return Err(Stop::Gone),
             _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
         }
-        self.push(out)
+        Ok(())
+    }
+
+    /// A `position` event for `at`, unless the last event pushed already said it: where a
+    /// client that reconnects resumes, past entries of other scopes it was shown nothing of.
+    fn progress(at: &Checkpoint, told: &str) -> Option<Out> {
+        let id = cursor::position(at);
+        (id != told).then_some(Out::Position { id })
+    }
+
+    fn told(&self) -> String {
+        self.told.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -209,9 +240,9 @@ pub(crate) async fn stream(
         replica.metrics.clone(),
         replica.shutdown.clone(),
         scope,
-        from,
-        start,
+        (from, start),
         permit,
+        PROGRESS,
     );
     Ok(Sse::new(events.map(|out| Ok::<_, Infallible>(out.into_sse())))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
@@ -225,15 +256,17 @@ fn open(
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
     scope: Scope,
-    from: Checkpoint,
-    start: Checkpoint,
+    (from, start): (Checkpoint, Checkpoint),
     permit: OwnedSemaphorePermit,
+    every: Duration,
 ) -> (impl Stream<Item = Out> + Send + 'static, watch::Receiver<usize>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(watch::Sender::new(0usize));
     let out = Outbox {
         tx,
         queued: queued.clone(),
+        told: Mutex::new(String::new()),
+        every,
     };
     let _ = out.push(Out::Position {
         id: cursor::position(&from),
@@ -375,16 +408,24 @@ async fn catch_up(
     let limit = (READ_CHUNK / behind.max(1)).max(MIN_PAGE);
     let mut through = Through::new(at);
     loop {
-        for (&shard, &end) in &to.0 {
-            let after = through.at.get(shard);
-            if after >= end || read.get(&shard).is_some_and(|r| !r.is_empty()) {
-                continue;
-            }
-            let page = tokio::select! {
-                r = view.read_page(shard, after, limit) => r,
-                _ = out.tx.closed() => return Err(Stop::Gone),
-                _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
-            };
+        // Every shard behind whose page is gone through: its next page, read at once.
+        let wanted: Vec<(ShardId, u64, u64)> = to
+            .0
+            .iter()
+            .filter(|(shard, end)| through.at.get(**shard) < **end && read.get(shard).is_none_or(VecDeque::is_empty))
+            .map(|(&shard, &end)| (shard, through.at.get(shard), end))
+            .collect();
+        let asks: Vec<(ShardId, u64)> = wanted.iter().map(|w| (w.0, w.1)).collect();
+        let reads = futures::stream::iter(asks)
+            .map(|(shard, after)| view.read_page(shard, after, limit))
+            .buffered(PAGE_READS)
+            .collect::<Vec<_>>();
+        let pages = tokio::select! {
+            r = reads => r,
+            _ = out.tx.closed() => return Err(Stop::Gone),
+            _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
+        };
+        for ((shard, after, end), page) in wanted.into_iter().zip(pages) {
             let page: VecDeque<Event> = match page {
                 Ok(page) => page.into_iter().filter(|ev| ev.entry.seq <= end).collect(),
                 Err(p) => {
@@ -406,7 +447,12 @@ async fn catch_up(
             .iter()
             .filter_map(|(shard, r)| r.front().map(|ev| (ev.entry.key(), *shard)))
             .min();
-        let Some((_, shard)) = oldest else { return Ok(()) };
+        let Some((_, shard)) = oldest else {
+            if let Some(o) = Outbox::progress(through.at, &out.told()).filter(|o| out.has_room(o.bytes())) {
+                out.push(o)?;
+            }
+            return Ok(());
+        };
         // It and the rest of its seq (a page never ends inside one), together: another
         // shard's entry between them would carry a position past the seq, and a client
         // resuming from it would never get the rest.
@@ -421,12 +467,30 @@ async fn catch_up(
         while let Some(ev) = pending.pop_front_if(|ev| ev.entry.seq == seq) {
             group.push(ev);
         }
+        let page_done = pending.is_empty();
+        // The group's events, then room for all of them at once: a stream that stopped
+        // between two (shutdown, a client gone) would have said a position through the seq
+        // with the rest of it unsent, and a client resuming there never gets it.
+        let before = (through.at.clone(), through.groups.clone());
+        let mut events = Vec::with_capacity(group.len());
         for ev in group {
             let Some(next) = through.next(&ev.entry) else { continue };
             if let Some(o) = event(scope, &ev, &next) {
-                out.push_when_room(o, shutdown).await?;
+                events.push(o);
             }
             through.went_through(&ev.entry, next);
+        }
+        if let Err(stop) = out.wait_for_room(events.iter().map(Out::bytes).sum(), shutdown).await {
+            // Stopped before the group went out: the stream did not go through it.
+            (*through.at, through.groups) = before;
+            return Err(stop);
+        }
+        for o in events {
+            out.push(o)?;
+        }
+        // Progress only into room: it waits for nobody.
+        if page_done && let Some(o) = Outbox::progress(through.at, &out.told()).filter(|o| out.has_room(o.bytes())) {
+            out.push(o)?;
         }
     }
 }
@@ -441,9 +505,18 @@ async fn follow_changes(
     changes: &mut broadcast::Receiver<Arc<Change>>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), Stop> {
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + out.every, out.every);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let change = tokio::select! {
             c = changes.recv() => c,
+            _ = every.tick() => {
+                // Only into room: a client that does not read needs no news of progress.
+                if let Some(o) = Outbox::progress(at, &out.told()).filter(|o| out.has_room(o.bytes())) {
+                    out.push(o)?;
+                }
+                continue;
+            }
             _ = out.tx.closed() => return Err(Stop::Gone),
             _ = crate::stopped(shutdown) => return Err(Stop::End("shutdown")),
         };
@@ -546,9 +619,10 @@ mod tests {
                 Arc::new(Metrics::new()),
                 self.stop.subscribe(),
                 scope,
-                from,
-                start,
+                (from, start),
                 permit,
+                // Progress is told within a test's patience.
+                Duration::from_millis(20),
             );
             let mut events = events.boxed();
             assert!(matches!(next(&mut events).await, Out::Position { .. }));
@@ -563,11 +637,13 @@ mod tests {
             .expect("the stream goes on")
     }
 
-    /// The ids of the next `n` record events, and the position of the last.
+    /// The ids of the next `n` record events, and the position of the last (progress
+    /// `position` events between them are passed over).
     async fn ids(events: &mut BoxStream<'static, Out>, n: usize) -> (Vec<String>, String) {
         let (mut ids, mut position) = (Vec::new(), String::new());
-        for _ in 0..n {
+        while ids.len() < n {
             match next(events).await {
+                Out::Position { .. } => {}
                 Out::Entry {
                     kind: "record",
                     id,
@@ -665,6 +741,42 @@ mod tests {
             [names("a", 3), names("b", 1)].concat(),
             "the watcher skipped records"
         );
+    }
+
+    /// A session watcher on a busy store learns where it went through what it was shown
+    /// nothing of (another session's records), from a catch-up and while it follows: one
+    /// that reconnected more often than it received a record of its own resumed from the
+    /// same place again and again (a 10-minute Lance soak, 2026-12-05, seed 106: a session
+    /// watcher read the same pages from seq 81 for minutes, and ended thousands behind).
+    #[tokio::test]
+    async fn a_watch_tells_where_it_went_through_what_it_showed_nothing_of() {
+        let mut rig = rig("watch-progress").await;
+        let others = |prefix: &str, n: usize| -> Vec<Record> {
+            (0..n)
+                .map(|i| Record::text(format!("{prefix}-{i}"), "bot", "other", "user", "x"))
+                .collect()
+        };
+        rig.shard.append(others("o", 5)).await.unwrap();
+        rig.refreshed().await;
+        let start = rig.view.current().await.checkpoint();
+        let (mut events, _) = rig.watch_from(Checkpoint::default(), start.clone()).await;
+        match next(&mut events).await {
+            Out::Position { id } => assert_eq!(id, cursor::position(&start), "a catch-up's page went through"),
+            other => panic!("expected where the catch-up went through, got {other:?}"),
+        }
+        // Following the view's changes: told within `PROGRESS`.
+        rig.shard.append(others("p", 3)).await.unwrap();
+        rig.refreshed().await;
+        let now = rig.view.current().await.checkpoint();
+        assert_ne!(now, start);
+        match next(&mut events).await {
+            Out::Position { id } => assert_eq!(id, cursor::position(&now), "a change went through"),
+            other => panic!("expected where the stream went through, got {other:?}"),
+        }
+        // Told once: the next event is the session's own record.
+        rig.shard.append(recs("mine", 1, "x")).await.unwrap();
+        rig.refreshed().await;
+        assert!(matches!(next(&mut events).await, Out::Entry { kind: "record", .. }));
     }
 
     /// A stream that reads from the store sends what it read in the log's order across
