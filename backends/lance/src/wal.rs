@@ -103,6 +103,25 @@ async fn exists(store: &ObjectStore, path: &Path) -> std::result::Result<bool, o
     }
 }
 
+/// The highest number named (bit-reversed, as MemWAL names its objects) by an object in `dir`
+/// whose name ends with `ext`; 0 when none does.
+async fn highest_listed(store: &ObjectStore, dir: &Path, ext: &str) -> std::result::Result<u64, object_store::Error> {
+    let mut listing = store.inner.list(Some(dir));
+    let mut highest = 0;
+    while let Some(item) = futures::StreamExt::next(&mut listing).await {
+        let meta = item?;
+        if let Some(n) = meta
+            .location
+            .filename()
+            .filter(|f| f.ends_with(ext))
+            .and_then(parse_bit_reversed_filename)
+        {
+            highest = highest.max(n);
+        }
+    }
+    Ok(highest)
+}
+
 /// `shard`'s newest manifest (its writer epoch, generations and WAL positions), `None` for a
 /// shard that has none. A failed request is mapped as every object-store error is (`op`,
 /// `written` as the caller says); a manifest that does not decode is `Corrupt`.
@@ -137,22 +156,7 @@ pub(crate) async fn latest_manifest(
     };
     let mut latest = match hint {
         Some(h) if h > 0 && exists(store, &version_path(h)).await.map_err(failed)? => h,
-        _ => {
-            let mut listing = store.inner.list(Some(&dir));
-            let mut newest = 0;
-            while let Some(item) = futures::StreamExt::next(&mut listing).await {
-                let meta = item.map_err(failed)?;
-                if let Some(v) = meta
-                    .location
-                    .filename()
-                    .filter(|f| f.ends_with(".binpb"))
-                    .and_then(parse_bit_reversed_filename)
-                {
-                    newest = newest.max(v);
-                }
-            }
-            newest
-        }
+        _ => highest_listed(store, &dir, ".binpb").await.map_err(failed)?,
     };
     // Forward two at a time (Lance's scan batch), while either exists.
     loop {
@@ -219,14 +223,7 @@ pub(crate) async fn next_wal_position(
             next += 1;
         }
     }
-    let mut listing = store.inner.list(Some(&wal));
-    let mut highest = 0;
-    while let Some(item) = futures::StreamExt::next(&mut listing).await {
-        let meta = item.map_err(failed)?;
-        if let Some(p) = meta.location.filename().and_then(parse_bit_reversed_filename) {
-            highest = highest.max(p);
-        }
-    }
+    let highest = highest_listed(store, &wal, "").await.map_err(failed)?;
     highest.checked_add(1).ok_or_else(|| Error::Corrupt {
         shard: Some(shard),
         what: "a WAL position past u64::MAX".into(),

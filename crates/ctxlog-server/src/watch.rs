@@ -198,15 +198,17 @@ impl Outbox {
         Ok(())
     }
 
-    /// A `position` event for `at`, unless the last event pushed already said it: where a
-    /// client that reconnects resumes, past entries of other scopes it was shown nothing of.
-    fn progress(at: &Checkpoint, told: &str) -> Option<Out> {
+    /// Push a `position` event for `at`, unless the last event pushed already said it, and
+    /// only into room (news of progress waits for nobody): where a client that reconnects
+    /// resumes, past entries of other scopes it was shown nothing of.
+    fn progress(&self, at: &Checkpoint) -> Result<(), Stop> {
         let id = cursor::position(at);
-        (id != told).then_some(Out::Position { id })
-    }
-
-    fn told(&self) -> String {
-        self.told.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let told = *self.told.lock().unwrap_or_else(|p| p.into_inner()) == id;
+        let out = Out::Position { id };
+        if told || !self.has_room(out.bytes()) {
+            return Ok(());
+        }
+        self.push(out)
     }
 }
 
@@ -448,9 +450,7 @@ async fn catch_up(
             .filter_map(|(shard, r)| r.front().map(|ev| (ev.entry.key(), *shard)))
             .min();
         let Some((_, shard)) = oldest else {
-            if let Some(o) = Outbox::progress(through.at, &out.told()).filter(|o| out.has_room(o.bytes())) {
-                out.push(o)?;
-            }
+            out.progress(through.at)?;
             return Ok(());
         };
         // It and the rest of its seq (a page never ends inside one), together: another
@@ -488,9 +488,8 @@ async fn catch_up(
         for o in events {
             out.push(o)?;
         }
-        // Progress only into room: it waits for nobody.
-        if page_done && let Some(o) = Outbox::progress(through.at, &out.told()).filter(|o| out.has_room(o.bytes())) {
-            out.push(o)?;
+        if page_done {
+            out.progress(through.at)?;
         }
     }
 }
@@ -511,10 +510,7 @@ async fn follow_changes(
         let change = tokio::select! {
             c = changes.recv() => c,
             _ = every.tick() => {
-                // Only into room: a client that does not read needs no news of progress.
-                if let Some(o) = Outbox::progress(at, &out.told()).filter(|o| out.has_room(o.bytes())) {
-                    out.push(o)?;
-                }
+                out.progress(at)?;
                 continue;
             }
             _ = out.tx.closed() => return Err(Stop::Gone),
