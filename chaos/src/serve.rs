@@ -83,6 +83,8 @@ const CLIENTS: usize = 6;
 const TERM_BOUND: Duration = Duration::from_secs(30);
 /// How long a write is retried before it is given up as unknown.
 const RETRY_FOR: Duration = Duration::from_secs(120);
+/// How long a maintenance operation is asked again (a pass on a faulted store is long).
+const MAINTENANCE_FOR: Duration = Duration::from_secs(240);
 /// How long a replica may take, at the end, to be ready and to answer every final read.
 const FINAL_PATIENCE: Duration = Duration::from_secs(120);
 /// How long watchers may take to receive the fence posts.
@@ -649,11 +651,11 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
             Fault::Maintenance => {
                 if maintenance.as_ref().is_none_or(|m| m.is_finished()) {
                     let op = ["compact", "gc", "purge", "retain", "snapshot"][rng.random_range(0..5)];
-                    let target = sh.pick(&mut rng);
+                    let picks = StdRng::seed_from_u64(rng.random());
                     let (sh2, retained) = (sh.clone(), retained.clone());
                     let grace = (cli.timeout * 3.0) as u64;
                     maintenance = Some(tokio::spawn(
-                        async move { admin(&sh2, target, op, grace, &retained).await },
+                        async move { admin(&sh2, picks, op, grace, &retained).await },
                     ));
                 }
             }
@@ -800,59 +802,88 @@ fn faults_in(log: &str) -> u64 {
     log.lines().filter(|l| l.contains("injected fault op=")).count() as u64
 }
 
-/// One maintenance call; retention's report says which cold sessions it ended.
-async fn admin(
-    sh: &Shared,
-    target: Option<Target>,
-    op: &str,
-    grace: u64,
-    retained: &Mutex<(BTreeSet<String>, bool)>,
-) -> bool {
-    let Some(t) = target else { return false };
+/// One maintenance operation, as an operator's script runs it: asked again of any replica
+/// (counted as `maintenance_retries`, by answer) after a refusal that wrote nothing
+/// (503, 409, 429) or no answer, for up to [`MAINTENANCE_FOR`]; any other answer is final.
+/// A long pass on a faulted store meets a throttled read now and then, and a replica may be
+/// killed under it: one attempt each time left a short CI run with no maintenance done
+/// (2026-12-06, seed 2250869633: six failed). Retention's report says which cold sessions
+/// it ended; one whose answer may have been lost leaves them unknown.
+async fn admin(sh: &Shared, mut rng: StdRng, op: &str, grace: u64, retained: &Mutex<(BTreeSet<String>, bool)>) -> bool {
     let body = match op {
         "gc" => json!({"grace_seconds": grace}),
         "retain" => json!({"older_than_seconds": 3, "bot": COLD_BOT}),
         _ => json!({}),
     };
-    let answer = sh
-        .http
-        .call(
-            Method::POST,
-            &format!("http://{}/v1/admin/{op}", t.addr),
-            Some(Bytes::from(body.to_string())),
-            Duration::from_secs(300),
-        )
-        .await;
-    match answer {
-        Answer::Status(200, v) => {
-            sh.count("maintenance_ok");
-            sh.count(&format!("maintenance_{op}"));
-            if op == "retain" {
-                let mut r = retained.lock().unwrap();
-                for s in v["report"]["sessions_ended"].as_array().into_iter().flatten() {
-                    r.0.insert(format!(
-                        "{}/{}",
-                        s["bot_id"].as_str().unwrap_or(""),
-                        s["session_id"].as_str().unwrap_or("")
-                    ));
+    let give_up = Instant::now() + MAINTENANCE_FOR;
+    let mut pause = Duration::from_millis(200);
+    while Instant::now() < give_up {
+        let Some(t) = sh.pick(&mut rng) else {
+            tokio::time::sleep(pause).await;
+            continue;
+        };
+        let answer = sh
+            .http
+            .call(
+                Method::POST,
+                &format!("http://{}/v1/admin/{op}", t.addr),
+                Some(Bytes::from(body.to_string())),
+                MAINTENANCE_FOR,
+            )
+            .await;
+        let v = match answer {
+            Answer::Status(200, v) => v,
+            other => {
+                // By answer, so a verdict without a maintenance that succeeded says why.
+                let why = match &other {
+                    Answer::Status(status, v) => format!(
+                        "{status}_{}",
+                        v["type"].as_str().and_then(|t| t.rsplit('/').next()).unwrap_or("?")
+                    ),
+                    Answer::Lost(_) => "lost".into(),
+                    Answer::TimedOut => "timed_out".into(),
+                };
+                eprintln!(
+                    "ctxlog-serve-chaos: maintenance {op} through {} (process {}) failed: {other:?}",
+                    t.addr, t.process
+                );
+                let definite = matches!(&other, Answer::Status(_, v) if v["written"] == "nothing");
+                if op == "retain" && !definite {
+                    retained.lock().unwrap().1 = true;
                 }
+                let again = match &other {
+                    Answer::Status(s, _) => definite && matches!(s, 503 | 409 | 429),
+                    Answer::Lost(_) | Answer::TimedOut => true,
+                };
+                if !again {
+                    sh.count("maintenance_failed");
+                    sh.count(&format!("maintenance_failed_{op}_{why}"));
+                    return false;
+                }
+                sh.count("maintenance_retries");
+                sh.count(&format!("maintenance_retries_{op}_{why}"));
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                continue;
             }
-            true
-        }
-        other => {
-            sh.count("maintenance_failed");
-            sh.count(&format!("maintenance_failed_{op}"));
-            eprintln!(
-                "ctxlog-serve-chaos: maintenance {op} through {} failed: {other:?}",
-                t.addr
-            );
-            let definite = matches!(&other, Answer::Status(_, v) if v["written"] == "nothing");
-            if op == "retain" && !definite {
-                retained.lock().unwrap().1 = true;
+        };
+        sh.count("maintenance_ok");
+        sh.count(&format!("maintenance_{op}"));
+        if op == "retain" {
+            let mut r = retained.lock().unwrap();
+            for s in v["report"]["sessions_ended"].as_array().into_iter().flatten() {
+                r.0.insert(format!(
+                    "{}/{}",
+                    s["bot_id"].as_str().unwrap_or(""),
+                    s["session_id"].as_str().unwrap_or("")
+                ));
             }
-            false
         }
+        return true;
     }
+    sh.count("maintenance_failed");
+    sh.count(&format!("maintenance_failed_{op}_gave_up"));
+    false
 }
 
 /// The body of an append of `records` (with `session_id` for the bot-wide route).

@@ -145,6 +145,9 @@ fn soak(backend: &str, seconds: u64, seed: u64, s3: Option<&s3_loopback::Server>
     // The load, its retries, the drain and the final reads and SIGTERMs, with room to spare.
     let within = Duration::from_secs(seconds + 900);
     let out = crate::bench::probe::output_within(&mut cmd, within)?;
+    // What the soak said as it went (maintenance that failed and why, starts that failed)
+    // stays with the replicas' logs: CI prints only the verdict.
+    let _ = std::fs::write(dir.join("run").join("soak.log"), &out.stderr);
     let summary: Value = serde_json::from_slice(&out.stdout).with_context(|| {
         format!(
             "ctxlog-serve-chaos ({backend}, seed {seed}) exited {} without a summary (logs in {}): {}",

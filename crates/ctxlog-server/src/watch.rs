@@ -655,6 +655,21 @@ mod tests {
         (ids, position)
     }
 
+    /// Seq 1 of `writer`'s shard, written at `epoch` (a fenced writer's and its successor's
+    /// share it).
+    fn seq_one(writer: &str, epoch: u64, hlc: u64, id: &str, text: &str) -> Entry {
+        let record = Record::text(id, "bot", "s", "user", text);
+        Entry {
+            shard: WriterId::new(writer).unwrap().shard_id(),
+            seq: 1,
+            epoch,
+            hlc: ctxlog::Hlc(hlc),
+            content_hash: record.content_hash(),
+            record,
+            purged: false,
+        }
+    }
+
     fn names(prefix: &str, n: usize) -> Vec<String> {
         (0..n).map(|i| format!("{prefix}-{i}")).collect()
     }
@@ -808,18 +823,7 @@ mod tests {
     #[tokio::test]
     async fn a_catch_up_sends_one_seqs_entries_together() {
         let rig = rig("watch-merge-group").await;
-        let entry = |writer: &str, epoch, hlc, id: &str| {
-            let record = Record::text(id, "bot", "s", "user", "x");
-            Entry {
-                shard: WriterId::new(writer).unwrap().shard_id(),
-                seq: 1,
-                epoch,
-                hlc: ctxlog::Hlc(hlc),
-                content_hash: record.content_hash(),
-                record,
-                purged: false,
-            }
-        };
+        let entry = |writer: &str, epoch, hlc, id: &str| seq_one(writer, epoch, hlc, id, "x");
         // Seq 1 of `wx` twice, a clock of `wy` between them.
         for e in [
             entry("wx", 1, 100, "fenced"),
@@ -833,6 +837,58 @@ mod tests {
         let (mut events, _) = rig.watch_from(Checkpoint::default(), start).await;
         let (seen, _) = ids(&mut events, 3).await;
         assert_eq!(seen, ["fenced", "successor", "between"]);
+    }
+
+    /// A stream that stops while one seq's entries wait for the client's room (shutdown, a
+    /// client gone) names a position before the seq, never through it with the rest unsent:
+    /// a client resuming there gets every entry of the seq once.
+    #[tokio::test]
+    async fn a_stop_inside_one_seqs_entries_names_a_position_before_it() {
+        let rig = rig("watch-group-stop").await;
+        // Two of one seq too large to queue together behind anything, and one after them.
+        let big = "x".repeat(3 << 20);
+        for e in [
+            seq_one("wx", 1, 100, "fenced", &big),
+            seq_one("wx", 2, 200, "successor", &big),
+            seq_one("wy", 1, 300, "after", "x"),
+        ] {
+            rig.store.inject_raw_entry(e);
+        }
+        rig.refreshed().await;
+        let start = rig.view.current().await.checkpoint();
+        let (mut events, mut queued) = rig.watch_from(Checkpoint::default(), start.clone()).await;
+        // The client reads nothing until the stream waits for room, then the replica stops.
+        let waiting = tokio::time::timeout(WITHIN, queued.wait_for(|q| *q >= 3 << 20))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        assert!(waiting, "the stream never queued the seq");
+        rig.stop.send_replace(true);
+        let mut seen = Vec::new();
+        let resume = loop {
+            match next(&mut events).await {
+                Out::Entry { data, .. } => {
+                    let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+                    seen.push(v["id"].as_str().unwrap().to_string());
+                }
+                Out::Position { .. } => {}
+                Out::End { id, reason } => {
+                    assert_eq!(reason, "shutdown");
+                    break id;
+                }
+            }
+        };
+        rig.stop.send_replace(false);
+        let from = cursor::parse_position("Last-Event-ID", &resume).unwrap();
+        let (mut events, _) = rig.watch_from(from, start).await;
+        // Up to the last record, which arrives whatever came before it.
+        while seen.last().is_none_or(|id| id != "after") {
+            seen.extend(ids(&mut events, 1).await.0);
+        }
+        assert_eq!(
+            seen,
+            ["fenced", "successor", "after"],
+            "a resume from where the stopped stream said it was lost or repeated part of a seq"
+        );
     }
 
     /// `fresh` hands out a projector that a refresh after the one it waited for emptied:
