@@ -803,8 +803,8 @@ fn faults_in(log: &str) -> u64 {
 }
 
 /// One maintenance operation, as an operator's script runs it: asked again of any replica
-/// (counted as `maintenance_retries`, by answer) after a refusal that wrote nothing
-/// (503, 409, 429) or no answer, for up to [`MAINTENANCE_FOR`]; any other answer is final.
+/// (counted as `maintenance_retries`, by answer) after a 5xx, 409, 429 or no answer, for up
+/// to [`MAINTENANCE_FOR`]; any other answer is final.
 /// A long pass on a faulted store meets a throttled read now and then, and a replica may be
 /// killed under it: one attempt each time left a short CI run with no maintenance done
 /// (2026-12-06, seed 2250869633: six failed). Retention's report says which cold sessions
@@ -838,7 +838,7 @@ async fn admin(sh: &Shared, mut rng: StdRng, op: &str, grace: u64, retained: &Mu
                 let why = match &other {
                     Answer::Status(status, v) => format!(
                         "{status}_{}",
-                        v["type"].as_str().and_then(|t| t.rsplit('/').next()).unwrap_or("?")
+                        v["type"].as_str().and_then(|t| t.rsplit(':').next()).unwrap_or("?")
                     ),
                     Answer::Lost(_) => "lost".into(),
                     Answer::TimedOut => "timed_out".into(),
@@ -851,8 +851,10 @@ async fn admin(sh: &Shared, mut rng: StdRng, op: &str, grace: u64, retained: &Mu
                 if op == "retain" && !definite {
                     retained.lock().unwrap().1 = true;
                 }
+                // A pass is idempotent: one that may have run (a 504, no answer) is run again
+                // as well; a refusal of the request itself (400, 403, 404) is final.
                 let again = match &other {
-                    Answer::Status(s, _) => definite && matches!(s, 503 | 409 | 429),
+                    Answer::Status(s, _) => *s >= 500 || matches!(s, 409 | 429),
                     Answer::Lost(_) | Answer::TimedOut => true,
                 };
                 if !again {

@@ -228,6 +228,10 @@ pub(crate) struct MutantsArgs {
     /// as a sample of 1/N.
     #[arg(long)]
     pub shard: Option<String>,
+    /// Only mutants whose name matches this regex (cargo-mutants `--re`), such as the
+    /// functions a change touched: `--re 'recover_after_claim|next_wal_position'`.
+    #[arg(long)]
+    pub re: Vec<String>,
 }
 
 #[derive(Args, Clone)]

@@ -115,6 +115,9 @@ pub(crate) fn run(args: &MutantsArgs) -> Result<()> {
         for f in &args.file {
             cmd.args(["--file", f]);
         }
+        for re in &args.re {
+            cmd.args(["--re", re]);
+        }
         if args.iterate {
             cmd.arg("--iterate");
         }
