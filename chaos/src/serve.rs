@@ -810,11 +810,14 @@ fn faults_in(log: &str) -> u64 {
 /// (2026-12-06, seed 2250869633: six failed). Retention's report says which cold sessions
 /// it ended; one whose answer may have been lost leaves them unknown.
 async fn admin(sh: &Shared, mut rng: StdRng, op: &str, grace: u64, retained: &Mutex<(BTreeSet<String>, bool)>) -> bool {
-    let body = match op {
-        "gc" => json!({"grace_seconds": grace}),
-        "retain" => json!({"older_than_seconds": 3, "bot": COLD_BOT}),
-        _ => json!({}),
-    };
+    let body = Bytes::from(
+        match op {
+            "gc" => json!({"grace_seconds": grace}),
+            "retain" => json!({"older_than_seconds": 3, "bot": COLD_BOT}),
+            _ => json!({}),
+        }
+        .to_string(),
+    );
     let give_up = Instant::now() + MAINTENANCE_FOR;
     let mut pause = Duration::from_millis(200);
     while Instant::now() < give_up {
@@ -822,13 +825,15 @@ async fn admin(sh: &Shared, mut rng: StdRng, op: &str, grace: u64, retained: &Mu
             tokio::time::sleep(pause).await;
             continue;
         };
+        // An attempt ends with the operation's time, not a whole `MAINTENANCE_FOR` later.
+        let left = give_up.saturating_duration_since(Instant::now());
         let answer = sh
             .http
             .call(
                 Method::POST,
                 &format!("http://{}/v1/admin/{op}", t.addr),
-                Some(Bytes::from(body.to_string())),
-                MAINTENANCE_FOR,
+                Some(body.clone()),
+                left,
             )
             .await;
         let v = match answer {

@@ -823,12 +823,11 @@ mod tests {
     #[tokio::test]
     async fn a_catch_up_sends_one_seqs_entries_together() {
         let rig = rig("watch-merge-group").await;
-        let entry = |writer: &str, epoch, hlc, id: &str| seq_one(writer, epoch, hlc, id, "x");
         // Seq 1 of `wx` twice, a clock of `wy` between them.
         for e in [
-            entry("wx", 1, 100, "fenced"),
-            entry("wx", 2, 300, "successor"),
-            entry("wy", 1, 200, "between"),
+            seq_one("wx", 1, 100, "fenced", "x"),
+            seq_one("wx", 2, 300, "successor", "x"),
+            seq_one("wy", 1, 200, "between", "x"),
         ] {
             rig.store.inject_raw_entry(e);
         }
