@@ -44,6 +44,22 @@ pub(crate) enum Task {
     /// A seeded soak: writers killed, taken over and faulted while they append; compaction
     /// and a reader beside them; then every acknowledgement checked.
     Chaos(ChaosArgs),
+    /// The Python distribution: a wheel carrying the `ctxlog` binary, and an sdist, into
+    /// `target/dist` (maturin).
+    Dist(DistArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct DistArgs {
+    /// The cargo profile of the binary in the wheel.
+    #[arg(long, default_value = "release")]
+    pub profile: String,
+    /// Features of the CLI beyond the default (SQLite), e.g. `lance,s3`.
+    #[arg(long, value_delimiter = ',')]
+    pub features: Vec<String>,
+    /// The wheel only.
+    #[arg(long)]
+    pub no_sdist: bool,
 }
 
 #[derive(Args, Clone)]

@@ -6,6 +6,7 @@
 //! - `bench`: `first-scan` and `append` (see `bench/`).
 //! - `tidy`: docs and code in step (part of `test`).
 //! - `mutants`: mutation testing of the core and the SQLite backend.
+//! - `dist`: the Python wheel (carrying the `ctxlog` binary) and sdist, into `target/dist`.
 //! - `chaos`: a seeded soak with kills, takeovers, faults and compaction; with `--serve`
 //!   (`chaos_serve`), of `ctxlog serve` replicas through HTTP.
 //!
@@ -20,6 +21,7 @@ mod cargo;
 mod chaos;
 mod chaos_serve;
 mod conformance;
+mod dist;
 mod flags;
 mod imports;
 mod mutants;
@@ -43,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Task::Tidy => tidy::run(),
         Task::Mutants(args) => mutants::run(&args),
         Task::Chaos(args) => chaos::run(&args),
+        Task::Dist(args) => dist::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

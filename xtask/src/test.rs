@@ -33,6 +33,8 @@ pub(crate) fn run(extra: &[String]) -> Result<()> {
     cargo::run("doc tests", &["test", "--workspace", "--all-features", "--doc"])?;
     // The Python client against the `ctxlog` binary the tests above built.
     crate::python::run(&s3)?;
+    // The wheel a user installs: built once (debug), tested with no cargo in reach.
+    crate::dist::check_wheel()?;
     crate::smoke::run(&s3)?;
     crate::chaos::short(&s3)?;
     crate::chaos_serve::serve_short(&s3)

@@ -233,6 +233,26 @@ enum Command {
         /// within it after a quiet spell.
         #[arg(long, default_value = "2", value_parser = parse_timeout)]
         idle_poll: Duration,
+        /// Also shut down (as on SIGTERM) when standard input closes: a parent that holds
+        /// the other end takes the server with it however it ends (`ctxlog.serve()` in
+        /// Python starts its server so).
+        #[arg(long)]
+        until_stdin_closes: bool,
+    },
+    /// Serve the store to an MCP client over standard input and output (what desktop MCP
+    /// clients launch): tools to list sessions, read a context view or records, append,
+    /// summarise, get and forget records, and each session as a resource. Writes as
+    /// `--writer` (its own shard, as a replica). Logs go to standard error. Ends when the
+    /// client closes the streams, or on SIGTERM or Ctrl-C.
+    Mcp {
+        /// This process's writer identity: one per process (a second process with the same
+        /// one fences this one).
+        #[arg(long)]
+        writer: String,
+        /// The bots the client may read and write (repeat; `team-*` is a prefix); all by
+        /// default. Sessions of bots named exactly are listed as resources.
+        #[arg(long = "bot", default_value = "*")]
+        bots: Vec<String>,
     },
     /// Make a new bearer token: prints the token once, and the line to add to a tokens file.
     Token {
@@ -358,6 +378,7 @@ async fn run(cli: Cli) -> ExitCode {
             max_connections,
             shutdown_grace,
             idle_poll,
+            until_stdin_closes,
         } => {
             let mut serve = match WriterId::new(writer.as_str()) {
                 Ok(w) => ctxlog_server::ServeOptions::new(store, w),
@@ -378,7 +399,15 @@ async fn run(cli: Cli) -> ExitCode {
             serve.max_connections = *max_connections as usize;
             serve.shutdown_grace = *shutdown_grace;
             serve.idle_poll_max = (*idle_poll).max(serve.poll_min);
-            serve_replica(serve).await
+            serve_replica(serve, *until_stdin_closes).await
+        }
+        Command::Mcp { writer, bots } => {
+            let mut serve = match WriterId::new(writer.as_str()) {
+                Ok(w) => ctxlog_server::ServeOptions::new(store, w),
+                Err(e) => return Failure::Store(e).report(),
+            };
+            serve.store_options = options(true);
+            mcp_stdio(serve, bots.clone()).await
         }
         Command::Token { name, bots, rights } => token(name, bots, rights),
         cmd => match tokio::time::timeout(timeout, read_command(store, options(false), cmd)).await {
@@ -411,6 +440,7 @@ impl Command {
             | Command::Summarize { .. }
             | Command::Demo
             | Command::Serve { .. }
+            | Command::Mcp { .. }
             | Command::Compact { .. }
             | Command::Gc { .. }
             | Command::Retain { .. }
@@ -429,8 +459,9 @@ impl Command {
     }
 }
 
-/// Serve until SIGTERM or Ctrl-C, then shut down gracefully.
-async fn serve_replica(serve: ctxlog_server::ServeOptions) -> Result<ExitCode, Failure> {
+/// Serve until SIGTERM or Ctrl-C (or, with `until_stdin_closes`, the end of standard input),
+/// then shut down gracefully.
+async fn serve_replica(serve: ctxlog_server::ServeOptions, until_stdin_closes: bool) -> Result<ExitCode, Failure> {
     let writer = serve.writer.as_str().to_string();
     let running = match ctxlog_server::start(serve).await {
         Ok(r) => r,
@@ -453,11 +484,48 @@ async fn serve_replica(serve: ctxlog_server::ServeOptions) -> Result<ExitCode, F
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+        () = stdin_closed(), if until_stdin_closes => {}
     }
     tracing::info!("shutting down");
     running.shutdown().await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves when standard input reaches its end (or cannot be read): whatever is sent on it
+/// is read and dropped.
+async fn stdin_closed() {
+    use tokio::io::AsyncReadExt;
+    // Read on a blocking thread (tokio's stdin always is), which the runtime does not wait
+    // for at exit beyond its shutdown timeout.
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = stdin.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// `ctxlog mcp`: MCP over standard input and output until the client closes them, SIGTERM
+/// or Ctrl-C.
+async fn mcp_stdio(serve: ctxlog_server::ServeOptions, bots: Vec<String>) -> Result<ExitCode, Failure> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::backend("server", "signal", None, ctxlog::Written::Nothing, e))?;
+    let stop = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    match ctxlog_server::serve_mcp_stdio(serve, bots, stop).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(ctxlog_server::StartError::Store(e)) => Err(Failure::Store(e)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(2))
+        }
+    }
 }
 
 /// A new token, and its tokens-file entry.
@@ -831,6 +899,7 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
         | Command::Summarize { .. }
         | Command::Demo
         | Command::Serve { .. }
+        | Command::Mcp { .. }
         | Command::Token { .. } => {
             unreachable!("handled in run")
         }

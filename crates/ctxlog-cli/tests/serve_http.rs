@@ -881,32 +881,38 @@ async fn bodies_in_flight_share_one_budget() -> anyhow::Result<()> {
     .await
 }
 
-/// A body has one deadline in all (three header timeouts), however often its bytes come.
+/// A body has one deadline in all (three header timeouts), however often its bytes come:
+/// on the routes and on MCP's endpoint alike (whose transport would wait for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_trickling_in_meets_one_deadline() -> anyhow::Result<()> {
     bounded(async {
         let f = fixture(&["--header-timeout", "1"]).await?;
-        let head = format!(
-            "POST /v1/bots/a/sessions/s/records HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-             authorization: Bearer {}\r\ncontent-length: 400",
-            token_for(&f, "writer-a")
-        );
-        let (mut rd, mut wr) = send_raw(&f, &head, b"").await?.into_split();
-        // One byte every 200 ms: each well within the old per-chunk timeout, 80 s in all.
-        let trickle = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            for _ in 0..400 {
-                tick.tick().await;
-                if wr.write_all(b" ").await.is_err() {
-                    return;
+        for path in ["/v1/bots/a/sessions/s/records", "/mcp"] {
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 accept: application/json, text/event-stream\r\n\
+                 authorization: Bearer {}\r\ncontent-length: 400",
+                token_for(&f, "writer-a")
+            );
+            let (mut rd, mut wr) = send_raw(&f, &head, b"").await?.into_split();
+            // One byte every 200 ms: each well within the old per-chunk timeout, 80 s in all.
+            let trickle = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(200));
+                for _ in 0..400 {
+                    tick.tick().await;
+                    if wr.write_all(b" ").await.is_err() {
+                        return;
+                    }
                 }
-            }
-        });
-        let answer = read_answer(&mut rd, Duration::from_secs(40)).await;
-        trickle.abort();
-        let answer = answer?;
-        answer.is_problem(408, "urn:ctxlog:problem:body-timeout")?;
-        ensure!(answer.json["written"] == "nothing", "{}", answer.json);
+            });
+            let answer = read_answer(&mut rd, Duration::from_secs(40)).await;
+            trickle.abort();
+            let answer = answer.with_context(|| path.to_string())?;
+            answer
+                .is_problem(408, "urn:ctxlog:problem:body-timeout")
+                .with_context(|| path.to_string())?;
+            ensure!(answer.json["written"] == "nothing", "{path}: {}", answer.json);
+        }
         nothing_written(&f, 0).await
     })
     .await

@@ -86,6 +86,21 @@ impl Grant {
         }
     }
 
+    /// Read and write on `bots` (patterns as in a tokens file): the grant of whoever started
+    /// a local MCP server (`ctxlog mcp`).
+    pub(crate) fn local(bots: Vec<String>) -> Self {
+        Grant {
+            name: "local".into(),
+            bots,
+            rights: vec![Right::Read, Right::Write],
+        }
+    }
+
+    /// The bots the grant names exactly (not by a pattern).
+    pub(crate) fn named_bots(&self) -> impl Iterator<Item = &str> {
+        self.bots.iter().map(String::as_str).filter(|b| !b.ends_with('*'))
+    }
+
     /// Whether the grant covers `bot` with `right`.
     pub fn allows(&self, bot: &str, right: Right) -> bool {
         self.has(right) && self.bots.iter().any(|p| matches_bot(p, bot))

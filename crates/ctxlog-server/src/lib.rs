@@ -21,6 +21,8 @@
 //! - [`listen`] — the accept loop: a bound on connections, idle and header timeouts,
 //!   a shutdown bounded in time.
 //! - [`metrics`] — what `/metrics` says, in Prometheus text.
+//! - [`mcp`] — the same operations as MCP tools and resources: at `/mcp` on the server
+//!   (streamable HTTP, under its tokens), and over stdio ([`serve_mcp_stdio`]).
 
 #![warn(missing_docs)]
 // A `Problem` is what a failed request answers: built once on the error path, never in a loop.
@@ -30,6 +32,7 @@ pub mod api;
 pub mod auth;
 mod cursor;
 mod listen;
+mod mcp;
 mod metrics;
 pub mod problem;
 pub mod routes;
@@ -72,6 +75,9 @@ pub enum StartError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The MCP client did not complete its handshake on standard input and output.
+    #[error("MCP over stdio: {0}")]
+    Mcp(String),
     /// The listen address cannot be used as asked.
     #[error("listen on {addr}: {reason}")]
     Listen {
@@ -173,6 +179,19 @@ pub(crate) struct Replica {
 /// future returned by [`Running::wait`] is dropped with the process).
 pub async fn start(options: ServeOptions) -> Result<Running, StartError> {
     listen::start(options).await
+}
+
+/// Serve the log as an MCP server over this process's standard input and output (what a
+/// desktop MCP client launches): the replica of `options` (its store and writer; the
+/// listen, token and TLS settings are not used), every right on `bots` (patterns as in a
+/// tokens file, `*` for all). Returns when the client closes the streams or `stop`
+/// resolves, once the shard is closed.
+pub async fn serve_mcp_stdio(
+    options: ServeOptions,
+    bots: Vec<String>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
+    listen::mcp_stdio(options, bots, stop).await
 }
 
 /// Resolves once `stop` turns true (or its sender is gone). Holds no borrow of the value

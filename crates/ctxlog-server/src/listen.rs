@@ -67,6 +67,34 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
             reason: "without a tokens file the server listens on loopback only (give --tokens FILE)".into(),
         });
     }
+    let listen = options.listen;
+    let (replica, stop) = open(options, tokens).await?;
+    let listener = TcpListener::bind(listen).await.map_err(|e| StartError::Listen {
+        addr: listen,
+        reason: e.to_string(),
+    })?;
+    let addr = listener.local_addr().map_err(|e| StartError::Listen {
+        addr: listen,
+        reason: e.to_string(),
+    })?;
+    let limits = ConnLimits {
+        header: replica.options.header_read_timeout,
+        idle: replica.options.idle_timeout,
+        grace: replica.options.shutdown_grace,
+        max: replica.options.max_connections.clamp(1, MAX_CONNECTIONS),
+    };
+    let mcp = axum::Router::<Arc<Replica>>::new().nest_service("/mcp", crate::mcp::service(&replica));
+    let app = routes::router(replica.clone(), mcp);
+    let done = tokio::spawn(accept(listener, tls, app, limits, replica.shutdown.clone(), replica));
+    Ok(Running { addr, stop, done })
+}
+
+/// A replica with no listener yet: the store open, the writer's shard claimed, the view
+/// refreshing until the returned sender says stop.
+pub(crate) async fn open(
+    options: ServeOptions,
+    tokens: Tokens,
+) -> Result<(Arc<Replica>, watch::Sender<bool>), StartError> {
     let store = ctxlog::open(&options.store, options.store_options.clone()).await?;
     // Tokens scope requests by bot, but a store of format 1 or 2 groups record ids across
     // bots (rule 22): one bot's tombstone or early write can still reach another's record
@@ -91,16 +119,6 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         Arc::new(move || nudge.nudge()),
     )
     .await?;
-    let listener = TcpListener::bind(options.listen)
-        .await
-        .map_err(|e| StartError::Listen {
-            addr: options.listen,
-            reason: e.to_string(),
-        })?;
-    let addr = listener.local_addr().map_err(|e| StartError::Listen {
-        addr: options.listen,
-        reason: e.to_string(),
-    })?;
     let (stop, stopped) = watch::channel(false);
     // On SQLite a refresh that finds nothing new is one read of the shards table: poll at
     // the shortest interval always (watchers then hear of other replicas' appends within
@@ -111,12 +129,6 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         options.idle_poll_max
     };
     tokio::spawn(view.clone().run(options.poll_min, poll_max, stopped.clone()));
-    let limits = ConnLimits {
-        header: options.header_read_timeout,
-        idle: options.idle_timeout,
-        grace: options.shutdown_grace,
-        max: options.max_connections.clamp(1, MAX_CONNECTIONS),
-    };
     let budget = crate::routes::body_budget(&options);
     let replica = Arc::new(Replica {
         store,
@@ -126,12 +138,45 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         metrics,
         options,
         watchers: Watchers::default(),
-        shutdown: stopped.clone(),
+        shutdown: stopped,
         body_budget: budget,
     });
-    let app = routes::router(replica.clone());
-    let done = tokio::spawn(accept(listener, tls, app, limits, stopped, replica));
-    Ok(Running { addr, stop, done })
+    Ok((replica, stop))
+}
+
+/// Serve MCP over this process's standard input and output until the client closes them or
+/// `stop` resolves, then close the shard (see [`crate::serve_mcp_stdio`]).
+pub(crate) async fn mcp_stdio(
+    options: ServeOptions,
+    bots: Vec<String>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
+    let (replica, stop_view) = open(options, Tokens::open()).await?;
+    let tools = crate::mcp::Tools::local(replica.clone(), bots);
+    let served = rmcp::ServiceExt::serve(tools, rmcp::transport::io::stdio_pipes()).await;
+    let result = match served {
+        Ok(running) => {
+            let cancel = running.cancellation_token();
+            let mut waiting = std::pin::pin!(running.waiting());
+            tokio::select! {
+                _ = &mut waiting => {}
+                () = stop => {
+                    cancel.cancel();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), waiting).await;
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(StartError::Mcp(e.to_string())),
+    };
+    stop_view.send_replace(true);
+    if tokio::time::timeout(WRITER_CLOSE, replica.writer.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!(after = ?WRITER_CLOSE, "the writer did not close its shard in time");
+    }
+    result
 }
 
 /// The most connections a semaphore can count (far above any descriptor limit).

@@ -40,10 +40,12 @@ type Shared = State<Arc<Replica>>;
 const MAX_PAGE: usize = 1000;
 const DEFAULT_PAGE: usize = 100;
 
-/// The router of every route, with its limits and metrics.
-pub(crate) fn router(replica: Arc<Replica>) -> Router {
-    // Requests beyond the limit wait for one in flight to finish.
-    let limits = tower::limit::GlobalConcurrencyLimitLayer::new(replica.options.max_concurrent_requests);
+/// The router of every route, with its limits and metrics; `mcp` is the MCP endpoint's
+/// router (`/mcp`), put behind the same limits.
+pub(crate) fn router(replica: Arc<Replica>, mcp: Router<Arc<Replica>>) -> Router {
+    // Requests beyond the limit wait for one in flight to finish (MCP calls count too).
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(replica.options.max_concurrent_requests));
+    let limits = tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(in_flight.clone());
     let (requests, _) = request_routes()
         .layer(limits)
         .layer(axum::middleware::from_fn_with_state(replica.clone(), during_shutdown))
@@ -53,9 +55,16 @@ pub(crate) fn router(replica: Arc<Replica>) -> Router {
     let (streams, _) = stream_routes().split_for_parts();
     // Bodies are read by `body` (after the grant is checked, within the body budget and
     // deadline), never by an extractor.
+    // MCP (streamable HTTP): one route, its calls judged by their own token each (see
+    // `mcp`); a request without a valid token is refused before MCP reads it.
+    let mcp = mcp
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(in_flight))
+        .layer(axum::middleware::from_fn_with_state(replica.clone(), during_shutdown))
+        .layer(axum::middleware::from_fn_with_state(replica.clone(), mcp_token));
     requests
         .merge(streams)
         .route_layer(axum::middleware::from_fn_with_state(replica.clone(), check_path))
+        .merge(mcp)
         .fallback(|| async { Problem::not_found("no such route") })
         .method_not_allowed_fallback(|method: Method| async move {
             Problem::new(
@@ -181,6 +190,27 @@ async fn during_shutdown(State(r): Shared, request: Request, next: Next) -> Resp
     }
 }
 
+/// `/mcp` needs a valid token (any grant; each tool checks its bot and right).
+async fn mcp_token(State(r): Shared, request: Request, next: Next) -> Response {
+    if let Err(p) = grant(&r, request.headers()) {
+        return p.into_response();
+    }
+    // MCP's transport reads the body with no deadline and outside the body budget: it is
+    // read here, as every route's is (`body`), and handed on whole; its room in the budget
+    // is held until the answer is made (a plain JSON answer, not a stream).
+    let (parts, data) = request.into_parts();
+    match body(&r, Request::from_parts(parts.clone(), data)).await {
+        Ok((bytes, room)) => {
+            let response = next
+                .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await;
+            drop(room);
+            response
+        }
+        Err(p) => p.into_response(),
+    }
+}
+
 /// Every path parameter (bot, session, record id) is checked on every route, read or write,
 /// the way the core checks a record's: UTF-8, not empty, no NUL, within the id limit. So a
 /// read answers a name no write could have made the same way a write does.
@@ -210,7 +240,7 @@ async fn check_path(State(r): Shared, request: Request, next: Next) -> Response 
     next.run(request).await
 }
 
-fn check_name(field: &str, bytes: &[u8], max: usize) -> Result<(), Problem> {
+pub(crate) fn check_name(field: &str, bytes: &[u8], max: usize) -> Result<(), Problem> {
     let invalid = |detail: String| Err(Problem::invalid(field, None, detail));
     match std::str::from_utf8(bytes) {
         Err(_) => invalid("is not UTF-8".into()),
@@ -222,7 +252,7 @@ fn check_name(field: &str, bytes: &[u8], max: usize) -> Result<(), Problem> {
 }
 
 /// A path segment's bytes, `%XX` decoded (a `%` not followed by two hex digits stays).
-fn percent_decode(segment: &str) -> Vec<u8> {
+pub(crate) fn percent_decode(segment: &str) -> Vec<u8> {
     let bytes = segment.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -282,7 +312,7 @@ async fn measure(State(r): Shared, request: Request, next: Next) -> Response {
 
 /// The grant of the request's token. Two `Authorization` headers are refused: which one
 /// counts would depend on who reads them (a proxy, this server).
-fn grant(r: &Replica, headers: &HeaderMap) -> Result<Grant, Problem> {
+pub(crate) fn grant(r: &Replica, headers: &HeaderMap) -> Result<Grant, Problem> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let auth = values.next();
     if values.next().is_some() {
@@ -491,6 +521,11 @@ async fn append(
 /// gave out is acknowledged, so a fresh view holds it) and is ordered after that view's
 /// clock, so that every record a summary covers is older than it (rule 21).
 async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOut>, Problem> {
+    Ok(axum::Json(append_records(r, records).await?))
+}
+
+/// One batch through the replica's writer (the routes' and the MCP tools').
+pub(crate) async fn append_records(r: Arc<Replica>, records: Vec<Record>) -> Result<AckOut, Problem> {
     r.metrics.append_records.observe(records.len() as f64);
     let mut after = ctxlog::Hlc::ZERO;
     if records.iter().any(|rec| rec.covers.is_some()) {
@@ -499,7 +534,7 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
         after = p.max_hlc();
     }
     let ack = detached(async move { r.writer.append(records, after).await }).await?;
-    Ok(axum::Json(AckOut::from(&ack)))
+    Ok(AckOut::from(&ack))
 }
 
 /// Append one atomic batch whose records may belong to several sessions of one bot (each
@@ -552,6 +587,11 @@ async fn read_session(
     headers: HeaderMap,
 ) -> Result<axum::Json<RecordsPage>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
+    Ok(axum::Json(records_page(&r, &bot, &session, &q).await?))
+}
+
+/// A page of a session's live records (the route's and the MCP tool's).
+pub(crate) async fn records_page(r: &Replica, bot: &str, session: &str, q: &PageQuery) -> Result<RecordsPage, Problem> {
     let limit = page_limit(q.limit)?;
     let after = q.after.as_deref().map(|c| cursor::parse_page("after", c)).transpose()?;
     let last = q.last.map(|n| page_limit(Some(n))).transpose()?;
@@ -565,16 +605,16 @@ async fn read_session(
     let mut p = r.view.fresh().await?;
     let position = cursor::position(&p.checkpoint());
     if let Some(n) = last {
-        let (entries, older) = p.session_tail(&bot, &session, n).await.map_err(Problem::from)?;
-        return Ok(axum::Json(RecordsPage {
+        let (entries, older) = p.session_tail(bot, session, n).await.map_err(Problem::from)?;
+        return Ok(RecordsPage {
             records: entries.iter().map(EntryOut::from).collect(),
             next: None,
             has_more: older,
             position,
-        }));
+        });
     }
     let (entries, more) = p
-        .session_page(&bot, &session, after.as_ref(), limit)
+        .session_page(bot, session, after.as_ref(), limit)
         .await
         .map_err(Problem::from)?;
     drop(p);
@@ -583,12 +623,12 @@ async fn read_session(
     } else {
         None
     };
-    Ok(axum::Json(RecordsPage {
+    Ok(RecordsPage {
         records: entries.iter().map(EntryOut::from).collect(),
         next,
         has_more: more,
         position,
-    }))
+    })
 }
 
 /// A session's context view (rule 21): its governing summary and every live record that
@@ -606,26 +646,31 @@ async fn read_context(
     headers: HeaderMap,
 ) -> Result<axum::Json<ContextOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
+    Ok(axum::Json(context_view(&r, &bot, &session).await?))
+}
+
+/// A session's context view from a fresh view (the route's and the MCP tool's).
+pub(crate) async fn context_view(r: &Replica, bot: &str, session: &str) -> Result<ContextOut, Problem> {
     let mut p = r.view.fresh().await?;
     let checkpoint = p.checkpoint();
-    let view = p.context(&bot, &session).await.map_err(Problem::from)?;
+    let view = p.context(bot, session).await.map_err(Problem::from)?;
     drop(p);
     let summary = view
         .summary
         .and_then(|k| view.entries.iter().find(|e| e.key() == k))
         .map(|e| e.record.id.clone());
-    Ok(axum::Json(ContextOut {
+    Ok(ContextOut {
         records: view.entries.iter().map(EntryOut::from).collect(),
         summary,
         covered: view.covered,
         position: cursor::position(&checkpoint),
-        covers: cursor::covers(&bot, &session, &checkpoint),
-    }))
+        covers: cursor::covers(bot, session, &checkpoint),
+    })
 }
 
 /// The live record `id` of `bot`, from a fresh view. Ids are scoped by bot: another bot's
 /// record of the same id is another record, and says nothing about this one.
-async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, Problem> {
+pub(crate) async fn live_record(r: &Replica, bot: &str, id: &str) -> Result<ctxlog::Entry, Problem> {
     r.view
         .fresh()
         .await?
@@ -666,9 +711,14 @@ async fn delete_record(
     headers: HeaderMap,
 ) -> Result<axum::Json<AckOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Write)?;
-    let entry = live_record(&r, &bot, &id).await?;
+    Ok(axum::Json(forget(r, &bot, &id).await?))
+}
+
+/// Tombstone the live record `id` of `bot` (the route's and the MCP tool's).
+pub(crate) async fn forget(r: Arc<Replica>, bot: &str, id: &str) -> Result<AckOut, Problem> {
+    let entry = live_record(&r, bot, id).await?;
     let tombstone = RecordIn {
-        id: id.clone(),
+        id: id.to_string(),
         role: entry.record.role.clone(),
         content_type: None,
         text: None,
@@ -679,10 +729,9 @@ async fn delete_record(
         covers: None,
         session_id: None,
     }
-    .into_record(&bot, &entry.record.session_id, 0)?;
-    let writer = r.clone();
-    let ack = detached(async move { writer.writer.append(vec![tombstone], ctxlog::Hlc::ZERO).await }).await?;
-    Ok(axum::Json(AckOut::from(&ack)))
+    .into_record(bot, &entry.record.session_id, 0)?;
+    let ack = detached(async move { r.writer.append(vec![tombstone], ctxlog::Hlc::ZERO).await }).await?;
+    Ok(AckOut::from(&ack))
 }
 
 /// A page of a bot's sessions with live records, by session id.
@@ -699,9 +748,14 @@ async fn list_sessions(
     headers: HeaderMap,
 ) -> Result<axum::Json<SessionsPage>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
+    Ok(axum::Json(sessions_page(&r, &bot, &q).await?))
+}
+
+/// A page of a bot's sessions (the route's and the MCP tool's).
+pub(crate) async fn sessions_page(r: &Replica, bot: &str, q: &PageQuery) -> Result<SessionsPage, Problem> {
     let limit = page_limit(q.limit)?;
     let after = q.after.as_deref().map(|c| cursor::parse_name("after", c)).transpose()?;
-    let mut all = r.view.fresh().await?.sessions(&bot).await.map_err(Problem::from)?;
+    let mut all = r.view.fresh().await?.sessions(bot).await.map_err(Problem::from)?;
     all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
     let mut page: Vec<SessionOut> = all
         .iter()
@@ -711,7 +765,7 @@ async fn list_sessions(
         .collect();
     let has_more = page.len() > limit;
     page.truncate(limit);
-    Ok(axum::Json(SessionsPage {
+    Ok(SessionsPage {
         next: if has_more {
             page.last().map(|s| cursor::name(&s.session_id))
         } else {
@@ -719,7 +773,7 @@ async fn list_sessions(
         },
         sessions: page,
         has_more,
-    }))
+    })
 }
 
 /// Where a watch or conflicts call starts.

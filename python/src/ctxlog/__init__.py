@@ -2,16 +2,20 @@
 
 `Client` and `AsyncClient` have the same surface; errors are typed (`ctxlog.errors`).
 A session's `context()` is what an agent sends its model (its governing summary and the
-records it does not cover); `summarize(body, covers=context)` writes a summary of that view."""
+records it does not cover); `summarize(body, covers=context)` writes a summary of that view.
+`Client.local("agents.db")` (and `AsyncClient.local`, `ctxlog.serve`) runs the server as a
+child of this process: a single-process app needs no separate server."""
 
 from ._async_client import AsyncClient, AsyncSession
 from ._client import Client, Session
 from ._errors import (
+    BinaryNotFound,
     CtxlogError,
     Fenced,
     Forbidden,
     Indeterminate,
     InvalidInput,
+    LocalServerError,
     MalformedRequest,
     NotFound,
     ReplicaUnavailable,
@@ -21,14 +25,18 @@ from ._errors import (
     Unauthorized,
     Unavailable,
     WatchEnded,
+    WriterInUse,
+    WriterRequired,
 )
 from ._ids import new_id
+from ._local import LocalServer, serve
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 __all__ = [
     "Ack",
     "AsyncClient",
     "AsyncSession",
+    "BinaryNotFound",
     "Client",
     "Context",
     "CtxlogError",
@@ -37,6 +45,8 @@ __all__ = [
     "Forbidden",
     "Indeterminate",
     "InvalidInput",
+    "LocalServer",
+    "LocalServerError",
     "MalformedRequest",
     "NotFound",
     "Page",
@@ -51,5 +61,8 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "WatchEnded",
+    "WriterInUse",
+    "WriterRequired",
     "new_id",
+    "serve",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import threading
 from collections.abc import AsyncIterator, Iterable
@@ -14,6 +15,7 @@ from httpx_sse import aconnect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
+from ._local import LocalServer
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 
@@ -52,6 +54,37 @@ class AsyncClient:
         self._per_loop: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self._lock = threading.Lock()
         self.retry = retry or Retry()
+        self._server: LocalServer | None = None
+
+    @classmethod
+    def local(
+        cls, store: str | os.PathLike[str], writer: str | None = None, **client_kwargs: Any
+    ) -> AsyncClient:
+        """A client of a local replica of `store` that it owns: `ctxlog serve` started as
+        a child of this process (see `ctxlog.LocalServer`: a plain path is a SQLite file,
+        whose writer id `local-N` is picked when not given), stopped by `close()`.
+        `client_kwargs` are the constructor's (`timeout`, `retry`).
+
+        Not a coroutine: it blocks while the child starts, until it prints its address —
+        for a SQLite file, a small fraction of a second; on object storage, as long as
+        opening the store takes (at most a minute). Inside a running loop that must not
+        wait that long, call it as `await asyncio.to_thread(AsyncClient.local, store)`.
+        The client is bound to no loop: it serves any loop, one after another or at once,
+        as `AsyncClient` does; `close()` stops the server on a worker thread, not blocking
+        the loop."""
+        server = LocalServer(store, writer)
+        try:
+            client = cls(server.url, **client_kwargs)
+        except BaseException:
+            server.stop()
+            raise
+        client._server = server
+        return client
+
+    @property
+    def server(self) -> LocalServer | None:
+        """The local replica this client owns (`AsyncClient.local`), if any."""
+        return self._server
 
     @property
     def _http(self) -> httpx.AsyncClient:
@@ -74,6 +107,15 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close the connections, and stop the local replica this client owns (if any;
+        on a worker thread, so the loop goes on meanwhile). Idempotent."""
+        try:
+            await self._close_http()
+        finally:
+            if self._server is not None:
+                await asyncio.to_thread(self._server.stop)
+
+    async def _close_http(self) -> None:
         if self._given is not None:
             await self._given.aclose()
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 import time
 from collections.abc import Iterable, Iterator
@@ -13,6 +14,7 @@ from httpx_sse import connect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
+from ._local import LocalServer
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 
@@ -38,6 +40,29 @@ class Client:
             base_url=base_url, timeout=timeout, headers=_core.headers(token), verify=verify
         )
         self.retry = retry or Retry()
+        self._server: LocalServer | None = None
+
+    @classmethod
+    def local(
+        cls, store: str | os.PathLike[str], writer: str | None = None, **client_kwargs: Any
+    ) -> Client:
+        """A client of a local replica of `store` that it owns: `ctxlog serve` started as
+        a child of this process (see `ctxlog.LocalServer`: a plain path is a SQLite file,
+        whose writer id `local-N` is picked when not given), stopped by `close()`.
+        `client_kwargs` are the constructor's (`timeout`, `retry`)."""
+        server = LocalServer(store, writer)
+        try:
+            client = cls(server.url, **client_kwargs)
+        except BaseException:
+            server.stop()
+            raise
+        client._server = server
+        return client
+
+    @property
+    def server(self) -> LocalServer | None:
+        """The local replica this client owns (`Client.local`), if any."""
+        return self._server
 
     def __enter__(self) -> Client:
         return self
@@ -46,7 +71,13 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        """Close the connections, and stop the local replica this client owns (if any).
+        Idempotent."""
+        try:
+            self._http.close()
+        finally:
+            if self._server is not None:
+                self._server.stop()
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:

@@ -112,6 +112,32 @@ class WatchEnded(CtxlogError):
         return None if p is None else str(p)
 
 
+class LocalServerError(CtxlogError):
+    """A local replica (`ctxlog.serve`, `Client.local`) could not be started or stopped.
+    `exit_code` is the child's, if it exited (negative: the signal that ended it);
+    `stderr` the last lines it wrote there. Nothing was written through it."""
+
+    def __init__(self, message: str, *, exit_code: int | None = None, stderr: str = "") -> None:
+        super().__init__(message, problem={"written": "nothing"})
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class BinaryNotFound(LocalServerError):
+    """No `ctxlog` binary to run: neither `$CTXLOG_BIN`, nor one installed next to this
+    Python (its scripts directory, where the wheel puts it), nor one on `$PATH`."""
+
+
+class WriterInUse(LocalServerError):
+    """The writer id is held by another local replica of this store on this machine (or
+    every `local-N` the picker may take is): starting one would fence it."""
+
+
+class WriterRequired(InvalidInput):
+    """The store is not a local SQLite file, so no writer id can be picked safely: name
+    one (`writer=`) that no other process serving that store uses."""
+
+
 _BY_TYPE: dict[str, type[CtxlogError]] = {
     "invalid-input": InvalidInput,
     "malformed-request": MalformedRequest,

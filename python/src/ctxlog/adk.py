@@ -8,6 +8,10 @@ runner = Runner(agent=agent, app_name="helpdesk",
                 session_service=CtxlogSessionService("http://127.0.0.1:7070"))
 ```
 
+Without a server: `CtxlogSessionService.local("agents.db")` runs one as a child of this
+process (`ctxlog.LocalServer`), stopped by `await service.close()` (or leaving an
+`async with` block), at exit, or when the process dies.
+
 It behaves as ADK's own services do (`InMemorySessionService` is its reference in the
 tests), on a log that many replicas share. An app is a ctxlog bot (`adk:<app>`); per ADK
 session two ctxlog sessions hold its events and its state (its creation and each event's
@@ -30,6 +34,7 @@ log's order: its last event's timestamp, or its creation time.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -65,6 +70,39 @@ class CtxlogSessionService(BaseSessionService):
 
     def __init__(self, client: AsyncClient | str, *, token: str | None = None) -> None:
         self.client = AsyncClient(client, token=token) if isinstance(client, str) else client
+        # A client made here (from a URL, or by `local()`) is closed by `close()`; one
+        # given is the caller's.
+        self._owns_client = isinstance(client, str)
+
+    @classmethod
+    def local(
+        cls, store: str | os.PathLike[str], writer: str | None = None
+    ) -> CtxlogSessionService:
+        """A service over a local replica of `store` that it owns (`ctxlog.LocalServer`:
+        a plain path is a SQLite file, whose writer id `local-N` is picked when not given),
+        stopped by `close()`. Blocks while the server starts (a fraction of a second for a
+        SQLite file); usable from any event loop after."""
+        client = AsyncClient.local(store, writer)
+        try:
+            service = cls(client)
+        except BaseException:
+            if client.server is not None:
+                client.server.stop()
+            raise
+        service._owns_client = True
+        return service
+
+    async def close(self) -> None:
+        """Close the client this service made (from a URL, or `local()`'s, stopping its
+        server); a client given is left open. Idempotent."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> CtxlogSessionService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     # ---- where things are -----------------------------------------------------------------
 

@@ -7,6 +7,10 @@ graph = builder.compile(checkpointer=CtxlogSaver("http://127.0.0.1:7070"))
 graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
 ```
 
+Without a server: `CtxlogSaver.local("agents.db")` runs one as a child of this process
+(`ctxlog.LocalServer`), stopped by `saver.close()` (or `await saver.aclose()`, or leaving a
+`with` block), at exit, or when the process dies.
+
 A thread is a ctxlog session (of bot `bot`, default `langgraph`); every checkpoint and every
 pending write is a record with an id of its own, derived from what it is — so a retried `put`
 or `put_writes` counts once, and two processes cannot silently fork a thread:
@@ -50,9 +54,11 @@ thread of the bot (the run id is in checkpoint metadata, which ctxlog does not i
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import builtins
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -74,6 +80,7 @@ from ._async_client import AsyncClient
 from ._client import Client
 from ._errors import CtxlogError
 from ._ids import new_id
+from ._local import LocalServer
 from ._types import Record
 
 CONTENT_TYPE = "application/vnd.langgraph.checkpoint+json"
@@ -234,6 +241,76 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         self._reads_lock = threading.Lock()
         self.client = client or Client(url, token=token)
         self.aclient = aclient or AsyncClient(url, token=token)
+        # What `close()` closes: the clients made here (a client given is the caller's),
+        # and the local replica of `local()`.
+        self._owns_client, self._owns_aclient = client is None, aclient is None
+        self._server: LocalServer | None = None
+
+    @classmethod
+    def local(
+        cls,
+        store: str | os.PathLike[str],
+        writer: str | None = None,
+        *,
+        bot: str = "langgraph",
+        **kwargs: Any,
+    ) -> CtxlogSaver:
+        """A saver over a local replica of `store` that it owns (`ctxlog.LocalServer`: a
+        plain path is a SQLite file, whose writer id `local-N` is picked when not given),
+        stopped by `close()` / `aclose()`. `kwargs` are `BaseCheckpointSaver`'s (`serde`).
+        Blocks while the server starts (a fraction of a second for a SQLite file)."""
+        server = LocalServer(store, writer)
+        try:
+            saver = cls(server.url, bot=bot, **kwargs)
+        except BaseException:
+            server.stop()
+            raise
+        saver._server = server
+        return saver
+
+    @property
+    def server(self) -> LocalServer | None:
+        """The local replica this saver owns (`CtxlogSaver.local`), if any."""
+        return self._server
+
+    def close(self) -> None:
+        """Close the clients this saver made and stop the local replica it owns (if any).
+        Idempotent. The async client's connections are closed here only outside a running
+        loop (those of loops that ended are dropped anyway): in async code, `aclose()`."""
+        try:
+            if self._owns_client:
+                self.client.close()
+            if self._owns_aclient:
+                try:
+                    asyncio.get_running_loop()
+                except RuntimeError:
+                    asyncio.run(self.aclient.close())
+        finally:
+            if self._server is not None:
+                self._server.stop()
+
+    async def aclose(self) -> None:
+        """`close()` from async code: the local replica is stopped on a worker thread."""
+        try:
+            if self._owns_aclient:
+                await self.aclient.close()
+            if self._owns_client:
+                self.client.close()
+        finally:
+            if self._server is not None:
+                await asyncio.to_thread(self._server.stop)
+
+    def __enter__(self) -> CtxlogSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> CtxlogSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # ---- what sync and async share -------------------------------------------------------
 

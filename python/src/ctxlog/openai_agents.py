@@ -8,6 +8,12 @@ session = CtxlogSession("user-42", "http://127.0.0.1:7070")
 await Runner.run(agent, "hi", session=session)
 ```
 
+Without a server: `CtxlogSession.local("user-42", "agents.db")` runs one as a child of this
+process (`ctxlog.LocalServer`), stopped by `await session.close()`, at exit, or when the
+process dies. One server per session: for many sessions, make one
+`client = ctxlog.AsyncClient.local("agents.db")` and give it to each
+`CtxlogSession(session_id, client)` (then `await client.close()` stops it).
+
 Each item is a record of the ctxlog session (bot `bot`, default `openai-agents`), its JSON
 as the body. The session's items are its **context view** (rule 21): every item its
 governing summary does not cover, in the log's order, with the summary's items in the place
@@ -75,6 +81,7 @@ stands for what it covers but gives no item.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -152,11 +159,44 @@ class CtxlogSession:
             else coerce_session_settings(session_settings)
         )
         self._client = AsyncClient(client) if isinstance(client, str) else client
+        # A client made here (from a URL, or by `local()`) is closed by `close()`; one
+        # given is the caller's.
+        self._owns_client = isinstance(client, str)
         self._session: AsyncSession = self._client.session(bot, session_id)
         # The position of the compaction's input read (`_read_compaction_items`), and of the
         # first read since this object last wrote: what `_atomic_replace_items` covers.
         self._compaction_read: str | None = None
         self._first_read: str | None = None
+
+    @classmethod
+    def local(
+        cls,
+        session_id: str,
+        store: str | os.PathLike[str],
+        *,
+        writer: str | None = None,
+        bot: str = "openai-agents",
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+    ) -> CtxlogSession:
+        """A session over a local replica of `store` that it owns (`ctxlog.LocalServer`:
+        a plain path is a SQLite file, whose writer id `local-N` is picked when not given),
+        stopped by `close()`. Blocks while the server starts (a fraction of a second for a
+        SQLite file); usable from any event loop after."""
+        client = AsyncClient.local(store, writer)
+        try:
+            session = cls(session_id, client, bot=bot, session_settings=session_settings)
+        except BaseException:
+            if client.server is not None:
+                client.server.stop()
+            raise
+        session._owns_client = True
+        return session
+
+    async def close(self) -> None:
+        """Close the client this session made (from a URL, or `local()`'s, stopping its
+        server); a client given is left open. Idempotent."""
+        if self._owns_client:
+            await self._client.close()
 
     def _read(self, position: str) -> None:
         if self._first_read is None:

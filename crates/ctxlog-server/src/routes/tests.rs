@@ -112,7 +112,10 @@ fn every_route_is_registered_through_its_documentation() {
                 #[allow(clippy::disallowed_methods)] // a source file, not a store file
                 let text = std::fs::read_to_string(&path).expect("read a source file");
                 for (n, line) in text.lines().enumerate() {
-                    if calls.iter().any(|c| line.contains(c)) {
+                    // The one exception: MCP's endpoint speaks JSON-RPC, described by its
+                    // own `tools/list`, not by the OpenAPI document.
+                    let mcp = path.ends_with("listen.rs") && line.contains(r#"("/mcp", crate::mcp::service("#);
+                    if calls.iter().any(|c| line.contains(c)) && !mcp {
                         found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
                     }
                 }
