@@ -15,7 +15,7 @@ from httpx_sse import aconnect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
-from ._local import LocalServer
+from ._local import LocalServer, owning
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 
@@ -72,12 +72,7 @@ class AsyncClient:
         The client is bound to no loop: it serves any loop, one after another or at once,
         as `AsyncClient` does; `close()` stops the server on a worker thread, not blocking
         the loop."""
-        server = LocalServer(store, writer)
-        try:
-            client = cls(server.url, **client_kwargs)
-        except BaseException:
-            server.stop()
-            raise
+        client, server = owning(store, writer, lambda url: cls(url, **client_kwargs))
         client._server = server
         return client
 

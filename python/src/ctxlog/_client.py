@@ -14,7 +14,7 @@ from httpx_sse import connect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
-from ._local import LocalServer
+from ._local import LocalServer, owning
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
 
 
@@ -50,12 +50,7 @@ class Client:
         a child of this process (see `ctxlog.LocalServer`: a plain path is a SQLite file,
         whose writer id `local-N` is picked when not given), stopped by `close()`.
         `client_kwargs` are the constructor's (`timeout`, `retry`)."""
-        server = LocalServer(store, writer)
-        try:
-            client = cls(server.url, **client_kwargs)
-        except BaseException:
-            server.stop()
-            raise
+        client, server = owning(store, writer, lambda url: cls(url, **client_kwargs))
         client._server = server
         return client
 

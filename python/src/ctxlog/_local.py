@@ -32,7 +32,8 @@ import signal
 import subprocess
 import sysconfig
 import threading
-from typing import IO
+from collections.abc import Callable
+from typing import IO, TypeVar
 
 from ._errors import (
     BinaryNotFound,
@@ -522,3 +523,18 @@ def _forget_after_fork() -> None:
 atexit.register(_stop_all)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+_T = TypeVar("_T")
+
+
+def owning(
+    store: str | os.PathLike[str], writer: str | None, make: Callable[[str], _T]
+) -> tuple[_T, LocalServer]:
+    """A local replica of `store` and `make(its url)`; the replica stopped if `make` fails."""
+    server = LocalServer(store, writer)
+    try:
+        return make(server.url), server
+    except BaseException:
+        server.stop()
+        raise

@@ -80,7 +80,7 @@ from ._async_client import AsyncClient
 from ._client import Client
 from ._errors import CtxlogError
 from ._ids import new_id
-from ._local import LocalServer
+from ._local import LocalServer, owning
 from ._types import Record
 
 CONTENT_TYPE = "application/vnd.langgraph.checkpoint+json"
@@ -259,12 +259,7 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         plain path is a SQLite file, whose writer id `local-N` is picked when not given),
         stopped by `close()` / `aclose()`. `kwargs` are `BaseCheckpointSaver`'s (`serde`).
         Blocks while the server starts (a fraction of a second for a SQLite file)."""
-        server = LocalServer(store, writer)
-        try:
-            saver = cls(server.url, bot=bot, **kwargs)
-        except BaseException:
-            server.stop()
-            raise
+        saver, server = owning(store, writer, lambda url: cls(url, bot=bot, **kwargs))
         saver._server = server
         return saver
 
