@@ -24,7 +24,7 @@ pub(crate) struct Workload {
 /// [`WINDOW`], the RNG) or in how `ctxlog-bench generate` appends them (writer names, batch
 /// size, the fold afterwards). `cargo xtask bench` reuses a store it generated only while
 /// this version, the generator's parameters and the backend's store format are unchanged.
-pub(crate) const GENERATOR: u32 = 2;
+pub(crate) const GENERATOR: u32 = 3;
 
 /// How far back a retry, rewrite or tombstone reaches at least: more than any batch the
 /// benchmarks append.
@@ -57,8 +57,12 @@ impl Records {
             // Only records at least `NEAR` back are retried, rewritten or tombstoned: a batch
             // (of at most `NEAR` records) never holds one id twice with other content, which
             // an append refuses (rule 6).
+            // Nor is an id this chunk already holds (two retries of one record carry two
+            // `created_at`s: other content).
             let eligible = self.earlier.len().saturating_sub(NEAR);
-            let earlier = (eligible > 0).then(|| rng.random_range(0..eligible));
+            let earlier = (eligible > 0)
+                .then(|| rng.random_range(0..eligible))
+                .filter(|&j| out.iter().all(|r: &Record| r.id != self.earlier[j].id));
             let mut r = match earlier {
                 // A retry: the same record again.
                 Some(j) if p < 0.01 => self.earlier[j].clone(),

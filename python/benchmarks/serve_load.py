@@ -5,6 +5,7 @@ of raw HTTP. Prints one JSON object; `cargo xtask bench serve` runs it against a
     python serve_load.py append --url URL --batch 100 --requests 200 --run R
     python serve_load.py read --url URL --bot load --session s0 --times 500
     python serve_load.py adapters --url URL --calls 300 --run R
+    python serve_load.py mcp --url URL --ctxlog BIN --store URI --calls 300 --run R
 
 The records are those of `ctxlog-http-load` (200 characters of text, the same ids scheme),
 so the two clients send the same bytes.
@@ -125,6 +126,39 @@ async def adapters(url: str, calls: int, run: str) -> dict[str, Any]:
     return {"latencies_us": out}
 
 
+async def mcp(url: str, ctxlog: str, store: str, calls: int, run: str) -> dict[str, Any]:
+    """`read_context` of a 20-record session over MCP stdio (`ctxlog mcp`, the official
+    client) against the HTTP route it wraps (`GET …/context`, raw `httpx`), one client,
+    `calls` each. The server at `url` serves `store`; the MCP process is a second replica
+    of it (writer `bench-mcp`), so both read the same session."""
+    import httpx
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    bot, session = "load", f"{run}-mcp"
+    with Client(url) as c:
+        c.session(bot, session).append(
+            [{"role": "user", "text": f"turn {i} " + "x" * 200} for i in range(20)]
+        )
+    path = f"/v1/bots/{bot}/sessions/{session}/context"
+    with httpx.Client(base_url=url, timeout=30) as h:
+        http = _timed_sync(calls, lambda i: h.get(path).raise_for_status())
+    params = StdioServerParameters(
+        command=ctxlog, args=["--store", store, "mcp", "--writer", "bench-mcp"]
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as mc:
+        await mc.initialize()
+
+        async def call(i: int) -> None:
+            r = await mc.call_tool("read_context", {"bot": bot, "session": session})
+            if r.is_error:
+                raise RuntimeError(f"read_context failed: {r.content}")
+
+        await call(0)  # the MCP replica's first scan, not measured
+        stdio = await _timed(calls, call)
+    return {"latencies_us": {"http": http, "mcp stdio": stdio}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="what", required=True)
@@ -142,11 +176,19 @@ def main() -> None:
     d.add_argument("--url", required=True)
     d.add_argument("--calls", type=int, default=300)
     d.add_argument("--run", default=str(time.time_ns()))
+    m = sub.add_parser("mcp")
+    m.add_argument("--url", required=True)
+    m.add_argument("--ctxlog", required=True)
+    m.add_argument("--store", required=True)
+    m.add_argument("--calls", type=int, default=300)
+    m.add_argument("--run", default=str(time.time_ns()))
     args = p.parse_args()
     if args.what == "append":
         v = append(args.url, args.batch, args.requests, args.run)
     elif args.what == "read":
         v = read(args.url, args.bot, args.session, args.times)
+    elif args.what == "mcp":
+        v = asyncio.run(mcp(args.url, args.ctxlog, args.store, args.calls, args.run))
     else:
         v = asyncio.run(adapters(args.url, args.calls, args.run))
     print(json.dumps(v))

@@ -149,6 +149,31 @@ def test_a_local_client_appends_and_reads_back(db: Path, monkeypatch: pytest.Mon
 # ---- the writer picker -------------------------------------------------------------------------
 
 
+def test_a_local_server_answers_only_the_process_that_started_it(
+    db: Path, served: list[ctxlog.LocalServer]
+) -> None:
+    """Another user of the machine (or a web page reaching 127.0.0.1) finds the port, not
+    the token: refused, nothing written."""
+    s = ctxlog.serve(db)
+    served.append(s)
+    record = {"id": "r", "role": "user", "text": "x"}
+    for token in (None, "wrong", s.token + "x"):
+        with ctxlog.Client(s.url, token=token, retry=ctxlog.Retry(attempts=1)) as c:
+            with pytest.raises(ctxlog.Unauthorized):
+                c.session("bot", "s").append([record])
+            with pytest.raises(ctxlog.Unauthorized):
+                list(c.sessions("bot"))
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        mcp = httpx.post(f"{s.url}/mcp", json={}, headers=headers, timeout=10)
+        assert mcp.status_code == 401, mcp.text
+    with ctxlog.Client.local(db) as owner:  # a second local replica, with its own token
+        assert owner.server is not None and owner.server.token != s.token
+        assert list(owner.session("bot", "s").iter_records()) == []
+    with ctxlog.Client(s.url, token=s.token) as c:
+        c.session("bot", "s").append([record])
+        assert [r.id for r in c.session("bot", "s").iter_records()] == ["r"]
+
+
 def test_concurrent_local_replicas_pick_their_own_writers_and_a_restart_reuses_one(
     db: Path, served: list[ctxlog.LocalServer]
 ) -> None:
@@ -157,7 +182,7 @@ def test_concurrent_local_replicas_pick_their_own_writers_and_a_restart_reuses_o
     b = ctxlog.serve(str(db))
     served.append(b)
     assert (a.writer, b.writer) == ("local-1", "local-2")
-    ca, cb = ctxlog.Client(a.url), ctxlog.Client(b.url)
+    ca, cb = ctxlog.Client(a.url, token=a.token), ctxlog.Client(b.url, token=b.token)
     try:
         # Each one's ack names its own shard, and what one wrote is read through the other
         # (replicas converge within their poll interval).
@@ -178,7 +203,7 @@ def test_concurrent_local_replicas_pick_their_own_writers_and_a_restart_reuses_o
     c = ctxlog.serve(db)
     served.append(c)
     assert c.writer == "local-1"
-    with ctxlog.Client(c.url) as cc:
+    with ctxlog.Client(c.url, token=c.token) as cc:
         ack = cc.session("bot", "s").append([{"id": "via-c", "role": "user", "text": "c"}])
         assert ack.shard == shard_of("local-1")
         assert len(cc.shards()) == 2
@@ -258,7 +283,7 @@ def test_a_missing_binary_raises_the_typed_error(
     assert real is not None, f"{BIN} is not an executable"
     (scripts / "ctxlog").symlink_to(real)
     assert _local.find_binary() == str(scripts / "ctxlog")
-    with ctxlog.serve(db) as s, ctxlog.Client(s.url) as c:
+    with ctxlog.serve(db) as s, ctxlog.Client(s.url, token=s.token) as c:
         assert c.ready()
 
 
@@ -293,7 +318,8 @@ def test_a_server_that_ignores_sigterm_is_killed_at_the_stop_deadline(
 ) -> None:
     # Ignores SIGTERM and never reads stdin: only the kill stops it.
     fake = fake_binary(
-        tmp_path, "trap '' TERM\necho '{\"listening\": \"127.0.0.1:9\"}'\nexec sleep 600"
+        tmp_path,
+        'trap \'\' TERM\necho \'{"listening": "127.0.0.1:9", "token": "t"}\'\nexec sleep 600',
     )
     s = ctxlog.serve(db, binary=fake)
     assert s.url == "http://127.0.0.1:9" and s.exit_code is None
@@ -390,7 +416,7 @@ def test_a_forked_child_neither_stops_nor_holds_the_parents_server(db: Path) -> 
         done = os.fdopen(done_r)
         try:
             assert readline_within(done, 30) == "done\n", "the forked child did not finish"
-            with ctxlog.Client(s.url) as c:
+            with ctxlog.Client(s.url, token=s.token) as c:
                 assert c.ready() and s.exit_code is None
             if has_until_stdin_closes():
                 stdin = s._proc.stdin
@@ -442,7 +468,7 @@ async def test_the_async_local_client_stops_its_server_without_blocking_the_loop
     fake = fake_binary(
         tmp_path,
         "trap 'sleep 1; exit 0' TERM\n"
-        'echo \'{"listening": "127.0.0.1:9"}\'\n'
+        'echo \'{"listening": "127.0.0.1:9", "token": "t"}\'\n'
         "while :; do sleep 0.05; done",
     )
     monkeypatch.setenv("CTXLOG_BIN", str(fake))

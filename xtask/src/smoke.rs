@@ -203,10 +203,10 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
     })?;
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("serve-latest.json"))?)?;
     // Per backend: the library, two client counts with and without group commit, the Python
-    // client; a read through each client, watch, memory, and three adapters; for Lance, watch
-    // and idle cost on S3.
+    // client; a read through each client, watch, memory, three adapters and MCP over stdio;
+    // for Lance, watch and idle cost on S3.
     ensure!(doc["appends"].as_array().is_some_and(|r| r.len() == 2 * 6), "{doc}");
-    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 7 + 2), "{doc}");
+    ensure!(doc["other"].as_array().is_some_and(|r| r.len() == 2 * 8 + 2), "{doc}");
 
     bench::run(BenchArgs {
         what: BenchKind::Reclaim(ReclaimArgs {

@@ -163,6 +163,20 @@ impl Tokens {
         Ok(Tokens { entries: Some(entries) })
     }
 
+    /// These tokens and `token`, which may do everything (named `owner`). Tokens become
+    /// required if they were not.
+    pub fn with_owner(self, token: &str) -> Self {
+        let entry = TokenEntry {
+            name: "owner".into(),
+            hash: hash_token(token),
+            bots: vec!["*".into()],
+            rights: vec![Right::Read, Right::Write, Right::Admin],
+        };
+        let mut entries = self.entries.unwrap_or_default();
+        entries.push((blake3::hash(token.as_bytes()), entry));
+        Tokens { entries: Some(entries) }
+    }
+
     /// Whether requests need a token.
     pub fn required(&self) -> bool {
         self.entries.is_some()
@@ -223,6 +237,15 @@ mod tests {
         assert!(!g.allows("helpdesk2", Right::Read) && !g.allows("other", Right::Read));
         assert!(!g.all_bots() && !g.has(Right::Admin));
         assert!(Tokens::open().grant(None).unwrap().all_bots());
+    }
+
+    #[test]
+    fn an_owner_token_makes_tokens_required_and_may_do_everything() {
+        let owner = Tokens::open().with_owner("secret");
+        assert!(owner.required());
+        assert!(owner.grant(None).is_none() && owner.grant(Some("Bearer other")).is_none());
+        let g = owner.grant(Some("Bearer secret")).unwrap();
+        assert!(g.all_bots() && g.has(Right::Admin) && g.allows("any", Right::Write));
     }
 
     #[test]

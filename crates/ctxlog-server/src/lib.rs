@@ -97,8 +97,12 @@ pub struct ServeOptions {
     pub writer: WriterId,
     /// Where to listen; port 0 picks a free one.
     pub listen: SocketAddr,
-    /// The tokens file; without one the server listens on loopback only.
+    /// The tokens file; without one (and without `owner_token`) the server listens on
+    /// loopback only and every request may do all.
     pub tokens: Option<PathBuf>,
+    /// One more token, with every right on every bot, beside the tokens file's (or alone):
+    /// the process that started the server holds it (`ctxlog serve --owner-token`).
+    pub owner_token: Option<String>,
     /// Serve TLS with this certificate and key; plain HTTP without.
     pub tls: Option<TlsFiles>,
     /// The store's options (the deadline of every operation among them).
@@ -144,6 +148,7 @@ impl ServeOptions {
             writer,
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             tokens: None,
+            owner_token: None,
             tls: None,
             store_options: StoreOptions::default().with_create_if_missing(true),
             group_commit: true,

@@ -60,6 +60,10 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         })?,
         None => Tokens::open(),
     };
+    let tokens = match &options.owner_token {
+        Some(token) => tokens.with_owner(token),
+        None => tokens,
+    };
     let tls = options.tls.as_ref().map(crate::tls::acceptor).transpose()?;
     if !tokens.required() && !options.listen.ip().is_loopback() {
         return Err(StartError::Listen {

@@ -72,7 +72,9 @@ class AsyncClient:
         The client is bound to no loop: it serves any loop, one after another or at once,
         as `AsyncClient` does; `close()` stops the server on a worker thread, not blocking
         the loop."""
-        client, server = owning(store, writer, lambda url: cls(url, **client_kwargs))
+        client, server = owning(
+            store, writer, lambda url, token: cls(url, token=token, **client_kwargs)
+        )
         client._server = server
         return client
 

@@ -50,7 +50,9 @@ class Client:
         a child of this process (see `ctxlog.LocalServer`: a plain path is a SQLite file,
         whose writer id `local-N` is picked when not given), stopped by `close()`.
         `client_kwargs` are the constructor's (`timeout`, `retry`)."""
-        client, server = owning(store, writer, lambda url: cls(url, **client_kwargs))
+        client, server = owning(
+            store, writer, lambda url, token: cls(url, token=token, **client_kwargs)
+        )
         client._server = server
         return client
 

@@ -14,8 +14,12 @@ process ends without that, and — since it is started with `--until-stdin-close
 process holds the only writer of its standard input — by the end of this process, however
 it ends (even SIGKILL): the kernel closes the pipe, and the server shuts down gracefully.
 
-The server listens without tokens, on loopback only: every process of this machine that
-finds its port may read and write the store through it, as it may read the store's file.
+The server listens on loopback only, and answers only requests that carry the token it
+made for this process (`ctxlog serve --owner-token` prints it to this process alone, on the
+pipe of its standard output): other users of the machine, and web pages that reach
+127.0.0.1 through a browser, cannot use it. `LocalServer.token` is that token, for a client
+of one's own (`ctxlog.Client(server.url, token=server.token)`); the `.local()`
+constructors pass it.
 """
 
 from __future__ import annotations
@@ -197,7 +201,8 @@ _running_lock = threading.Lock()
 class LocalServer:
     """`ctxlog serve` for `store`, run as a child of this process on a free port of
     127.0.0.1 (started by the constructor; `ctxlog.serve()` is the same). `url` is its
-    address for a client; `writer` the writer id it serves as.
+    address for a client, `token` the bearer token it requires (every right on every bot;
+    `ctxlog.Client(server.url, token=server.token)`), `writer` the writer id it serves as.
 
     `writer`: the caller's, if given; else, for a SQLite file, the first `local-N` whose
     lock file (`<store path>.ctxlog-writer-N.lock`) this process can hold — so a restart
@@ -243,6 +248,7 @@ class LocalServer:
             "--listen",
             "127.0.0.1:0",
             "--until-stdin-closes",
+            "--owner-token",
         ]
         try:
             self._proc = subprocess.Popen(
@@ -272,7 +278,7 @@ class LocalServer:
                 reader = threading.Thread(target=target, args=args, daemon=True)
                 reader.start()
                 self._readers.append((stream, reader))
-            self.address = self._listening(first, start_timeout)
+            self.address, self.token = self._listening(first, start_timeout)
         except BaseException:
             self._abort()
             raise
@@ -329,8 +335,9 @@ class LocalServer:
         except (OSError, ValueError):
             pass
 
-    def _listening(self, first: queue.Queue[bytes | None], timeout: float) -> str:
-        """The address the child printed; raises if it exited first or took too long."""
+    def _listening(self, first: queue.Queue[bytes | None], timeout: float) -> tuple[str, str]:
+        """The address and token the child printed; raises if it exited first or took too
+        long."""
         try:
             line = first.get(timeout=timeout)
         except queue.Empty:
@@ -341,14 +348,16 @@ class LocalServer:
             raise self._error("exited before it listened")
         try:
             v = json.loads(line)
-            address = str(v["listening"])
+            address, token = str(v["listening"]), v["token"]
+            if not isinstance(token, str) or not token:
+                raise TypeError
         except (ValueError, KeyError, TypeError):
             self._abort()
-            raise self._error(f"printed {_text(line)!r}, not its address") from None
+            raise self._error(f"printed {_text(line)!r}, not its address and token") from None
         if v.get("writer") not in (None, self.writer):
             self._abort()
             raise self._error(f"serves as writer {v.get('writer')!r}, not {self.writer!r}")
-        return address
+        return address, token
 
     def _error(self, what: str) -> LocalServerError:
         code = self._proc.returncode
@@ -529,12 +538,13 @@ _T = TypeVar("_T")
 
 
 def owning(
-    store: str | os.PathLike[str], writer: str | None, make: Callable[[str], _T]
+    store: str | os.PathLike[str], writer: str | None, make: Callable[[str, str], _T]
 ) -> tuple[_T, LocalServer]:
-    """A local replica of `store` and `make(its url)`; the replica stopped if `make` fails."""
+    """A local replica of `store` and `make(its url, its token)`; the replica stopped if
+    `make` fails."""
     server = LocalServer(store, writer)
     try:
-        return make(server.url), server
+        return make(server.url, server.token), server
     except BaseException:
         server.stop()
         raise

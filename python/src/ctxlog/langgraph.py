@@ -259,7 +259,9 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
         plain path is a SQLite file, whose writer id `local-N` is picked when not given),
         stopped by `close()` / `aclose()`. `kwargs` are `BaseCheckpointSaver`'s (`serde`).
         Blocks while the server starts (a fraction of a second for a SQLite file)."""
-        saver, server = owning(store, writer, lambda url: cls(url, bot=bot, **kwargs))
+        saver, server = owning(
+            store, writer, lambda url, token: cls(url, bot=bot, token=token, **kwargs)
+        )
         saver._server = server
         return saver
 

@@ -375,6 +375,33 @@ pub(crate) fn run(a: &ServeArgs) -> Result<()> {
                     "bare_p50_ms": p50(bare), "added_p50_ms": pct(&l, 0.5) - p50(bare)}));
             }
         }
+        // MCP over stdio (`ctxlog mcp`, a second replica) against the HTTP route it wraps.
+        {
+            let uri = fresh("mcp")?;
+            let server = Replica::start(&ctxlog, &uri, "bench", &[])?;
+            let v = py.run(&[
+                "mcp",
+                "--url",
+                &server.url(),
+                "--ctxlog",
+                &ctxlog.display().to_string(),
+                "--store",
+                &uri,
+                "--calls",
+                &a.adapter_calls.to_string(),
+            ])?;
+            drop(server);
+            remove_store(&uri);
+            let (http, stdio) = (
+                sorted(&v["latencies_us"]["http"]),
+                sorted(&v["latencies_us"]["mcp stdio"]),
+            );
+            other.push(
+                json!({"backend": backend, "what": "read_context over MCP stdio", "records": 20,
+                "p50_ms": pct(&stdio, 0.5), "p99_ms": pct(&stdio, 0.99), "against": "GET …/context over HTTP",
+                "http_p50_ms": pct(&http, 0.5), "p50_vs_http": pct(&stdio, 0.5) / pct(&http, 0.5)}),
+            );
+        }
         // A session read in a large store.
         let big = scratch.join(if backend == "sqlite" {
             format!("serve-read-{}.db", a.read_store_size)
