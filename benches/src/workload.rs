@@ -44,6 +44,8 @@ pub(crate) struct Records {
     i: usize,
     fresh: usize,
     earlier: std::collections::VecDeque<Record>,
+    /// The ids retried, rewritten or tombstoned, and when last (record number).
+    picked: std::collections::HashMap<String, usize>,
 }
 
 impl Records {
@@ -57,12 +59,13 @@ impl Records {
             // Only records at least `NEAR` back are retried, rewritten or tombstoned: a batch
             // (of at most `NEAR` records) never holds one id twice with other content, which
             // an append refuses (rule 6).
-            // Nor is an id this chunk already holds (two retries of one record carry two
-            // `created_at`s: other content).
+            // Nor is an id picked again within `NEAR` records of its last pick: two retries of
+            // one record carry two `created_at`s, other content (the same whatever the chunks).
             let eligible = self.earlier.len().saturating_sub(NEAR);
+            let picked = &self.picked;
             let earlier = (eligible > 0)
                 .then(|| rng.random_range(0..eligible))
-                .filter(|&j| out.iter().all(|r: &Record| r.id != self.earlier[j].id));
+                .filter(|&j| picked.get(&self.earlier[j].id).is_none_or(|&at| i - at >= NEAR));
             let mut r = match earlier {
                 // A retry: the same record again.
                 Some(j) if p < 0.01 => self.earlier[j].clone(),
@@ -83,6 +86,9 @@ impl Records {
                     self.workload.fresh(rng, &self.sizes, &self.name, self.fresh)
                 }
             };
+            if earlier.is_some() && p < 0.021 {
+                self.picked.insert(r.id.clone(), i);
+            }
             r.created_at = chrono::DateTime::from_timestamp(1_780_000_000 + i as i64, 0);
             if self.earlier.len() == WINDOW {
                 self.earlier.pop_front();
@@ -131,6 +137,7 @@ impl Workload {
             i: 0,
             fresh: 0,
             earlier: std::collections::VecDeque::new(),
+            picked: std::collections::HashMap::new(),
         }
     }
 

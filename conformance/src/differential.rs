@@ -322,6 +322,37 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
             );
         }
     }
+    // Rule 24: every view as of an earlier position, from every reader, equals the model's
+    // view of the entries at or below it (tombstones wherever they are).
+    let sessions: BTreeSet<String> = entries.iter().map(|e| e.record.session_id.clone()).collect();
+    for cp in earlier_checkpoints(&acked) {
+        let listed = model::sessions_at(&entries, "bot", &cp);
+        for (reader, p) in [
+            ("a first scan", &mut first),
+            ("a first scan from a snapshot", &mut from_snapshot),
+            ("an incremental refresh", &mut incremental),
+        ] {
+            let got = p.sessions_at("bot", &cp).await?;
+            ensure!(
+                got == listed,
+                "the session list as of {cp:?} through {reader} differs from the model"
+            );
+            for s in &sessions {
+                let want = model::session_view_at(&entries, "bot", s, &cp);
+                let (got, more) = p.session_page_at("bot", s, &cp, None, usize::MAX).await?;
+                ensure!(
+                    got == want && !more,
+                    "session {s} as of {cp:?} through {reader} differs from the model"
+                );
+                let want = model::context_view_at(&entries, "bot", s, &cp);
+                let got = p.context_at("bot", s, &cp).await?;
+                ensure!(
+                    got == want,
+                    "the context view of session {s} as of {cp:?} through {reader} differs from the model: expected {want:?}, got {got:?}"
+                );
+            }
+        }
+    }
     let conflicts = store.conflict_discovery().conflicts(None).await?;
     let all = model::conflicts(&entries);
     ensure!(conflicts == all, "conflicts differ from the model");

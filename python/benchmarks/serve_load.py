@@ -153,6 +153,10 @@ async def mcp(url: str, ctxlog: str, store: str, calls: int, run: str) -> dict[s
             r = await mc.call_tool("read_context", {"bot": bot, "session": session})
             if r.is_error:
                 raise RuntimeError(f"read_context failed: {r.content}")
+            if i == 0:  # once: the view is the whole session, not an empty answer
+                records = (r.structured_content or {}).get("records", [])
+                if len(records) != 20:
+                    raise RuntimeError(f"read_context answered {len(records)} records, not 20")
 
         await call(0)  # the MCP replica's first scan, not measured
         stdio = await _timed(calls, call)

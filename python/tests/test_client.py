@@ -47,6 +47,45 @@ def test_a_session_round_trip(server: Server) -> None:
         assert c.admin("compact") is not None
 
 
+def _beyond(position: str) -> str:
+    """`position` with every seq a thousand further: a position no reader was given."""
+    import base64
+
+    text = base64.urlsafe_b64decode(position + "=" * (-len(position) % 4)).decode()
+    head, seqs = text.split(".", 1)
+    bumped = ",".join(f"{s}={int(q) + 1000}" for s, q in (p.split("=") for p in seqs.split(",")))
+    return base64.urlsafe_b64encode(f"{head}.{bumped}".encode()).decode().rstrip("=")
+
+
+def test_reads_as_of_a_position_show_what_its_reader_saw_less_what_was_forgotten(
+    server: Server,
+) -> None:
+    """Contract rule 24 through the API: a view's position, given back as `at`."""
+    with ctxlog.Client(server.url) as c:
+        s = c.session("helpdesk", "as-of")
+        first = s.append([{"role": "user", "text": f"turn {i}"} for i in range(3)]).ids
+        then = s.context()
+        s.append([{"role": "user", "text": "later"}])
+        c.session("helpdesk", "new").append([{"role": "user", "text": "elsewhere"}])
+        s.summarize("all of it", s.context())
+        s.delete(first[0])
+        view = s.context(at=then.position)
+        assert [r.id for r in view.records] == first[1:] and view.summary is None
+        assert view.position == then.position
+        assert [r.id for r in s.iter_records(page_size=1, at=then.position)] == first[1:]
+        assert [i.session_id for i in c.sessions("helpdesk", at=then.position)] == ["as-of"]
+        now = s.context()
+        assert now.summary is not None and len(now.records) == 1
+        for read in (
+            lambda: s.context(at=_beyond(then.position)),
+            lambda: s.records(at=_beyond(then.position)),
+            lambda: list(c.sessions("helpdesk", at=_beyond(then.position))),
+        ):
+            with pytest.raises(ctxlog.InvalidInput) as e:
+                read()
+            assert e.value.field == "at"
+
+
 async def test_the_async_twin(server: Server) -> None:
     async with ctxlog.AsyncClient(server.url) as c:
         s = c.session("helpdesk", "t-2")

@@ -1,5 +1,6 @@
 //! The cases, one module per rule or group of rules, each listing its own cases.
 
+pub mod as_of;
 pub mod creation;
 pub mod durability;
 pub mod faults;
@@ -31,6 +32,7 @@ pub fn all() -> Vec<crate::Case> {
         reclaim::purge_conflict_cases(),
         snapshots::cases(),
         summaries::cases(),
+        as_of::cases(),
         faults::cases(),
     ]
     .concat()

@@ -50,7 +50,7 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
     let covers = obj
         .remove("covers")
         .filter(|c| !c.is_null())
-        .map(parse_position)
+        .map(|v| parse_position(v, "covers"))
         .transpose()?;
     let created_at = match take_string(&mut obj, "created_at")? {
         None => None,
@@ -80,8 +80,8 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
 }
 
 /// A position as `context` prints it: `{"<shard>": <last seq>, …}`.
-fn parse_position(v: Value) -> Result<Checkpoint> {
-    let bad = |why: String| Error::invalid("covers", None, why);
+fn parse_position(v: Value, field: &'static str) -> Result<Checkpoint> {
+    let bad = |why: String| Error::invalid(field, None, why);
     let Value::Object(map) = v else {
         return Err(bad(
             "must be an object of shard ids and seqs, as `context` prints `position`".into(),
@@ -98,6 +98,13 @@ fn parse_position(v: Value) -> Result<Checkpoint> {
     Ok(out)
 }
 
+/// `--at`: a position as `context` (or a page) printed it, `{"<shard>": <last seq>, …}`.
+pub(crate) fn parse_at(text: &str) -> Result<Checkpoint> {
+    let v: Value = serde_json::from_str(text.trim())
+        .map_err(|e| Error::invalid("at", None, format!("not a position as `context` prints it: {e}")))?;
+    parse_position(v, "at")
+}
+
 /// The session and position of what `context` printed (and a caller kept).
 pub(crate) fn parse_context(text: &str) -> Result<(String, String, Checkpoint)> {
     let bad = |why: &str| Error::invalid("from", None, format!("not what `ctxlog context` printed: {why}"));
@@ -109,7 +116,7 @@ pub(crate) fn parse_context(text: &str) -> Result<(String, String, Checkpoint)> 
             .ok_or_else(|| bad(&format!("no `{name}`")))
     };
     let (bot, session) = (field("bot_id")?, field("session_id")?);
-    let position = parse_position(v["position"].clone()).map_err(|_| bad("no `position`"))?;
+    let position = parse_position(v["position"].clone(), "covers").map_err(|_| bad("no `position`"))?;
     Ok((bot, session, position))
 }
 

@@ -77,6 +77,10 @@ enum Command {
         bot: String,
         #[arg(long)]
         session: String,
+        /// Read as of this position (what `context` printed as `position`): the view its
+        /// reader saw, less what was forgotten since (rule 24).
+        #[arg(long)]
+        at: Option<String>,
     },
     /// Print a session's context view (one JSON object): its governing summary and every
     /// live record it does not cover, in contract order, and the `position` of the view to
@@ -86,6 +90,10 @@ enum Command {
         bot: String,
         #[arg(long)]
         session: String,
+        /// Read as of this position (what `context` printed as `position`): the view its
+        /// reader saw, less what was forgotten since (rule 24).
+        #[arg(long)]
+        at: Option<String>,
     },
     /// Write a summary of a context view printed by `context` (saved in `--from`): it covers
     /// exactly what that view held (rule 21), never what was appended since. The text is
@@ -114,6 +122,10 @@ enum Command {
     Sessions {
         #[arg(long)]
         bot: String,
+        /// Read as of this position (what `context` printed as `position`): the view its
+        /// reader saw, less what was forgotten since (rule 24).
+        #[arg(long)]
+        at: Option<String>,
     },
     /// Print every shard, one JSON object per line.
     Shards,
@@ -309,7 +321,10 @@ fn init_logging(level: Option<&str>, format: LogFormat) -> Result<(), String> {
     // and without the regex engine `EnvFilter` compiles in (14 s of the 410 s of unit time
     // of a cold release build of the CLI on 2 cores).
     let filter: tracing_subscriber::filter::Targets = directives.parse().map_err(|e| format!("`{directives}`: {e}"))?;
-    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // `fmt()` filters at INFO by itself: under `filter` that would hide every debug line.
+    let logs = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+        .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Text => logs
             .with_ansi(std::io::stderr().is_terminal())
@@ -825,22 +840,38 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
                 }
             }
         }
-        Command::Session { bot, session } => {
+        Command::Session { bot, session, at } => {
             let mut p = store.projector();
-            for e in p.session(bot, session).await? {
+            let records = match at {
+                None => p.session(bot, session).await?,
+                Some(at) => {
+                    let at = json::parse_at(at)?;
+                    p.session_page_at(bot, session, &at, None, usize::MAX).await?.0
+                }
+            };
+            for e in records {
                 print(json::entry_json(&e));
             }
         }
-        Command::Context { bot, session } => {
+        Command::Context { bot, session, at } => {
             let mut p = store.projector();
             p.refresh().await?;
-            let position = p.checkpoint();
-            let view = p.context(bot, session).await?;
+            let (view, position) = match at {
+                None => (p.context(bot, session).await?, p.checkpoint()),
+                Some(at) => {
+                    let at = json::parse_at(at)?;
+                    (p.context_at(bot, session, &at).await?, at)
+                }
+            };
             print(json::context_json(bot, session, &view, &position));
         }
-        Command::Sessions { bot } => {
+        Command::Sessions { bot, at } => {
             let mut p = store.projector();
-            for s in p.sessions(bot).await? {
+            let sessions = match at {
+                None => p.sessions(bot).await?,
+                Some(at) => p.sessions_at(bot, &json::parse_at(at)?).await?,
+            };
+            for s in sessions {
                 print(json::session_json(&s));
             }
         }

@@ -1067,7 +1067,7 @@ async fn every_error_is_a_problem_and_every_route_checks_its_path() -> anyhow::R
 }
 
 /// `ctxlog serve` logs to stderr (JSON lines with `--log-format json`), never to stdout,
-/// whose first line stays the one a script reads.
+/// whose first line stays the one a script reads; `--log-level debug` shows debug lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_logs_to_stderr_as_json_lines() -> anyhow::Result<()> {
     bounded(async {
@@ -1075,7 +1075,7 @@ async fn the_server_logs_to_stderr_as_json_lines() -> anyhow::Result<()> {
         let store = format!("sqlite:{}", dir.path().join("s.db").display());
         let mut child = tokio::process::Command::new(common::ctxlog_bin())
             .args(["--store", &store, "serve", "--writer", "w", "--listen", "127.0.0.1:0"])
-            .args(["--log-format", "json", "--log-level", "info"])
+            .args(["--log-format", "json", "--log-level", "debug"])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -1091,9 +1091,12 @@ async fn the_server_logs_to_stderr_as_json_lines() -> anyhow::Result<()> {
         let listening: Value = serde_json::from_str(&first).with_context(|| first.clone())?;
         ensure!(listening["listening"].is_string(), "{first}");
         let logged = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut debug = false;
             while let Some(line) = err.next_line().await? {
                 let v: Value = serde_json::from_str(&line).with_context(|| format!("not a JSON line: {line}"))?;
+                debug |= v["level"] == "DEBUG";
                 if v["level"] == "INFO" && v["fields"]["listen"] == listening["listening"] {
+                    ensure!(debug, "no debug line before the start was logged");
                     return anyhow::Ok(v);
                 }
             }

@@ -234,6 +234,33 @@ pub trait Projector: Send + Sync {
     /// never left out, and the answer is a pure function of the entries held (rule 9).
     async fn context(&mut self, bot_id: &str, session_id: &str) -> Result<ContextView>;
 
+    /// [`Projector::session_page`] as of the position `at` (rule 24): the session as a
+    /// reader that held exactly `at` saw it, less every record tombstoned since.
+    ///
+    /// # Contract
+    ///
+    /// **As of a position (rule 24).** The answer is a pure function of the entries at or
+    /// below `at` and of the tombstones held: the same on every replica and backend that
+    /// holds the same entries. A position past what this projector holds is refused
+    /// (`InvalidInput` on field `at`, nothing read): refresh first.
+    async fn session_page_at(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        at: &Checkpoint,
+        after: Option<&OrderKey>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool)>;
+
+    /// [`Projector::context`] as of the position `at` (rule 24): a summary governs when it
+    /// is at or below `at` and names no position past it, as for a reader that held `at`.
+    /// Refused as [`Projector::session_page_at`] is.
+    async fn context_at(&mut self, bot_id: &str, session_id: &str, at: &Checkpoint) -> Result<ContextView>;
+
+    /// [`Projector::sessions`] as of the position `at` (rule 24). Refused as
+    /// [`Projector::session_page_at`] is.
+    async fn sessions_at(&mut self, bot_id: &str, at: &Checkpoint) -> Result<Vec<SessionSummary>>;
+
     /// The order key of `id`'s live winner as the projection holds it now (no refresh, no
     /// read of bodies); `None` when the id has no live record.
     fn live_key(&self, bot_id: &str, id: &str) -> Option<OrderKey>;

@@ -164,8 +164,12 @@ impl Tokens {
     }
 
     /// These tokens and `token`, which may do everything (named `owner`). Tokens become
-    /// required if they were not.
-    pub fn with_owner(self, token: &str) -> Self {
+    /// required if they were not. Refused when an entry is named `owner` already: limits
+    /// (watch streams) and logs go by name.
+    pub fn with_owner(self, token: &str) -> Result<Self, String> {
+        if self.entries.iter().flatten().any(|(_, e)| e.name == "owner") {
+            return Err("token `owner`: that name is the owner token's (--owner-token)".into());
+        }
         let entry = TokenEntry {
             name: "owner".into(),
             hash: hash_token(token),
@@ -174,7 +178,7 @@ impl Tokens {
         };
         let mut entries = self.entries.unwrap_or_default();
         entries.push((blake3::hash(token.as_bytes()), entry));
-        Tokens { entries: Some(entries) }
+        Ok(Tokens { entries: Some(entries) })
     }
 
     /// Whether requests need a token.
@@ -241,11 +245,20 @@ mod tests {
 
     #[test]
     fn an_owner_token_makes_tokens_required_and_may_do_everything() {
-        let owner = Tokens::open().with_owner("secret");
+        let owner = Tokens::open().with_owner("secret").unwrap();
         assert!(owner.required());
         assert!(owner.grant(None).is_none() && owner.grant(Some("Bearer other")).is_none());
         let g = owner.grant(Some("Bearer secret")).unwrap();
         assert!(g.all_bots() && g.has(Right::Admin) && g.allows("any", Right::Write));
+        // Beside a tokens file: its tokens keep their scope; a second `owner` is refused.
+        let hash = hash_token("reader");
+        let file = format!(r#"{{"tokens": [{{"name": "r", "hash": "{hash}", "bots": ["a"], "rights": ["read"]}}]}}"#);
+        let both = Tokens::parse(&file).unwrap().with_owner("secret").unwrap();
+        let r = both.grant(Some("Bearer reader")).unwrap();
+        assert!(r.allows("a", Right::Read) && !r.allows("a", Right::Write) && !r.allows("b", Right::Read));
+        assert!(both.grant(Some("Bearer secret")).unwrap().has(Right::Admin));
+        let named = file.replace(r#""name": "r""#, r#""name": "owner""#);
+        assert!(Tokens::parse(&named).unwrap().with_owner("secret").is_err());
     }
 
     #[test]

@@ -61,11 +61,15 @@ pub(crate) async fn start(options: ServeOptions) -> Result<Running, StartError> 
         None => Tokens::open(),
     };
     let tokens = match &options.owner_token {
-        Some(token) => tokens.with_owner(token),
+        Some(token) => tokens.with_owner(token).map_err(|reason| StartError::Tokens {
+            path: options.tokens.clone().unwrap_or_default(),
+            reason,
+        })?,
         None => tokens,
     };
     let tls = options.tls.as_ref().map(crate::tls::acceptor).transpose()?;
-    if !tokens.required() && !options.listen.ip().is_loopback() {
+    // An owner token alone is for the process that started the server, on its own host.
+    if options.tokens.is_none() && !options.listen.ip().is_loopback() {
         return Err(StartError::Listen {
             addr: options.listen,
             reason: "without a tokens file the server listens on loopback only (give --tokens FILE)".into(),
@@ -104,7 +108,9 @@ pub(crate) async fn open(
     // bots (rule 22): one bot's tombstone or early write can still reach another's record
     // until `ctxlog upgrade` moves it to format 3. Said at start, where an operator looks.
     let format = store.format().await?;
-    if tokens.required() && format < ctxlog::IDS_BY_BOT {
+    tracing::debug!(format, store = %ctxlog::redact_uri(&options.store), "store opened");
+    // Tenants come from a tokens file; an owner token alone is one client with every bot.
+    if options.tokens.is_some() && format < ctxlog::IDS_BY_BOT {
         tracing::warn!(
             format,
             "this store groups record ids across bots (format {format}): tenants are not isolated until \

@@ -248,6 +248,7 @@ impl Tools {
                 after: a.after,
                 limit: a.limit,
                 last: None,
+                at: None,
             };
             routes::sessions_page(&self.replica, &a.bot, &q).await
         };
@@ -265,7 +266,7 @@ impl Tools {
         let result = async {
             self.grant_for(&ext, &a.bot, Right::Read)?;
             self.check_name("session_id", &a.session)?;
-            routes::context_view(&self.replica, &a.bot, &a.session).await
+            routes::context_view(&self.replica, &a.bot, &a.session, None).await
         };
         answer(result.await)
     }
@@ -284,6 +285,7 @@ impl Tools {
                 after: a.after,
                 limit: a.limit,
                 last: a.last,
+                at: None,
             };
             routes::records_page(&self.replica, &a.bot, &a.session, &q).await
         };
@@ -524,6 +526,7 @@ impl ServerHandler for Tools {
                 after: at.after.take(),
                 limit: Some(RESOURCES_PER_PAGE),
                 last: None,
+                at: None,
             };
             let page = routes::sessions_page(&self.replica, bot, &q)
                 .await
@@ -573,7 +576,7 @@ impl ServerHandler for Tools {
         let view = async {
             self.grant_for(&context.extensions, &bot, Right::Read)?;
             self.check_name("session_id", &session)?;
-            routes::context_view(&self.replica, &bot, &session).await
+            routes::context_view(&self.replica, &bot, &session, None).await
         }
         .await
         .map_err(problem_error)?;

@@ -473,6 +473,23 @@ pub struct PageQuery {
     pub limit: Option<usize>,
     /// Instead: the last this many records (1 to 1000), reading only them.
     pub last: Option<usize>,
+    /// Read as of this position (a page's or a context view's `position`, rule 24): what its
+    /// reader saw, less what was forgotten since. Give the same one with every page.
+    pub at: Option<String>,
+}
+
+/// Where a context view is read.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AtQuery {
+    /// Read as of this position (a page's or a context view's `position`, rule 24): what its
+    /// reader saw, less what was forgotten since.
+    pub at: Option<String>,
+}
+
+/// The position of `at` (a query's), if given.
+fn parse_at(at: Option<&str>) -> Result<Option<ctxlog::Checkpoint>, Problem> {
+    at.map(|c| cursor::parse_position("at", c)).transpose()
 }
 
 fn page_limit(limit: Option<usize>) -> Result<usize, Problem> {
@@ -595,14 +612,29 @@ pub(crate) async fn records_page(r: &Replica, bot: &str, session: &str, q: &Page
     let limit = page_limit(q.limit)?;
     let after = q.after.as_deref().map(|c| cursor::parse_page("after", c)).transpose()?;
     let last = q.last.map(|n| page_limit(Some(n))).transpose()?;
-    if last.is_some() && (after.is_some() || q.limit.is_some()) {
+    if last.is_some() && (after.is_some() || q.limit.is_some() || q.at.is_some()) {
         return Err(Problem::invalid(
             "last",
             None,
-            "give `last` alone, or `after` and `limit`",
+            "give `last` alone, or `after`, `limit` and `at`",
         ));
     }
+    let at = parse_at(q.at.as_deref())?;
     let mut p = r.view.fresh().await?;
+    if let Some(at) = at {
+        // As of a position: it is the page's position too.
+        let (entries, more) = p
+            .session_page_at(bot, session, &at, after.as_ref(), limit)
+            .await
+            .map_err(Problem::from)?;
+        drop(p);
+        return Ok(RecordsPage {
+            next: more.then(|| entries.last().map(|e| cursor::page(&e.key()))).flatten(),
+            records: entries.iter().map(EntryOut::from).collect(),
+            has_more: more,
+            position: cursor::position(&at),
+        });
+    }
     let position = cursor::position(&p.checkpoint());
     if let Some(n) = last {
         let (entries, older) = p.session_tail(bot, session, n).await.map_err(Problem::from)?;
@@ -636,24 +668,35 @@ pub(crate) async fn records_page(r: &Replica, bot: &str, session: &str, q: &Page
 /// from) and its `covers` token (for a summary written from this view: bound to this
 /// session, it is the only thing `covers` takes).
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/context",
-    params(("bot" = String, Path), ("session" = String, Path)),
+    params(("bot" = String, Path), ("session" = String, Path), AtQuery),
     responses((status = 200, body = ContextOut),
+              (status = 400, body = Problem),
               (status = 401, body = Problem),
               (status = 403, body = Problem)))]
 async fn read_context(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
+    Query(q): Query<AtQuery>,
     headers: HeaderMap,
 ) -> Result<axum::Json<ContextOut>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
-    Ok(axum::Json(context_view(&r, &bot, &session).await?))
+    Ok(axum::Json(context_view(&r, &bot, &session, q.at.as_deref()).await?))
 }
 
-/// A session's context view from a fresh view (the route's and the MCP tool's).
-pub(crate) async fn context_view(r: &Replica, bot: &str, session: &str) -> Result<ContextOut, Problem> {
+/// A session's context view from a fresh view, now or as of `at` (the route's and the MCP
+/// tool's).
+pub(crate) async fn context_view(
+    r: &Replica,
+    bot: &str,
+    session: &str,
+    at: Option<&str>,
+) -> Result<ContextOut, Problem> {
+    let at = parse_at(at)?;
     let mut p = r.view.fresh().await?;
-    let checkpoint = p.checkpoint();
-    let view = p.context(bot, session).await.map_err(Problem::from)?;
+    let (view, checkpoint) = match at {
+        None => (p.context(bot, session).await.map_err(Problem::from)?, p.checkpoint()),
+        Some(at) => (p.context_at(bot, session, &at).await.map_err(Problem::from)?, at),
+    };
     drop(p);
     let summary = view
         .summary
@@ -755,7 +798,21 @@ async fn list_sessions(
 pub(crate) async fn sessions_page(r: &Replica, bot: &str, q: &PageQuery) -> Result<SessionsPage, Problem> {
     let limit = page_limit(q.limit)?;
     let after = q.after.as_deref().map(|c| cursor::parse_name("after", c)).transpose()?;
-    let mut all = r.view.fresh().await?.sessions(bot).await.map_err(Problem::from)?;
+    if q.last.is_some() {
+        return Err(Problem::invalid(
+            "last",
+            None,
+            "sessions are paged with `after` and `limit`",
+        ));
+    }
+    let at = parse_at(q.at.as_deref())?;
+    let mut p = r.view.fresh().await?;
+    let mut all = match at {
+        None => p.sessions(bot).await,
+        Some(at) => p.sessions_at(bot, &at).await,
+    }
+    .map_err(Problem::from)?;
+    drop(p);
     all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
     let mut page: Vec<SessionOut> = all
         .iter()

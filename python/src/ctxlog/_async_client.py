@@ -161,13 +161,18 @@ class AsyncClient:
         """One session of one bot."""
         return AsyncSession(self, bot, session_id)
 
-    async def sessions(self, bot: str, *, limit: int = 1000) -> AsyncIterator[SessionInfo]:
-        """Every session of `bot` with live records, by session id."""
+    async def sessions(
+        self, bot: str, *, limit: int = 1000, at: str | None = None
+    ) -> AsyncIterator[SessionInfo]:
+        """Every session of `bot` with live records, by session id (as of `at`, if given:
+        see `Session.context`)."""
         after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": limit}
             if after:
                 params["after"] = after
+            if at:
+                params["at"] = at
             infos, after = _core.sessions(
                 await self._call("GET", f"/v1/bots/{seg(bot)}/sessions", params=params)
             )
@@ -230,11 +235,16 @@ class AsyncSession:
         (counted once by the log), a bounded number of times."""
         return await self.client._append(f"{self._path}/records", _core.records_body(records))
 
-    async def records(self, *, after: str | None = None, limit: int = 100) -> Page:
-        """One page of live records in the log's order; `page.next` is the next `after`."""
+    async def records(
+        self, *, after: str | None = None, limit: int = 100, at: str | None = None
+    ) -> Page:
+        """One page of live records in the log's order; `page.next` is the next `after`.
+        `at`: as of that position (see `context`), the same with every page."""
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
+        if at:
+            params["at"] = at
         return _core.page(await self.client._call("GET", f"{self._path}/records", params=params))
 
     async def tail(self, n: int) -> Page:
@@ -244,11 +254,15 @@ class AsyncSession:
             await self.client._call("GET", f"{self._path}/records", params={"last": n})
         )
 
-    async def context(self) -> Context:
+    async def context(self, *, at: str | None = None) -> Context:
         """The session's context view: its governing summary (if any) and every live record
         it does not cover, in the log's order, with the view's `position` (to watch from)
-        and `covers` (what a summary written from this view covers: give the view)."""
-        return _core.context(await self.client._call("GET", f"{self._path}/context"))
+        and `covers` (what a summary written from this view covers: give the view).
+        `at`: a position given out earlier (a view's or a page's `position`): the view as
+        its reader saw it, less what was forgotten since (contract rule 24); a position the
+        server does not hold raises `InvalidInput` (`field == "at"`)."""
+        params = {"at": at} if at else None
+        return _core.context(await self.client._call("GET", f"{self._path}/context", params=params))
 
     async def summarize(
         self,
@@ -272,11 +286,13 @@ class AsyncSession:
         )
         return await self.client._append(f"{self._path}/records", _core.records_body([record]))
 
-    async def iter_records(self, *, page_size: int = 1000) -> AsyncIterator[Record]:
-        """Every live record, page after page."""
+    async def iter_records(
+        self, *, page_size: int = 1000, at: str | None = None
+    ) -> AsyncIterator[Record]:
+        """Every live record, page after page (as of `at`, if given: see `context`)."""
         after: str | None = None
         while True:
-            p = await self.records(after=after, limit=page_size)
+            p = await self.records(after=after, limit=page_size, at=at)
             for r in p.records:
                 yield r
             if not p.next:

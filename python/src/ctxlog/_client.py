@@ -111,13 +111,18 @@ class Client:
         """One session of one bot."""
         return Session(self, bot, session_id)
 
-    def sessions(self, bot: str, *, limit: int = 1000) -> Iterator[SessionInfo]:
-        """Every session of `bot` with live records, by session id."""
+    def sessions(
+        self, bot: str, *, limit: int = 1000, at: str | None = None
+    ) -> Iterator[SessionInfo]:
+        """Every session of `bot` with live records, by session id (as of `at`, if given:
+        see `Session.context`)."""
         after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": limit}
             if after:
                 params["after"] = after
+            if at:
+                params["at"] = at
             infos, after = _core.sessions(
                 self._call("GET", f"/v1/bots/{seg(bot)}/sessions", params=params)
             )
@@ -179,11 +184,14 @@ class Session:
         (counted once by the log), a bounded number of times."""
         return self.client._append(f"{self._path}/records", _core.records_body(records))
 
-    def records(self, *, after: str | None = None, limit: int = 100) -> Page:
-        """One page of live records in the log's order; `page.next` is the next `after`."""
+    def records(self, *, after: str | None = None, limit: int = 100, at: str | None = None) -> Page:
+        """One page of live records in the log's order; `page.next` is the next `after`.
+        `at`: as of that position (see `context`), the same with every page."""
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
+        if at:
+            params["at"] = at
         return _core.page(self.client._call("GET", f"{self._path}/records", params=params))
 
     def tail(self, n: int) -> Page:
@@ -191,11 +199,15 @@ class Session:
         whether older ones precede them. The server reads only those `n`."""
         return _core.page(self.client._call("GET", f"{self._path}/records", params={"last": n}))
 
-    def context(self) -> Context:
+    def context(self, *, at: str | None = None) -> Context:
         """The session's context view: its governing summary (if any) and every live record
         it does not cover, in the log's order, with the view's `position` (to watch from)
-        and `covers` (what a summary written from this view covers: give the view)."""
-        return _core.context(self.client._call("GET", f"{self._path}/context"))
+        and `covers` (what a summary written from this view covers: give the view).
+        `at`: a position given out earlier (a view's or a page's `position`): the view as
+        its reader saw it, less what was forgotten since (contract rule 24); a position the
+        server does not hold raises `InvalidInput` (`field == "at"`)."""
+        params = {"at": at} if at else None
+        return _core.context(self.client._call("GET", f"{self._path}/context", params=params))
 
     def summarize(
         self,
@@ -219,11 +231,11 @@ class Session:
         )
         return self.client._append(f"{self._path}/records", _core.records_body([record]))
 
-    def iter_records(self, *, page_size: int = 1000) -> Iterator[Record]:
-        """Every live record, page after page."""
+    def iter_records(self, *, page_size: int = 1000, at: str | None = None) -> Iterator[Record]:
+        """Every live record, page after page (as of `at`, if given: see `context`)."""
         after: str | None = None
         while True:
-            p = self.records(after=after, limit=page_size)
+            p = self.records(after=after, limit=page_size, at=at)
             yield from p.records
             if not p.next:
                 return

@@ -150,6 +150,7 @@ class CtxlogSession:
         *,
         bot: str = "openai-agents",
         session_settings: SessionSettings | dict[str, Any] | None = None,
+        token: str | None = None,
     ) -> None:
         self.session_id = session_id
         # As the SDK's own sessions: a dict of settings is taken too.
@@ -158,7 +159,7 @@ class CtxlogSession:
             if session_settings is None
             else coerce_session_settings(session_settings)
         )
-        self._client = AsyncClient(client) if isinstance(client, str) else client
+        self._client = AsyncClient(client, token=token) if isinstance(client, str) else client
         # A client made here (from a URL, or by `local()`) is closed by `close()`; one
         # given is the caller's.
         self._owns_client = isinstance(client, str)

@@ -8,7 +8,7 @@
 //! parts, the frozen form and the snapshot hold one string per id as before; a lookup hashes
 //! the two parts ([`hash_of`]) and compares them ([`is_key`]) without building the string.
 
-use crate::entry::OrderKey;
+use crate::entry::{Checkpoint, OrderKey};
 use crate::hash::ContentHash;
 use crate::projection::Conflict;
 
@@ -90,6 +90,30 @@ impl IdState {
             self.winner.as_ref()
         } else {
             None
+        }
+    }
+
+    /// The live winner as a reader as of `at` saw it (rule 24): none once the id has a
+    /// tombstone, whenever it was written (forgetting wins over history); else the earliest
+    /// put at or below `at`, which may be another than the winner of the whole log (a put
+    /// of another shard, above `at`, that sorts first) or none (every put is above `at`).
+    pub(super) fn live_at(&self, at: &Checkpoint) -> Option<&Put> {
+        if !self.tombstones().is_empty() {
+            return None;
+        }
+        let held = |p: &&Put| !at.is_after(p.key.shard, p.key.seq);
+        // The winner sorts before every other put: when it was held, it won then too.
+        self.winner
+            .iter()
+            .find(held)
+            .or_else(|| self.others().iter().filter(held).min_by_key(|p| p.key))
+    }
+
+    /// [`IdState::live`] as of `at`, or now.
+    pub(super) fn live_as_of(&self, at: Option<&Checkpoint>) -> Option<&Put> {
+        match at {
+            None => self.live(),
+            Some(at) => self.live_at(at),
         }
     }
 

@@ -188,6 +188,107 @@ impl<S: IndexSource> IndexedProjector<S> {
         )
         .await
     }
+
+    /// A page of a session's live records, now or as of `at` (rule 24).
+    async fn page(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        at: Option<&Checkpoint>,
+        after: Option<&OrderKey>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool)> {
+        self.ensure_scanned().await?;
+        if let Some(at) = at {
+            self.check_held(at)?;
+        }
+        let mut keys = self.index.session_keys_at(bot_id, session_id, at);
+        if let Some(after) = after {
+            keys.retain(|(k, _)| k > after);
+        }
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        Ok((self.fetch(&keys).await?, more))
+    }
+
+    /// Refuse a read as of a position this projector does not hold (rule 24): it would
+    /// answer with less than a reader of that position saw.
+    fn check_held(&self, at: &Checkpoint) -> Result<()> {
+        match at.0.iter().find(|(shard, seq)| **seq > self.index.position(**shard)) {
+            None => Ok(()),
+            Some((shard, seq)) => Err(crate::Error::invalid(
+                "at",
+                None,
+                format!(
+                    "names seq {seq} of shard {shard}, past what this reader holds: refresh, or not a position of this store"
+                ),
+            )),
+        }
+    }
+
+    /// The context view of rule 21, now or as of `at` (rule 24).
+    async fn context_of(&mut self, bot_id: &str, session_id: &str, at: Option<&Checkpoint>) -> Result<ContextView> {
+        self.ensure_scanned().await?;
+        if let Some(at) = at {
+            self.check_held(at)?;
+        }
+        // What the reader holds: the index's positions, or exactly `at`.
+        let holds = at.cloned().unwrap_or_else(|| self.index.checkpoint());
+        let held = |s| holds.get(s);
+        // Sorted vectors, no hashing: a long session has thousands of live records.
+        let session: SummarisedSession = self.index.session_with_summaries_at(bot_id, session_id, at);
+        let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
+        let row = |k: &OrderKey| (*k, session.row(k).unwrap_or_default());
+        // The summaries, latest first, until one is trusted: usually the first. Everything
+        // after a summary in the order is newer than it, so none of it is covered: it is
+        // read with the summary, in one read (a round trip on object storage).
+        let mut read: std::collections::HashMap<OrderKey, Entry> = std::collections::HashMap::new();
+        for (i, k) in live.iter().enumerate().rev().filter(|(_, k)| session.is_summary(k)) {
+            let wanted: Vec<(OrderKey, RowRef)> = live[i..]
+                .iter()
+                .filter(|k| !read.contains_key(k) && (*k == &live[i] || !session.is_summary(k)))
+                .map(row)
+                .collect();
+            for e in self.fetch(&wanted).await? {
+                read.insert(e.key(), e);
+            }
+            let trusted = read
+                .get(k)
+                .and_then(|e| e.record.covers.as_ref())
+                .is_some_and(|c| context::trusted(k, c, held, &live));
+            if trusted {
+                break;
+            }
+        }
+        let (view, _) = context::select(
+            &live,
+            |k| session.is_summary(k),
+            held,
+            |k| Ok::<_, std::convert::Infallible>(read.get(k).and_then(|e| e.record.covers.clone())),
+        )
+        .unwrap_or_else(|never| match never {});
+        // What is still to read: uncovered records older than the summary (appended by
+        // writers it had not read), or everything when no summary governs.
+        let rest: Vec<(OrderKey, RowRef)> = view.keys.iter().filter(|k| !read.contains_key(k)).map(row).collect();
+        for e in self.fetch(&rest).await? {
+            read.insert(e.key(), e);
+        }
+        let entries = view
+            .keys
+            .iter()
+            .map(|k| {
+                read.remove(k).ok_or_else(|| crate::Error::Corrupt {
+                    shard: Some(k.shard),
+                    what: format!("entry seq {} epoch {} is indexed but was not read", k.seq, k.epoch),
+                })
+            })
+            .collect::<Result<Vec<Entry>>>()?;
+        Ok(ContextView {
+            entries,
+            summary: view.summary,
+            covered: view.covered,
+        })
+    }
 }
 
 #[async_trait]
@@ -254,14 +355,28 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
         after: Option<&OrderKey>,
         limit: usize,
     ) -> Result<(Vec<Entry>, bool)> {
+        self.page(bot_id, session_id, None, after, limit).await
+    }
+
+    async fn session_page_at(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        at: &Checkpoint,
+        after: Option<&OrderKey>,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, bool)> {
+        self.page(bot_id, session_id, Some(at), after, limit).await
+    }
+
+    async fn context_at(&mut self, bot_id: &str, session_id: &str, at: &Checkpoint) -> Result<ContextView> {
+        self.context_of(bot_id, session_id, Some(at)).await
+    }
+
+    async fn sessions_at(&mut self, bot_id: &str, at: &Checkpoint) -> Result<Vec<SessionSummary>> {
         self.ensure_scanned().await?;
-        let mut keys = self.index.session_keys(bot_id, session_id);
-        if let Some(after) = after {
-            keys.retain(|(k, _)| k > after);
-        }
-        let more = keys.len() > limit;
-        keys.truncate(limit);
-        Ok((self.fetch(&keys).await?, more))
+        self.check_held(at)?;
+        Ok(self.index.sessions_at(bot_id, Some(at)))
     }
 
     async fn session_tail(&mut self, bot_id: &str, session_id: &str, n: usize) -> Result<(Vec<Entry>, bool)> {
@@ -273,60 +388,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     }
 
     async fn context(&mut self, bot_id: &str, session_id: &str) -> Result<ContextView> {
-        self.ensure_scanned().await?;
-        // Sorted vectors, no hashing: a long session has thousands of live records.
-        let session: SummarisedSession = self.index.session_with_summaries(bot_id, session_id);
-        let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
-        let row = |k: &OrderKey| (*k, session.row(k).unwrap_or_default());
-        // The summaries, latest first, until one is trusted: usually the first. Everything
-        // after a summary in the order is newer than it, so none of it is covered: it is
-        // read with the summary, in one read (a round trip on object storage).
-        let mut read: std::collections::HashMap<OrderKey, Entry> = std::collections::HashMap::new();
-        for (i, k) in live.iter().enumerate().rev().filter(|(_, k)| session.is_summary(k)) {
-            let wanted: Vec<(OrderKey, RowRef)> = live[i..]
-                .iter()
-                .filter(|k| !read.contains_key(k) && (*k == &live[i] || !session.is_summary(k)))
-                .map(row)
-                .collect();
-            for e in self.fetch(&wanted).await? {
-                read.insert(e.key(), e);
-            }
-            let trusted = read
-                .get(k)
-                .and_then(|e| e.record.covers.as_ref())
-                .is_some_and(|c| context::trusted(k, c, |s| self.index.position(s), &live));
-            if trusted {
-                break;
-            }
-        }
-        let (view, _) = context::select(
-            &live,
-            |k| session.is_summary(k),
-            |s| self.index.position(s),
-            |k| Ok::<_, std::convert::Infallible>(read.get(k).and_then(|e| e.record.covers.clone())),
-        )
-        .unwrap_or_else(|never| match never {});
-        // What is still to read: uncovered records older than the summary (appended by
-        // writers it had not read), or everything when no summary governs.
-        let rest: Vec<(OrderKey, RowRef)> = view.keys.iter().filter(|k| !read.contains_key(k)).map(row).collect();
-        for e in self.fetch(&rest).await? {
-            read.insert(e.key(), e);
-        }
-        let entries = view
-            .keys
-            .iter()
-            .map(|k| {
-                read.remove(k).ok_or_else(|| crate::Error::Corrupt {
-                    shard: Some(k.shard),
-                    what: format!("entry seq {} epoch {} is indexed but was not read", k.seq, k.epoch),
-                })
-            })
-            .collect::<Result<Vec<Entry>>>()?;
-        Ok(ContextView {
-            entries,
-            summary: view.summary,
-            covered: view.covered,
-        })
+        self.context_of(bot_id, session_id, None).await
     }
 
     fn live_key(&self, bot_id: &str, id: &str) -> Option<OrderKey> {

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::entry::Entry;
+use crate::entry::{Checkpoint, Entry};
 use crate::hash::ContentHash;
 use crate::hlc::Hlc;
 use crate::ids::ShardId;
@@ -159,7 +159,48 @@ pub fn session_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<En
 /// is every live record that is no summary and that it does not cover, in order, with the
 /// summary in the place of the newest record it covers (its own place if it covers none).
 pub fn context_view(entries: &[Entry], bot_id: &str, session_id: &str) -> crate::context::ContextView {
-    let held = |shard: ShardId| held(entries, shard);
+    context_view_holding(entries, bot_id, session_id, |shard| held(entries, shard))
+}
+
+/// The entries a reader as of the position `at` answers from (rule 24): every entry at or
+/// below `at` in its shard, and every tombstone, wherever it is (forgetting wins over
+/// history).
+pub fn as_of(entries: &[Entry], at: &Checkpoint) -> Vec<Entry> {
+    entries
+        .iter()
+        .filter(|e| e.record.kind == Kind::Tombstone || e.seq <= at.get(e.shard))
+        .cloned()
+        .collect()
+}
+
+/// A session view as of `at` (rule 24).
+pub fn session_view_at(entries: &[Entry], bot_id: &str, session_id: &str, at: &Checkpoint) -> Vec<Entry> {
+    session_view(&as_of(entries, at), bot_id, session_id)
+}
+
+/// The context view as of `at` (rule 24): that of [`as_of`]'s entries, for a reader that
+/// holds exactly `at`.
+pub fn context_view_at(
+    entries: &[Entry],
+    bot_id: &str,
+    session_id: &str,
+    at: &Checkpoint,
+) -> crate::context::ContextView {
+    context_view_holding(&as_of(entries, at), bot_id, session_id, |shard| at.get(shard))
+}
+
+/// A bot's sessions as of `at` (rule 24).
+pub fn sessions_at(entries: &[Entry], bot_id: &str, at: &Checkpoint) -> Vec<crate::entry::SessionSummary> {
+    sessions(&as_of(entries, at), bot_id)
+}
+
+/// [`context_view`] for a reader that holds `held` of each shard.
+fn context_view_holding(
+    entries: &[Entry],
+    bot_id: &str,
+    session_id: &str,
+    held: impl Fn(ShardId) -> u64,
+) -> crate::context::ContextView {
     let live = session_view(entries, bot_id, session_id);
     let covered_by = |s: &Entry, e: &Entry| {
         s.record

@@ -52,22 +52,37 @@ impl ProjectionIndex {
 
     /// The live records of one session, in contract order: keys and locations.
     pub fn session_keys(&mut self, bot_id: &str, session_id: &str) -> Vec<(OrderKey, RowRef)> {
+        self.session_keys_at(bot_id, session_id, None)
+    }
+
+    /// [`ProjectionIndex::session_keys`] as a reader as of `at` saw them (rule 24), or now.
+    pub fn session_keys_at(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        at: Option<&Checkpoint>,
+    ) -> Vec<(OrderKey, RowRef)> {
         self.file();
         match self.sessions.get_index_of(&SessionRef(bot_id, session_id)) {
-            Some(no) => self.session_keys_of(no),
+            Some(no) => self.session_keys_of(no, at),
             None => Vec::new(),
         }
     }
 
     /// Sessions of one bot with at least one live record, sorted by session id.
     pub fn sessions(&mut self, bot_id: &str) -> Vec<SessionSummary> {
+        self.sessions_at(bot_id, None)
+    }
+
+    /// [`ProjectionIndex::sessions`] as a reader as of `at` saw them (rule 24), or now.
+    pub fn sessions_at(&mut self, bot_id: &str, at: Option<&Checkpoint>) -> Vec<SessionSummary> {
         self.file();
         let mut out = Vec::new();
         for (no, ((b, s), _)) in self.sessions.iter().enumerate() {
             if &**b != bot_id {
                 continue;
             }
-            let keys = self.session_keys_of(no);
+            let keys = self.session_keys_of(no, at);
             if keys.is_empty() {
                 continue;
             }
@@ -83,20 +98,20 @@ impl ProjectionIndex {
         out
     }
 
-    fn session_keys_of(&self, no: usize) -> Vec<(OrderKey, RowRef)> {
+    fn session_keys_of(&self, no: usize, at: Option<&Checkpoint>) -> Vec<(OrderKey, RowRef)> {
         let mut keys: Vec<(OrderKey, RowRef)> = self.sessions[no]
             .ids
             .iter()
             .filter_map(|&i| {
                 self.parts[(i & PART_MASK) as usize][(i >> PART_BITS) as usize]
-                    .live()
+                    .live_as_of(at)
                     .copied()
             })
             .chain(
                 self.frozen
                     .session_ids(no)
                     .filter(|b| !self.thawed.contains(b))
-                    .filter_map(|b| self.frozen.state(b as usize).live().copied()),
+                    .filter_map(|b| self.frozen.state(b as usize).live_as_of(at).copied()),
             )
             .filter(|p| p.session as usize == no)
             .map(|p| (p.key, p.at))
@@ -109,16 +124,27 @@ impl ProjectionIndex {
     /// The live records of one session in contract order, and which of them are summaries
     /// (rule 21): what a context view is chosen from.
     pub fn session_with_summaries(&mut self, bot_id: &str, session_id: &str) -> SummarisedSession {
+        self.session_with_summaries_at(bot_id, session_id, None)
+    }
+
+    /// [`ProjectionIndex::session_with_summaries`] as a reader as of `at` saw it (rule 24),
+    /// or now.
+    pub fn session_with_summaries_at(
+        &mut self,
+        bot_id: &str,
+        session_id: &str,
+        at: Option<&Checkpoint>,
+    ) -> SummarisedSession {
         self.file();
         match self.sessions.get_index_of(&SessionRef(bot_id, session_id)) {
-            Some(no) => self.summarised(no),
+            Some(no) => self.summarised(no, at),
             None => SummarisedSession::default(),
         }
     }
 
-    fn summarised(&self, no: usize) -> SummarisedSession {
+    fn summarised(&self, no: usize, at: Option<&Checkpoint>) -> SummarisedSession {
         SummarisedSession {
-            keys: self.session_keys_of(no),
+            keys: self.session_keys_of(no, at),
             summaries: self.summaries_of(no as u32).collect(),
         }
     }
@@ -141,7 +167,7 @@ impl ProjectionIndex {
         self.file();
         let mut nos: Vec<u32> = self.summaries.iter().map(|(s, _)| *s).collect();
         nos.dedup();
-        nos.into_iter().map(|no| self.summarised(no as usize)).collect()
+        nos.into_iter().map(|no| self.summarised(no as usize, None)).collect()
     }
 
     /// The highest HLC of any entry applied.
