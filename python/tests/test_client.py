@@ -76,6 +76,13 @@ def test_reads_as_of_a_position_show_what_its_reader_saw_less_what_was_forgotten
         assert [i.session_id for i in c.sessions("helpdesk", at=then.position)] == ["as-of"]
         now = s.context()
         assert now.summary is not None and len(now.records) == 1
+        # `last` reads the newest records now: not with `at`.
+        tail_then = httpx.get(
+            f"{server.url}/v1/bots/helpdesk/sessions/as-of/records",
+            params={"last": 1, "at": then.position},
+            timeout=30,
+        )
+        assert tail_then.status_code == 400 and tail_then.json()["field"] == "last"
         for read in (
             lambda: s.context(at=_beyond(then.position)),
             lambda: s.records(at=_beyond(then.position)),
@@ -90,6 +97,12 @@ async def test_the_async_twin(server: Server) -> None:
     async with ctxlog.AsyncClient(server.url) as c:
         s = c.session("helpdesk", "t-2")
         ack = await s.append([{"role": "user", "text": "hi"}])
+        then = await s.context()
+        await s.append([{"role": "user", "text": "later"}])
+        assert [r.id async for r in s.iter_records(at=then.position)] == ack.ids
+        assert [r.id for r in (await s.context(at=then.position)).records] == ack.ids
+        assert [i.session_id async for i in c.sessions("helpdesk", at=then.position)] == ["t-2"]
+        await s.delete((await s.records()).records[-1].id)
         assert [r.id async for r in s.iter_records()] == ack.ids
         assert (await s.get(ack.ids[0])) is not None
         assert [i.session_id async for i in c.sessions("helpdesk")] == ["t-2"]

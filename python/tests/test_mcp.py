@@ -132,6 +132,12 @@ async def exercise(c: Client, other_writer: Callable[[str], object]) -> None:
         ("put", "meanwhile"),
     ]
     assert after["covered"] == 2
+    # As of the first view's position (rule 24): what was read then, no summary.
+    then = {"bot": "helpdesk", "session": "t-1", "at": view["position"]}
+    as_of = result(await c.call_tool("read_context", then))
+    assert [r["text"] for r in as_of["records"]] == ["hello", "hi"] and "summary" not in as_of
+    as_of_page = result(await c.call_tool("read_records", then))
+    assert [r["text"] for r in as_of_page["records"]] == ["hello", "hi"]
     page = result(
         await c.call_tool("read_records", {"bot": "helpdesk", "session": "t-1", "last": 10})
     )

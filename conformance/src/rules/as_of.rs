@@ -15,6 +15,7 @@ pub fn cases() -> Vec<Case> {
         case!(a_view_as_of_a_position_is_what_its_reader_saw_while_writers_append),
         case!(a_summary_written_after_the_position_does_not_govern_as_of_it),
         case!(a_record_forgotten_after_the_position_is_gone_as_of_it_too),
+        case!(the_winner_as_of_a_position_is_the_first_put_held_there),
         case!(a_position_the_reader_does_not_hold_is_refused),
     ]
 }
@@ -222,6 +223,62 @@ pub async fn a_record_forgotten_after_the_position_is_gone_as_of_it_too(ctx: Ctx
         seen(after.as_mut(), Some(&at)).await? == want,
         "purge changed a view as of a position"
     );
+    Ok(())
+}
+
+/// First writer wins by the order (rule 6), and a later put can sort first: a writer whose
+/// clock runs an hour ahead writes `x` in session `s`; a reader takes its position; a writer
+/// on time then writes `x` in session `t`, which sorts first and wins now. As of the
+/// position, `x` is the put held then, in `s`, with its body — from a first scan, a snapshot,
+/// and a reader that caught up from before.
+pub async fn the_winner_as_of_a_position_is_the_first_put_held_there(ctx: Ctx) -> anyhow::Result<()> {
+    let ahead = ctx
+        .store_with(ctx.options().with_clock(SkewedClock::new(3_600_000)))
+        .await?;
+    let mut early = ahead.open_shard(&w("ahead")).await?;
+    early
+        .append(vec![rec("x", "s", "held then"), rec("y", "s", "y")])
+        .await?;
+    let store = ctx.store().await?;
+    let mut before = store.projector();
+    before.refresh().await?;
+    let at = before.checkpoint();
+    let mut on_time = store.open_shard(&w("on-time")).await?;
+    on_time.append(vec![rec("x", "t", "sorts first")]).await?;
+    before.refresh().await?;
+    store.projector().save_snapshot().await?;
+    let mut fresh = ctx.store().await?.projector();
+    fresh.refresh().await?;
+    let mut from_snapshot = store.projector();
+    from_snapshot.refresh().await?;
+    for (reader, p) in [
+        ("a reader that caught up", &mut before),
+        ("a first scan", &mut fresh),
+        ("a first scan from a snapshot", &mut from_snapshot),
+    ] {
+        let now_s = ids(&p.session("bot", "s").await?);
+        let now_t = p.session("bot", "t").await?;
+        ensure!(
+            now_s == ["y"] && ids(&now_t) == ["x"] && now_t[0].record.body == Body::Text("sorts first".into()),
+            "{reader}: now, x should be t's (it sorts first): s {now_s:?}, t {:?}",
+            ids(&now_t)
+        );
+        let (then_s, _) = p.session_page_at("bot", "s", &at, None, 10).await?;
+        let (then_t, _) = p.session_page_at("bot", "t", &at, None, 10).await?;
+        ensure!(
+            ids(&then_s) == ["x", "y"] && then_s[0].record.body == Body::Text("held then".into()) && then_t.is_empty(),
+            "{reader}: as of the position, x should be s's as written then: s {:?}, t {:?}",
+            ids(&then_s),
+            ids(&then_t)
+        );
+        let listed: Vec<String> = p
+            .sessions_at("bot", &at)
+            .await?
+            .into_iter()
+            .map(|s| s.session_id)
+            .collect();
+        ensure!(listed == ["s"], "{reader}: sessions as of the position: {listed:?}");
+    }
     Ok(())
 }
 

@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 use crate::Replica;
 use crate::auth::{Grant, Right};
 use crate::problem::Problem;
-use crate::routes::{self, PageQuery};
+use crate::routes::{self, PageQuery, SessionsQuery};
 
 /// The URI of a session's resource: `ctxlog://bots/{bot}/sessions/{session}`, each name
 /// percent-encoded.
@@ -74,6 +74,10 @@ struct ListSessionsArgs {
     /// At most this many sessions (1 to 1000, default 100).
     #[serde(default)]
     limit: Option<usize>,
+    /// Read as of this position (an earlier answer's `position`): what was there then,
+    /// less what was forgotten since.
+    #[serde(default)]
+    at: Option<String>,
 }
 
 /// A session of a bot.
@@ -84,6 +88,10 @@ struct SessionArgs {
     bot: String,
     /// The session (conversation) id.
     session: String,
+    /// Read as of this position (an earlier answer's `position`): what was there then,
+    /// less what was forgotten since.
+    #[serde(default)]
+    at: Option<String>,
 }
 
 /// A page of a session's raw records.
@@ -103,6 +111,10 @@ struct ReadRecordsArgs {
     /// Instead of `after`/`limit`: only the last this many records (1 to 1000).
     #[serde(default)]
     last: Option<usize>,
+    /// Read as of this position (an earlier answer's `position`): what was there then,
+    /// less what was forgotten since.
+    #[serde(default)]
+    at: Option<String>,
 }
 
 /// One record to append.
@@ -244,11 +256,10 @@ impl Tools {
     async fn list_sessions(&self, Parameters(a): Parameters<ListSessionsArgs>, ext: Extensions) -> CallToolResult {
         let result = async {
             self.grant_for(&ext, &a.bot, Right::Read)?;
-            let q = PageQuery {
+            let q = SessionsQuery {
                 after: a.after,
                 limit: a.limit,
-                last: None,
-                at: None,
+                at: a.at,
             };
             routes::sessions_page(&self.replica, &a.bot, &q).await
         };
@@ -266,7 +277,7 @@ impl Tools {
         let result = async {
             self.grant_for(&ext, &a.bot, Right::Read)?;
             self.check_name("session_id", &a.session)?;
-            routes::context_view(&self.replica, &a.bot, &a.session, None).await
+            routes::context_view(&self.replica, &a.bot, &a.session, a.at.as_deref()).await
         };
         answer(result.await)
     }
@@ -285,7 +296,7 @@ impl Tools {
                 after: a.after,
                 limit: a.limit,
                 last: a.last,
-                at: None,
+                at: a.at,
             };
             routes::records_page(&self.replica, &a.bot, &a.session, &q).await
         };
@@ -522,10 +533,9 @@ impl ServerHandler for Tools {
                 };
                 continue;
             }
-            let q = PageQuery {
+            let q = SessionsQuery {
                 after: at.after.take(),
                 limit: Some(RESOURCES_PER_PAGE),
-                last: None,
                 at: None,
             };
             let page = routes::sessions_page(&self.replica, bot, &q)

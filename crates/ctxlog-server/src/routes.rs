@@ -478,6 +478,20 @@ pub struct PageQuery {
     pub at: Option<String>,
 }
 
+/// Which page of a bot's sessions.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SessionsQuery {
+    /// The `next` of the previous page.
+    pub after: Option<String>,
+    /// At most this many (1 to 1000, default 100).
+    pub limit: Option<usize>,
+    /// Read as of this position (a page's or a context view's `position`, rule 24): the
+    /// sessions its reader saw, less what was forgotten since. Give the same one with every
+    /// page.
+    pub at: Option<String>,
+}
+
 /// Where a context view is read.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -779,7 +793,7 @@ pub(crate) async fn forget(r: Arc<Replica>, bot: &str, id: &str) -> Result<AckOu
 
 /// A page of a bot's sessions with live records, by session id.
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions",
-    params(("bot" = String, Path), PageQuery),
+    params(("bot" = String, Path), SessionsQuery),
     responses((status = 200, body = SessionsPage),
               (status = 400, body = Problem),
               (status = 401, body = Problem),
@@ -787,7 +801,7 @@ pub(crate) async fn forget(r: Arc<Replica>, bot: &str, id: &str) -> Result<AckOu
 async fn list_sessions(
     State(r): Shared,
     Path(bot): Path<String>,
-    Query(q): Query<PageQuery>,
+    Query(q): Query<SessionsQuery>,
     headers: HeaderMap,
 ) -> Result<axum::Json<SessionsPage>, Problem> {
     grant_for(&r, &headers, &bot, Right::Read)?;
@@ -795,16 +809,9 @@ async fn list_sessions(
 }
 
 /// A page of a bot's sessions (the route's and the MCP tool's).
-pub(crate) async fn sessions_page(r: &Replica, bot: &str, q: &PageQuery) -> Result<SessionsPage, Problem> {
+pub(crate) async fn sessions_page(r: &Replica, bot: &str, q: &SessionsQuery) -> Result<SessionsPage, Problem> {
     let limit = page_limit(q.limit)?;
     let after = q.after.as_deref().map(|c| cursor::parse_name("after", c)).transpose()?;
-    if q.last.is_some() {
-        return Err(Problem::invalid(
-            "last",
-            None,
-            "sessions are paged with `after` and `limit`",
-        ));
-    }
     let at = parse_at(q.at.as_deref())?;
     let mut p = r.view.fresh().await?;
     let mut all = match at {

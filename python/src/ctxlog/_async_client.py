@@ -171,7 +171,7 @@ class AsyncClient:
             params: dict[str, Any] = {"limit": limit}
             if after:
                 params["after"] = after
-            if at:
+            if at is not None:
                 params["at"] = at
             infos, after = _core.sessions(
                 await self._call("GET", f"/v1/bots/{seg(bot)}/sessions", params=params)
@@ -243,7 +243,7 @@ class AsyncSession:
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
-        if at:
+        if at is not None:
             params["at"] = at
         return _core.page(await self.client._call("GET", f"{self._path}/records", params=params))
 
@@ -261,7 +261,7 @@ class AsyncSession:
         `at`: a position given out earlier (a view's or a page's `position`): the view as
         its reader saw it, less what was forgotten since (contract rule 24); a position the
         server does not hold raises `InvalidInput` (`field == "at"`)."""
-        params = {"at": at} if at else None
+        params = {"at": at} if at is not None else None
         return _core.context(await self.client._call("GET", f"{self._path}/context", params=params))
 
     async def summarize(
