@@ -635,21 +635,8 @@ pub(crate) async fn records_page(r: &Replica, bot: &str, session: &str, q: &Page
     }
     let at = parse_at(q.at.as_deref())?;
     let mut p = r.view.fresh().await?;
-    if let Some(at) = at {
-        // As of a position: it is the page's position too.
-        let (entries, more) = p
-            .session_page_at(bot, session, &at, after.as_ref(), limit)
-            .await
-            .map_err(Problem::from)?;
-        drop(p);
-        return Ok(RecordsPage {
-            next: more.then(|| entries.last().map(|e| cursor::page(&e.key()))).flatten(),
-            records: entries.iter().map(EntryOut::from).collect(),
-            has_more: more,
-            position: cursor::position(&at),
-        });
-    }
-    let position = cursor::position(&p.checkpoint());
+    // As of a position, it is the page's position too.
+    let position = cursor::position(at.as_ref().unwrap_or(&p.checkpoint()));
     if let Some(n) = last {
         let (entries, older) = p.session_tail(bot, session, n).await.map_err(Problem::from)?;
         return Ok(RecordsPage {
@@ -659,10 +646,11 @@ pub(crate) async fn records_page(r: &Replica, bot: &str, session: &str, q: &Page
             position,
         });
     }
-    let (entries, more) = p
-        .session_page(bot, session, after.as_ref(), limit)
-        .await
-        .map_err(Problem::from)?;
+    let (entries, more) = match &at {
+        None => p.session_page(bot, session, after.as_ref(), limit).await,
+        Some(at) => p.session_page_at(bot, session, at, after.as_ref(), limit).await,
+    }
+    .map_err(Problem::from)?;
     drop(p);
     let next = if more {
         entries.last().map(|e| cursor::page(&e.key()))

@@ -6,8 +6,8 @@ import asyncio
 import os
 import ssl
 import threading
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -17,6 +17,8 @@ from ._core import RecordInput, seg
 from ._errors import CtxlogError
 from ._local import LocalServer, owning
 from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
+
+_T = TypeVar("_T")
 
 
 class AsyncClient:
@@ -352,3 +354,17 @@ class AsyncSession:
             )
             if pause:
                 await asyncio.sleep(pause)
+
+
+def owning_local(
+    store: str | os.PathLike[str], writer: str | None, make: Callable[[AsyncClient], _T]
+) -> _T:
+    """`make(AsyncClient.local(store, writer))`, the local replica stopped if `make`
+    fails: what the async adapters' `local()` build on."""
+    client = AsyncClient.local(store, writer)
+    try:
+        return make(client)
+    except BaseException:
+        if client.server is not None:
+            client.server.stop()
+        raise

@@ -52,7 +52,7 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
-from ._async_client import AsyncClient
+from ._async_client import AsyncClient, owning_local
 from ._ids import new_id
 from ._types import Record
 
@@ -82,13 +82,7 @@ class CtxlogSessionService(BaseSessionService):
         a plain path is a SQLite file, whose writer id `local-N` is picked when not given),
         stopped by `close()`. Blocks while the server starts (a fraction of a second for a
         SQLite file); usable from any event loop after."""
-        client = AsyncClient.local(store, writer)
-        try:
-            service = cls(client)
-        except BaseException:
-            if client.server is not None:
-                client.server.stop()
-            raise
+        service = owning_local(store, writer, cls)
         service._owns_client = True
         return service
 

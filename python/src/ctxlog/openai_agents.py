@@ -93,7 +93,7 @@ from agents.memory.session_settings import (
     resolve_session_limit,
 )
 
-from ._async_client import AsyncClient, AsyncSession
+from ._async_client import AsyncClient, AsyncSession, owning_local
 from ._errors import NotFound
 from ._ids import new_id
 from ._types import Record
@@ -183,13 +183,11 @@ class CtxlogSession:
         a plain path is a SQLite file, whose writer id `local-N` is picked when not given),
         stopped by `close()`. Blocks while the server starts (a fraction of a second for a
         SQLite file); usable from any event loop after."""
-        client = AsyncClient.local(store, writer)
-        try:
-            session = cls(session_id, client, bot=bot, session_settings=session_settings)
-        except BaseException:
-            if client.server is not None:
-                client.server.stop()
-            raise
+        session = owning_local(
+            store,
+            writer,
+            lambda client: cls(session_id, client, bot=bot, session_settings=session_settings),
+        )
         session._owns_client = True
         return session
 

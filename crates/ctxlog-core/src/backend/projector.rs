@@ -198,10 +198,7 @@ impl<S: IndexSource> IndexedProjector<S> {
         after: Option<&OrderKey>,
         limit: usize,
     ) -> Result<(Vec<Entry>, bool)> {
-        self.ensure_scanned().await?;
-        if let Some(at) = at {
-            self.check_held(at)?;
-        }
+        self.scanned_up_to(at).await?;
         let mut keys = self.index.session_keys_at(bot_id, session_id, at);
         if let Some(after) = after {
             keys.retain(|(k, _)| k > after);
@@ -211,8 +208,15 @@ impl<S: IndexSource> IndexedProjector<S> {
         Ok((self.fetch(&keys).await?, more))
     }
 
-    /// Refuse a read as of a position this projector does not hold (rule 24): it would
-    /// answer with less than a reader of that position saw.
+    /// Scanned, and holding `at` if given: a read as of a position this projector does not
+    /// hold is refused (rule 24), since it would answer with less than that position's
+    /// reader saw.
+    async fn scanned_up_to(&mut self, at: Option<&Checkpoint>) -> Result<()> {
+        self.ensure_scanned().await?;
+        at.map_or(Ok(()), |at| self.check_held(at))
+    }
+
+    /// [`IndexedProjector::scanned_up_to`]'s refusal.
     fn check_held(&self, at: &Checkpoint) -> Result<()> {
         match at.0.iter().find(|(shard, seq)| **seq > self.index.position(**shard)) {
             None => Ok(()),
@@ -228,15 +232,12 @@ impl<S: IndexSource> IndexedProjector<S> {
 
     /// The context view of rule 21, now or as of `at` (rule 24).
     async fn context_of(&mut self, bot_id: &str, session_id: &str, at: Option<&Checkpoint>) -> Result<ContextView> {
-        self.ensure_scanned().await?;
-        if let Some(at) = at {
-            self.check_held(at)?;
-        }
-        // What the reader holds: the index's positions, or exactly `at`.
-        let holds = at.cloned().unwrap_or_else(|| self.index.checkpoint());
-        let held = |s| holds.get(s);
+        self.scanned_up_to(at).await?;
         // Sorted vectors, no hashing: a long session has thousands of live records.
         let session: SummarisedSession = self.index.session_with_summaries_at(bot_id, session_id, at);
+        // What the reader holds: the index's positions, or exactly `at`.
+        let index = &self.index;
+        let held = |s| at.map_or_else(|| index.position(s), |at| at.get(s));
         let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
         let row = |k: &OrderKey| (*k, session.row(k).unwrap_or_default());
         // The summaries, latest first, until one is trusted: usually the first. Everything
@@ -374,8 +375,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     }
 
     async fn sessions_at(&mut self, bot_id: &str, at: &Checkpoint) -> Result<Vec<SessionSummary>> {
-        self.ensure_scanned().await?;
-        self.check_held(at)?;
+        self.scanned_up_to(Some(at)).await?;
         Ok(self.index.sessions_at(bot_id, Some(at)))
     }
 
