@@ -120,6 +120,20 @@ enum Cmd {
         #[arg(long)]
         full: bool,
     },
+    /// Forks (rule 25), in one process on the store it is given: a session of `records`
+    /// records is written (not timed); then, timed, a fork of it (one record) against a
+    /// copy of it (its records read and written again under a new session: the peers'
+    /// way), each with its entries and bytes; the fork's context view against the parent's;
+    /// and a read of a session of `small` records as of a position against a current read,
+    /// `runs` times each (medians).
+    Forks {
+        #[arg(long, default_value_t = 10_000)]
+        records: usize,
+        #[arg(long, default_value_t = 100)]
+        small: usize,
+        #[arg(long, default_value_t = 9)]
+        runs: usize,
+    },
     /// How long a writer takes to learn that a successor fenced it: writer A appends
     /// `batches` batches and goes on appending while writer B (another handle, the same
     /// writer id) takes the shard over; timed from B's claim to A's first fenced append.
@@ -248,6 +262,7 @@ async fn run(cli: Cli) -> Result<Value> {
         Cmd::ColdStart { bot, session } => cold_start(&cli.store, &location, &bot, &session).await?,
         Cmd::ContextSetup { records, uncovered } => context_setup(&cli.store, records, uncovered).await?,
         Cmd::ContextRead { full } => context_read(&cli.store, &location, full).await?,
+        Cmd::Forks { records, small, runs } => forks(&cli.store, records, small, runs).await?,
         Cmd::Copy { .. } | Cmd::Upload { .. } | Cmd::StoreKey(_) => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();
@@ -405,6 +420,109 @@ async fn context_setup(uri: &str, records: usize, uncovered: usize) -> Result<Va
     shard.append((covered..records).map(record).collect()).await?;
     shard.close().await?;
     Ok(json!({"records": records, "uncovered": uncovered}))
+}
+
+/// The median of `times`, in seconds.
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// [`Cmd::Forks`].
+async fn forks(uri: &str, records: usize, small: usize, runs: usize) -> Result<Value> {
+    const BOT: &str = "fork-bench";
+    let store = ctxlog::open(uri, options()).await?;
+    let mut shard = store.open_shard(&WriterId::new("fork-bench")?).await?;
+    let limits = ctxlog::Limits::default();
+    let record = |session: &str, i: usize| {
+        let text = format!(
+            "message {i} of a long conversation, with enough words to look like one: {}",
+            "lorem ipsum ".repeat(20)
+        );
+        ctxlog::Record::text(format!("{session}-{i:05}"), BOT, session, "user", text)
+    };
+    for chunk in (0..records).collect::<Vec<_>>().chunks(500) {
+        shard
+            .append(chunk.iter().map(|i| record("parent", *i)).collect())
+            .await?;
+    }
+    shard.append((0..small).map(|i| record("small", i)).collect()).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    let at = p.checkpoint();
+    // The log goes on after the position (the small session keeps its records: the two
+    // reads return the same records, one as of the position).
+    shard.append((0..small).map(|i| record("later", i)).collect()).await?;
+
+    // The fork: one record, written as a summary is (after the view's clock).
+    p.refresh().await?;
+    shard.observe(p.max_hlc())?;
+    let fork = ctxlog::Record::fork("fork-1", BOT, "fork", "parent", p.checkpoint());
+    let fork_bytes = limits.validate(&fork)?;
+    let started = Instant::now();
+    shard.append(vec![fork]).await?;
+    let fork_secs = started.elapsed().as_secs_f64();
+
+    // The copy: read the session, write every record again under the copy's ids.
+    let started = Instant::now();
+    let parent = p.session(BOT, "parent").await?;
+    let copies: Vec<ctxlog::Record> = parent
+        .iter()
+        .map(|e| ctxlog::Record {
+            id: format!("copy-{}", e.record.id),
+            session_id: "copy".into(),
+            ..e.record.clone()
+        })
+        .collect();
+    let copy_bytes: usize = copies
+        .iter()
+        .map(|r| limits.validate(r))
+        .sum::<ctxlog::Result<usize>>()?;
+    for chunk in copies.chunks(500) {
+        shard.append(chunk.to_vec()).await?;
+    }
+    let copy_secs = started.elapsed().as_secs_f64();
+    shard.close().await?;
+
+    let mut r = store.projector();
+    r.refresh().await?;
+    anyhow::ensure!(
+        r.session(BOT, "fork").await?.len() == records && r.session(BOT, "copy").await?.len() == records,
+        "the fork and the copy do not both hold the parent's {records} records"
+    );
+    // The four reads in turn, `runs` times: each pair measured under the same conditions.
+    let mut times: [Vec<f64>; 4] = Default::default();
+    for _ in 0..runs.max(1) {
+        for (i, session) in ["fork", "parent"].into_iter().enumerate() {
+            let started = Instant::now();
+            let view = r.context(BOT, session).await?;
+            times[i].push(started.elapsed().as_secs_f64());
+            anyhow::ensure!(view.entries.len() == records, "the context view of {session}");
+        }
+        let started = Instant::now();
+        let page = r.session_page_at(BOT, "small", &at, None, usize::MAX).await?.0;
+        times[2].push(started.elapsed().as_secs_f64());
+        anyhow::ensure!(page.len() == small, "as of the position: {} records", page.len());
+        let started = Instant::now();
+        let now = r.session(BOT, "small").await?;
+        times[3].push(started.elapsed().as_secs_f64());
+        anyhow::ensure!(now.len() == small, "now: {} records", now.len());
+    }
+    let [fork_context, parent_context, as_of, current] = times.map(median);
+    let entries = r.stats().entries;
+    Ok(json!({
+        "records": records,
+        "store_entries": entries,
+        "fork": {"entries": 1, "bytes": fork_bytes, "seconds": fork_secs},
+        "copy": {"entries": records, "bytes": copy_bytes, "seconds": copy_secs},
+        "fork_over_copy_seconds": fork_secs / copy_secs,
+        "fork_over_copy_bytes": fork_bytes as f64 / copy_bytes as f64,
+        "context_seconds": {"fork": fork_context, "parent": parent_context},
+        "fork_context_over_parent": fork_context / parent_context,
+        "small_records": small,
+        "read_seconds": {"as_of": as_of, "current": current},
+        "as_of_over_current": as_of / current,
+    }))
 }
 
 /// Bytes this process has read through system calls so far (`rchar`: page-cache hits

@@ -24,7 +24,7 @@ pub(crate) struct Workload {
 /// [`WINDOW`], the RNG) or in how `ctxlog-bench generate` appends them (writer names, batch
 /// size, the fold afterwards). `cargo xtask bench` reuses a store it generated only while
 /// this version, the generator's parameters and the backend's store format are unchanged.
-pub(crate) const GENERATOR: u32 = 3;
+pub(crate) const GENERATOR: u32 = 4;
 
 /// How far back a retry, rewrite or tombstone reaches at least: more than any batch the
 /// benchmarks append.
@@ -65,7 +65,9 @@ impl Records {
             let picked = &self.picked;
             let earlier = (eligible > 0)
                 .then(|| rng.random_range(0..eligible))
-                .filter(|&j| picked.get(&self.earlier[j].id).is_none_or(|&at| i - at >= NEAR));
+                .filter(|&j| picked.get(&self.earlier[j].id).is_none_or(|&at| i - at >= NEAR))
+                // A tombstone is never picked again: its rewrite would be a put without a role.
+                .filter(|&j| self.earlier[j].kind != ctxlog_core::Kind::Tombstone);
             let mut r = match earlier {
                 // A retry: the same record again.
                 Some(j) if p < 0.01 => self.earlier[j].clone(),

@@ -66,7 +66,29 @@ pub enum Step {
         /// Whose shard `ahead` applies to.
         past: u8,
     },
+    /// The writer appends a link (rule 25) of id `id` (in `LINK_IDS`): a fork of another
+    /// session as of a view its observer read (now or earlier), having observed its clock;
+    /// or a hide of put id `target`. Retried and tombstoned like any id (`Append` does not
+    /// write link ids; a later `Link` of the same id with other content diverges).
+    Link {
+        /// Which of the writers.
+        writer: u8,
+        /// The link's record id.
+        id: u8,
+        /// A fork (of session `s{(id + 1 + target) % 3}`) or a hide (of `id{target}`).
+        fork: bool,
+        /// The put id a hide names, or which other session a fork continues.
+        target: u8,
+        /// `None`: a view read now; `Some(v)`: the `v`-th (modulo) its observer read so far.
+        view: Option<u8>,
+        /// Whether a tombstone of the link follows in the same step's next batch.
+        forget: bool,
+    },
 }
+
+/// Record ids of links (rule 25): `id20..id25`, each in session `s{id % 3}` (two per
+/// session, so that a session can hold a fork and a hide).
+const LINK_IDS: std::ops::Range<u8> = 20..26;
 
 fn step() -> impl Strategy<Value = Step> {
     let record = (0u8..IDS, prop_oneof![4 => (0u8..3).prop_map(Some), 1 => Just(None)]);
@@ -91,6 +113,18 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|((writer, id), (view, own), (observe, ahead, past))| summarise(
                 writer, id, view, own, observe, ahead, past
             )),
+        3 => (
+            (0..WRITERS, LINK_IDS, prop_oneof![2 => Just(true), 1 => Just(false)], 0u8..IDS),
+            (prop_oneof![1 => Just(None), 1 => any::<u8>().prop_map(Some)], prop_oneof![5 => Just(false), 1 => Just(true)]),
+        )
+            .prop_map(|((writer, id, fork, target), (view, forget))| Step::Link {
+                writer,
+                id,
+                fork,
+                target,
+                view,
+                forget,
+            }),
     ]
 }
 
@@ -211,6 +245,42 @@ pub async fn write_history(
                 let ack = shard.append(vec![summary.clone()]).await?;
                 newest[i] = Some((ack.shard, ack.first_seq));
                 acked.push((ack, vec![summary]));
+            }
+            Step::Link {
+                writer,
+                id,
+                fork,
+                target,
+                view,
+                forget,
+            } => {
+                let i = *writer as usize;
+                let session = format!("s{}", id % 3);
+                let link = if *fork {
+                    let (at, hlc) = match view {
+                        None => {
+                            let o = if i == 0 { &mut *observer } else { others[i - 1].as_mut() };
+                            o.refresh().await?;
+                            views[i].push((o.checkpoint(), o.max_hlc()));
+                            (o.checkpoint(), o.max_hlc())
+                        }
+                        Some(v) => views[i][*v as usize % views[i].len()].clone(),
+                    };
+                    shards[i].observe(hlc)?;
+                    let from = format!("s{}", (id + 1 + target % 2) % 3);
+                    Record::fork(format!("id{id}"), "bot", session.clone(), from, at)
+                } else {
+                    Record::hide(format!("id{id}"), "bot", session.clone(), format!("id{target}"))
+                };
+                let ack = shards[i].append(vec![link.clone()]).await?;
+                newest[i] = Some((ack.shard, ack.first_seq));
+                acked.push((ack, vec![link]));
+                if *forget {
+                    let tomb = Record::tombstone(format!("id{id}"), "bot", session);
+                    let ack = shards[i].append(vec![tomb.clone()]).await?;
+                    newest[i] = Some((ack.shard, ack.first_seq));
+                    acked.push((ack, vec![tomb]));
+                }
             }
             Step::Snapshot => {
                 observer.refresh().await?;
@@ -455,6 +525,38 @@ pub fn cases_of(entries: &[ctxlog_core::Entry]) -> [bool; CASES.len()] {
     has
 }
 
+/// A chain of forks that comes back to its session (found by the random histories): `s0`
+/// continues `s1`, which then continues `s0`; a summary of `s1` stands for a record `s1`
+/// inherits from `s0`, whose own view as of the first fork holds that summary again, a step
+/// deeper. The record met again keeps its first step, so the summary still reaches it.
+pub fn fork_cycle() -> Vec<Step> {
+    vec![
+        Step::Append {
+            writer: 0,
+            records: vec![(3, Some(0))],
+        },
+        summarise(0, 13, None, true, true, 0, 0),
+        Step::Link {
+            writer: 0,
+            id: 24,
+            fork: true,
+            target: 2,
+            view: None,
+            forget: false,
+        },
+        summarise(2, 12, None, true, true, 0, 0),
+        Step::Observe { writer: 2 },
+        Step::Link {
+            writer: 2,
+            id: 22,
+            fork: true,
+            target: 1,
+            view: Some(142),
+            forget: false,
+        },
+    ]
+}
+
 /// A history that makes every one of [`CASES`] (checked on every run): in session `s0`,
 /// two writers summarise what each appended, unread by the other (incomparable trusted
 /// coverages, one superseding the other); a third summarises with the id of a put of its
@@ -502,6 +604,14 @@ pub async fn differential_against_reference_model(ctx: Ctx) -> anyhow::Result<()
     let uri = ctx.other_uri("scenario");
     let store = ctx.open(&uri, ctx.options()).await?;
     let full = ctx.open(&uri, ctx.options().with_read_snapshots(false)).await?;
+    let cycle = ctx.other_uri("fork-cycle");
+    check_history(
+        ctx.open(&cycle, ctx.options()).await?.as_ref(),
+        ctx.open(&cycle, ctx.options().with_read_snapshots(false)).await?.as_ref(),
+        &fork_cycle(),
+    )
+    .await
+    .context("a chain of forks back to its session")?;
     check_history(store.as_ref(), full.as_ref(), &scenario())
         .await
         .context("the scenario of every summary case")?;

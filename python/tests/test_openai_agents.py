@@ -132,7 +132,7 @@ async def test_pop_item_removes_what_it_read_not_a_later_append(
     await sa.add_items([item(0), item(1)])
     view = await sa._view()  # A's read
     await sb.add_items([item(2)])  # B appends in between
-    (record_id, _), popped = view.origins[-1], view.items[-1]
+    (record_id, _, _), popped = view.origins[-1], view.items[-1]
     await sa._session.delete(record_id)  # A's tombstone, of what it read
     assert popped == item(1)
     assert await sb.get_items() == [item(0), item(2)]

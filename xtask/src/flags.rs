@@ -109,6 +109,28 @@ pub(crate) enum BenchKind {
     /// The context view of a long session with a summary covering all but its last records,
     /// against a full read of that session, in a generated log (rule 21).
     Context(ContextArgs),
+    /// Forks (rule 25): a fork of a long session against a copy of it, the fork's context
+    /// view against its parent's, and a read as of a position against a current read, in a
+    /// generated log.
+    Forks(ForksArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ForksArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Entries of the generated log the sessions are added to.
+    #[arg(long, default_value = "1m")]
+    pub size: String,
+    /// Records of the session forked and copied.
+    #[arg(long, default_value_t = 10_000)]
+    pub records: usize,
+    /// Records of the session read as of a position.
+    #[arg(long, default_value_t = 100)]
+    pub small: usize,
+    /// Reads per figure (medians).
+    #[arg(long, default_value_t = 9)]
+    pub runs: usize,
 }
 
 #[derive(Args, Clone)]

@@ -29,7 +29,11 @@ use crate::store::Shared;
 pub const FORMAT: &str = "3";
 
 /// Every format this build opens.
-pub const READS: [&str; 3] = ["1", "2", "3"];
+pub const READS: [&str; 4] = ["1", "2", "3", "4"];
+
+/// The format that holds links (forks and hides, rule 25): where the first link takes a
+/// store of format 3.
+pub(crate) const FORKS: u32 = 4;
 
 fn path(base: &Path) -> Path {
     Path::from(format!("{base}/_ctxlog/format"))
@@ -115,6 +119,53 @@ pub(crate) async fn upgrade_for_summaries(shared: &Shared) -> Result<()> {
         },
     )
     .await
+}
+
+/// Record format 4 before the first link is written through this handle (rule 25), if the
+/// store is at 3; a store of format 1 or 2 is refused (its ids are grouped across bots:
+/// `ctxlog upgrade` first), nothing written.
+pub(crate) async fn upgrade_for_links(shared: &Shared) -> Result<()> {
+    if shared.links_allowed.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let now = with_deadline(
+        "record the store format",
+        shared.timeout(),
+        None,
+        Written::Nothing,
+        number(shared),
+    )
+    .await?;
+    if now < 3 {
+        return Err(Error::invalid(
+            "kind",
+            None,
+            format!(
+                "a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {now}: run `ctxlog upgrade` first"
+            ),
+        ));
+    }
+    if now < FORKS {
+        match set(shared, now, FORKS).await {
+            Ok(()) => {}
+            // Another process moved it first: fine if it is where links may be.
+            Err(e) => {
+                let again = with_deadline(
+                    "record the store format",
+                    shared.timeout(),
+                    None,
+                    Written::Nothing,
+                    number(shared),
+                )
+                .await?;
+                if again < FORKS {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    shared.links_allowed.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Move the store from format `from` to `to` (`ctxlog upgrade`), if it is at `from`.

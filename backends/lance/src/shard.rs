@@ -353,6 +353,10 @@ impl Shard for LanceShard {
         {
             crate::format::upgrade_for_summaries(&self.shared).await?;
         }
+        // The first link likewise needs the format that holds links (rule 25).
+        if staged.entries.iter().any(|e| e.record.kind.is_link()) {
+            crate::format::upgrade_for_links(&self.shared).await?;
+        }
         // From here until an outcome is known the handle counts as poisoned: if the caller
         // drops this future after the batch reached the memtable, the batch still becomes
         // durable, and the next append must not reuse its seqs.

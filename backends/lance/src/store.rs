@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
     /// Whether the store is known to be of the format that holds summaries (`format`).
     pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
+    /// Whether the store's format holds links (rule 25): 4 or later, seen by this handle.
+    pub(crate) links_allowed: std::sync::atomic::AtomicBool,
     /// What shard reads learned of the sources they read: the base table at a version, each
     /// generation (see `entries::read_shard`).
     pub(crate) source_tops: crate::bounds::SourceTops,
@@ -53,6 +55,7 @@ impl Shared {
             tuning,
             live: std::sync::Mutex::new(Vec::new()),
             summaries_allowed: std::sync::atomic::AtomicBool::new(false),
+            links_allowed: std::sync::atomic::AtomicBool::new(false),
             source_tops: Default::default(),
         }
     }

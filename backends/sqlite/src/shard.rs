@@ -255,7 +255,11 @@ impl AppendTx {
             .entries
             .iter()
             .any(|e| e.record.kind == ctxlog_core::Kind::Summary);
-        let upgraded = if summary {
+        // The first link needs the format that holds links (rule 25), likewise.
+        let link = staged.entries.iter().any(|e| e.record.kind.is_link());
+        let upgraded = if link {
+            crate::schema::upgrade_for_links(&tx)
+        } else if summary {
             crate::schema::upgrade(&tx, crate::schema::SUMMARIES)
         } else {
             crate::schema::format_in(&tx).map(|_| ())

@@ -5,6 +5,7 @@ pub mod creation;
 pub mod durability;
 pub mod faults;
 pub mod fencing;
+pub mod forks;
 pub mod history;
 pub mod idempotency;
 pub mod input;
@@ -33,6 +34,7 @@ pub fn all() -> Vec<crate::Case> {
         snapshots::cases(),
         summaries::cases(),
         as_of::cases(),
+        forks::cases(),
         faults::cases(),
     ]
     .concat()

@@ -39,11 +39,13 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
         None | Some("put") => Kind::Put,
         Some("tombstone") => Kind::Tombstone,
         Some("summary") => Kind::Summary,
+        Some("fork") => Kind::Fork,
+        Some("hide") => Kind::Hide,
         Some(other) => {
             return Err(Error::invalid(
                 "kind",
                 None,
-                format!("`{other}` is not `put`, `tombstone` or `summary`"),
+                format!("`{other}` is not `put`, `tombstone`, `summary`, `fork` or `hide`"),
             ));
         }
     };
@@ -183,6 +185,8 @@ pub(crate) fn entry_json(e: &Entry) -> Value {
             Kind::Put => "put",
             Kind::Tombstone => "tombstone",
             Kind::Summary => "summary",
+            Kind::Fork => "fork",
+            Kind::Hide => "hide",
         }),
     );
     if let Some(c) = &r.covers {

@@ -118,6 +118,28 @@ enum Command {
         #[arg(long, default_value = "text/plain")]
         content_type: String,
     },
+    /// Continue session `--from` as a new session `--session` as of a position (rule 25): one
+    /// record, whatever the length of `--from`; nothing in `--from` changes. The position is
+    /// `--at` (what `context` printed as `position`), else the store now. Prints the ack.
+    Fork {
+        /// This process's writer identity.
+        #[arg(long)]
+        writer: String,
+        #[arg(long)]
+        bot: String,
+        /// The new session.
+        #[arg(long)]
+        session: String,
+        /// The session it continues.
+        #[arg(long)]
+        from: String,
+        /// The position to continue from (else the store now).
+        #[arg(long)]
+        at: Option<String>,
+        /// The fork record's id (the idempotency key: a retry with the same id counts once).
+        #[arg(long)]
+        id: String,
+    },
     /// Print a bot's sessions, one JSON object per line.
     Sessions {
         #[arg(long)]
@@ -390,6 +412,23 @@ async fn run(cli: Cli) -> ExitCode {
             };
             summarize(store, options(true), writer, summary).await
         }
+        Command::Fork {
+            writer,
+            bot,
+            session,
+            from,
+            at,
+            id,
+        } => {
+            fork(
+                store,
+                options(true),
+                writer,
+                Record::fork(id, bot, session, from, Default::default()),
+                at.as_deref(),
+            )
+            .await
+        }
         Command::Demo => demo::run(cli.store.as_deref(), options(true)).await,
         Command::Serve {
             writer,
@@ -467,6 +506,7 @@ impl Command {
         match self {
             Command::Append { .. }
             | Command::Summarize { .. }
+            | Command::Fork { .. }
             | Command::Demo
             | Command::Serve { .. }
             | Command::Mcp { .. }
@@ -763,6 +803,32 @@ async fn summarize(uri: &str, options: StoreOptions, writer: &str, args: Summary
     Ok(ExitCode::SUCCESS)
 }
 
+/// Write `record`, a fork (rule 25): at the position it names, or (none named) at the
+/// store's position now, read just before; through a shard that observed that view's clock.
+async fn fork(
+    uri: &str,
+    options: StoreOptions,
+    writer: &str,
+    mut record: Record,
+    at: Option<&str>,
+) -> Result<ExitCode, Failure> {
+    let writer = WriterId::new(writer)?;
+    record.covers = Some(at.map(json::parse_at).transpose()?.unwrap_or_default());
+    let store = ctxlog::open(uri, options).await?;
+    let mut shard = store.open_shard(&writer).await?;
+    if record.covers.as_ref().is_some_and(|c| c.0.is_empty()) {
+        let mut p = store.projector();
+        p.refresh().await?;
+        record.covers = Some(p.checkpoint());
+    }
+    let records = vec![record];
+    summarised(store.as_ref(), shard.as_mut(), &records).await?;
+    let ack = shard.append(records).await?;
+    println!("{}", json::ack_json(&ack));
+    shard.close().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Why a line of stdin could not be read.
 #[derive(Debug, thiserror::Error)]
 enum LineError {
@@ -944,6 +1010,7 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
         }
         Command::Append { .. }
         | Command::Summarize { .. }
+        | Command::Fork { .. }
         | Command::Demo
         | Command::Serve { .. }
         | Command::Mcp { .. }

@@ -28,6 +28,7 @@ fn cases() -> Vec<Case> {
         ctxlog_conformance::case!(serve_clients_that_disconnect_mid_append_never_tear_a_batch),
         ctxlog_conformance::case!(serve_sigterm_ends_streams_keeps_acks_and_exits_zero),
         ctxlog_conformance::case!(serve_a_summary_written_through_another_replica_covers_only_what_was_read),
+        ctxlog_conformance::case!(serve_a_fork_through_one_replica_is_the_parent_as_of_its_position_on_another),
     ]
 }
 
@@ -535,6 +536,55 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
         "{}",
         refused.text
     );
+    Ok(())
+}
+
+/// Rule 25 across processes: replica A forks session `p` while replica B appends to it; B's
+/// read of `p` as of the fork's position is exactly what the fork inherited, both replicas
+/// serve the fork byte for byte alike, and `p` keeps every record.
+async fn serve_a_fork_through_one_replica_is_the_parent_as_of_its_position_on_another(ctx: Ctx) -> anyhow::Result<()> {
+    ctx.store().await?;
+    let a = replica(&ctx, "replica-a").await?;
+    let b = replica(&ctx, "replica-b").await?;
+    let (ca, cb) = (a.client(), b.client());
+    let first: Vec<Value> = (0..5).map(|i| rec(&format!("p-{i}"), "x")).collect();
+    ensure!(cb.append("bot", "p", &first).await?.status == StatusCode::OK);
+    let appender = {
+        let cb = cb.clone();
+        tokio::spawn(async move {
+            for i in 0..20 {
+                let r = cb.append("bot", "p", &[rec(&format!("late-{i}"), "y")]).await?;
+                ensure!(r.status == StatusCode::OK, "{}", r.text);
+            }
+            anyhow::Ok(())
+        })
+    };
+    let forked = ca
+        .post("/v1/bots/bot/sessions/f/fork", &json!({"from": "p", "id": "fork-1"}))
+        .await?;
+    ensure!(forked.status == StatusCode::OK, "{}", forked.text);
+    ensure!(ca.append("bot", "f", &[rec("f-0", "own")]).await?.status == StatusCode::OK);
+    appender.await??;
+    let at = forked.json["at"].as_str().context("at")?;
+    let inherited = cb
+        .get(&format!("/v1/bots/bot/sessions/p/records?limit=1000&at={at}"))
+        .await?;
+    ensure!(inherited.status == StatusCode::OK, "{}", inherited.text);
+    let mut want = inherited.json["records"].as_array().context("records")?.clone();
+    ensure!(want.len() >= 5, "B as of the fork's position: {}", inherited.text);
+    let fork_a = ca.session("bot", "f").await?;
+    let fork_b = cb.session("bot", "f").await?;
+    ensure!(fork_a == fork_b, "the replicas serve the fork differently");
+    ensure!(
+        fork_a.last().and_then(|r| r["id"].as_str()) == Some("f-0"),
+        "{fork_a:?}"
+    );
+    want.push(fork_a.last().cloned().context("the fork's own record")?);
+    ensure!(
+        fork_a == want,
+        "the fork is not B's view of p as of its position, then its own: {fork_a:?}"
+    );
+    ensure!(cb.session("bot", "p").await?.len() == 25, "the parent lost records");
     Ok(())
 }
 

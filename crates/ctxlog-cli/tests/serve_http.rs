@@ -502,6 +502,18 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
                 "get",
                 c.get("/v1/bots/a/records/nope").await?,
             ),
+            (
+                "/v1/bots/{bot}/sessions/{session}/fork",
+                "post",
+                c.post("/v1/bots/a/sessions/f/fork", &json!({"from": "s", "through": "d-3"}))
+                    .await?,
+            ),
+            (
+                "/v1/bots/{bot}/sessions/{session}/fork",
+                "post",
+                c.post("/v1/bots/a/sessions/f/fork", &json!({"from": "s", "through": "nope"}))
+                    .await?,
+            ),
             ("/v1/bots/{bot}/sessions", "get", c.get("/v1/bots/a/sessions").await?),
             ("/v1/conflicts", "get", c.get("/v1/conflicts").await?),
             ("/v1/stats", "get", c.get("/v1/stats").await?),

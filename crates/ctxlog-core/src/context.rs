@@ -70,6 +70,18 @@ pub fn covers(covers: &Checkpoint, key: &OrderKey) -> bool {
 /// Why a summary is implausible: the first thing it covers that its writer cannot have
 /// read. `None` when it is plausible. `live` is the session's live records, in order.
 pub fn implausible(summary: &OrderKey, coverage: &Checkpoint, live: &[OrderKey]) -> Option<Implausible> {
+    implausible_within(summary, coverage, live, &|_, _| true)
+}
+
+/// [`implausible`] in a view composed of several sessions' records (rule 25), where
+/// `reach(summary, entry)` says whether the summary can cover the entry at all: a summary
+/// inherited from a session a fork continues does not reach the fork's own records.
+pub fn implausible_within(
+    summary: &OrderKey,
+    coverage: &Checkpoint,
+    live: &[OrderKey],
+    reach: &dyn Fn(&OrderKey, &OrderKey) -> bool,
+) -> Option<Implausible> {
     if coverage.get(summary.shard) >= summary.seq {
         return Some(Implausible::CoversItself);
     }
@@ -78,7 +90,7 @@ pub fn implausible(summary: &OrderKey, coverage: &Checkpoint, live: &[OrderKey])
     let from = live.partition_point(|k| k.hlc < summary.hlc);
     live[from..]
         .iter()
-        .find(|k| *k != summary && covers(coverage, k))
+        .find(|k| *k != summary && reach(summary, k) && covers(coverage, k))
         .map(|k| Implausible::CoversLater(*k))
 }
 
@@ -110,12 +122,25 @@ pub fn select<E>(
     live: &[OrderKey],
     is_summary: impl Fn(&OrderKey) -> bool,
     position: impl Fn(ShardId) -> Seq,
+    coverage: impl FnMut(&OrderKey) -> Result<Option<Checkpoint>, E>,
+) -> Result<(ContextKeys, Option<Checkpoint>), E> {
+    select_within(live, is_summary, position, coverage, &|_, _| true)
+}
+
+/// [`select`] in a view composed of several sessions' records (rule 25): `reach(summary,
+/// entry)` says whether the summary can cover the entry at all ([`implausible_within`]).
+pub fn select_within<E>(
+    live: &[OrderKey],
+    is_summary: impl Fn(&OrderKey) -> bool,
+    position: impl Fn(ShardId) -> Seq,
     mut coverage: impl FnMut(&OrderKey) -> Result<Option<Checkpoint>, E>,
+    reach: &dyn Fn(&OrderKey, &OrderKey) -> bool,
 ) -> Result<(ContextKeys, Option<Checkpoint>), E> {
     let mut governing = None;
     for k in live.iter().rev().filter(|k| is_summary(k)) {
         if let Some(c) = coverage(k)?
-            && trusted(k, &c, &position, live)
+            && c.0.iter().all(|(shard, seq)| *seq <= position(*shard))
+            && implausible_within(k, &c, live, reach).is_none()
         {
             governing = Some((*k, c));
             break;
@@ -128,7 +153,7 @@ pub fn select<E>(
         match &governing {
             Some((g, _)) if g == k => place = place.or(Some(view.keys.len())),
             _ if is_summary(k) => {}
-            Some((_, c)) if covers(c, k) => {
+            Some((g, c)) if reach(g, k) && covers(c, k) => {
                 view.covered += 1;
                 place = Some(view.keys.len());
             }

@@ -4,9 +4,12 @@ use chrono::{DateTime, Utc};
 
 use crate::ids::Checkpoint;
 
-/// What a record asks for: a value (`Put`), its permanent removal (`Tombstone`), or a
+/// What a record asks for: a value (`Put`), its permanent removal (`Tombstone`), a
 /// summary of part of its session (`Summary`, rule 21): a value too, which also names the
-/// entries it stands for.
+/// entries it stands for; or a link of its session to another (rule 25): the session
+/// continuing another as of a position (`Fork`), or leaving out a record it inherits
+/// (`Hide`). Links are values of their own ids (retried, tombstoned and purged like puts)
+/// that shape their session's view instead of appearing in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// A value for the id.
@@ -16,21 +19,40 @@ pub enum Kind {
     /// A value for the id that summarises the session's records its writer read: the
     /// record's `covers` is the checkpoint of that view (rule 21).
     Summary,
+    /// The session continues the session named by the body (same bot) as of the record's
+    /// `covers` (rule 25): its view holds that session's view as of there, then its own.
+    Fork,
+    /// The session leaves out the record whose id is the body (rule 25), wherever in the
+    /// sessions it continues that record lies; the record itself is untouched.
+    Hide,
 }
 
 impl Kind {
-    /// The stored code (0 put, 1 tombstone, 2 summary).
+    /// The stored code (0 put, 1 tombstone, 2 summary, 3 fork, 4 hide).
     pub fn as_u8(self) -> u8 {
         match self {
             Kind::Put => 0,
             Kind::Tombstone => 1,
             Kind::Summary => 2,
+            Kind::Fork => 3,
+            Kind::Hide => 4,
         }
     }
 
-    /// Whether the record gives its id a value (a put or a summary): what rule 6 calls a put.
+    /// Whether the record gives its id a value (every kind but a tombstone): what rule 6
+    /// calls a put.
     pub fn is_value(self) -> bool {
-        matches!(self, Kind::Put | Kind::Summary)
+        !matches!(self, Kind::Tombstone)
+    }
+
+    /// Whether the record is a link (rule 25): it shapes its session's view and is not in it.
+    pub fn is_link(self) -> bool {
+        matches!(self, Kind::Fork | Kind::Hide)
+    }
+
+    /// Whether the record names a position in `covers` (a summary or a fork).
+    pub fn has_position(self) -> bool {
+        matches!(self, Kind::Summary | Kind::Fork)
     }
 
     /// From the stored code.
@@ -39,6 +61,8 @@ impl Kind {
             0 => Some(Kind::Put),
             1 => Some(Kind::Tombstone),
             2 => Some(Kind::Summary),
+            3 => Some(Kind::Fork),
+            4 => Some(Kind::Hide),
             _ => None,
         }
     }
@@ -93,10 +117,11 @@ pub struct Record {
     pub metadata: Option<serde_json::Value>,
     /// Caller's timestamp; stored but not covered by the content hash.
     pub created_at: Option<DateTime<Utc>>,
-    /// Put, tombstone or summary.
+    /// Put, tombstone, summary, fork or hide.
     pub kind: Kind,
     /// What a summary covers: per shard, the last seq of the view its writer summarised
-    /// (rule 21). `Some` exactly for a [`Kind::Summary`] (empty once purged).
+    /// (rule 21); for a fork, the position of the view it continues (rule 25). `Some`
+    /// exactly for a [`Kind::Summary`] and a [`Kind::Fork`] (empty once purged).
     pub covers: Option<Checkpoint>,
 }
 
@@ -140,6 +165,45 @@ impl Record {
         }
     }
 
+    /// Session `session_id` continues session `from_session` of the same bot as of the
+    /// position `at` (rule 25): a record of O(1) size, whatever the length of what it
+    /// continues. Write it through a shard that has observed that view's clock, as a summary.
+    pub fn fork(
+        id: impl Into<String>,
+        bot_id: impl Into<String>,
+        session_id: impl Into<String>,
+        from_session: impl Into<String>,
+        at: Checkpoint,
+    ) -> Self {
+        Record {
+            kind: Kind::Fork,
+            covers: Some(at),
+            ..Record::text(id, bot_id, session_id, "fork", from_session)
+        }
+    }
+
+    /// Session `session_id` leaves out the record `hidden_id` it inherits (rule 25).
+    pub fn hide(
+        id: impl Into<String>,
+        bot_id: impl Into<String>,
+        session_id: impl Into<String>,
+        hidden_id: impl Into<String>,
+    ) -> Self {
+        Record {
+            kind: Kind::Hide,
+            ..Record::text(id, bot_id, session_id, "hide", hidden_id)
+        }
+    }
+
+    /// What a link names (rule 25): a fork's session, a hide's record id; `None` for every
+    /// other kind, or a link whose body is not text (purged).
+    pub fn link_target(&self) -> Option<&str> {
+        match (&self.kind, &self.body) {
+            (Kind::Fork | Kind::Hide, Body::Text(t)) if !t.is_empty() => Some(t),
+            _ => None,
+        }
+    }
+
     /// A tombstone for `id`.
     pub fn tombstone(id: impl Into<String>, bot_id: impl Into<String>, session_id: impl Into<String>) -> Self {
         Record {
@@ -161,14 +225,15 @@ impl Record {
 const FRAME_V1: u8 = 1;
 
 impl Record {
-    /// The body as stored and hashed. A put's or tombstone's is its body; a summary's is one
+    /// The body as stored and hashed. A put's or tombstone's is its body; a summary's (and a
+    /// fork's, whose `covers` is its position) is one
     /// frame of its coverage and body, so that a backend stores (and the history checker
     /// hashes) a summary in the body column it already has: `1u8`, the shard count (u32),
     /// per shard in shard order its 16 bytes and last seq (u64), then `t` and UTF-8 text or
     /// `b` and bytes. Integers little-endian.
     pub fn stored_body(&self) -> std::borrow::Cow<'_, Body> {
         match (&self.kind, &self.covers) {
-            (Kind::Summary, Some(covers)) => {
+            (Kind::Summary | Kind::Fork, Some(covers)) => {
                 let (tag, bytes): (u8, &[u8]) = match &self.body {
                     Body::Text(t) => (b't', t.as_bytes()),
                     Body::Bytes(b) => (b'b', b),
@@ -191,7 +256,7 @@ impl Record {
     /// The body and coverage of a stored body of kind `kind` ([`Record::stored_body`]); why
     /// not, for a summary's frame that does not decode.
     pub fn from_stored_body(kind: Kind, stored: Body) -> Result<(Body, Option<Checkpoint>), String> {
-        if kind != Kind::Summary {
+        if !kind.has_position() {
             return Ok((stored, None));
         }
         let Body::Bytes(bytes) = stored else {
@@ -238,10 +303,10 @@ mod tests {
     /// The stored kind codes (0 put, 1 tombstone) read back; any other code is refused.
     #[test]
     fn kinds_read_back_from_their_stored_codes() {
-        for k in [Kind::Put, Kind::Tombstone, Kind::Summary] {
+        for k in [Kind::Put, Kind::Tombstone, Kind::Summary, Kind::Fork, Kind::Hide] {
             assert_eq!(Kind::from_u8(k.as_u8()), Some(k));
         }
-        assert_eq!(Kind::from_u8(3), None);
+        assert_eq!(Kind::from_u8(5), None);
     }
 
     /// A summary's frame reads back as the coverage and body it was made of; a damaged

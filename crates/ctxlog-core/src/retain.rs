@@ -149,11 +149,12 @@ async fn run(store: &dyn Store, options: &RetainOptions, hook: Option<&Hook<'_>>
     Ok(report)
 }
 
-/// Read the session (the caller refreshed just before): its live ids in contract order if
-/// its newest live record is still older than `cutoff` (none if it has no live record left),
-/// `None` if it is not.
+/// Read the session (the caller refreshed just before): its own live ids in contract order
+/// if its newest own live entry is still older than `cutoff` (none if it has no live entry
+/// left), `None` if it is not. Its own entries, links among them (rule 25): what a fork
+/// inherits is not the fork's to end, and a fork or hide ends with its session.
 async fn still_idle(reader: &mut dyn Projector, bot: &str, session: &str, cutoff: u64) -> Result<Option<Vec<String>>> {
-    let live = reader.session(bot, session).await?;
+    let live = reader.own_entries(bot, session).await?;
     if live.iter().any(|e| e.hlc.millis() >= cutoff) {
         return Ok(None);
     }

@@ -261,6 +261,15 @@ pub trait Projector: Send + Sync {
     /// [`Projector::session_page_at`] is.
     async fn sessions_at(&mut self, bot_id: &str, at: &Checkpoint) -> Result<Vec<SessionSummary>>;
 
+    /// The order keys of a session's view (rule 25; what [`Projector::session_page_at`]
+    /// pages through), now or as of `at`, without reading a record's body. Refused as
+    /// [`Projector::session_page_at`] is.
+    async fn view_keys(&mut self, bot_id: &str, session_id: &str, at: Option<&Checkpoint>) -> Result<Vec<OrderKey>>;
+
+    /// A session's own live entries, its links among them (rule 25), in contract order,
+    /// with bodies: what is the session's own to end or to check, not what it inherits.
+    async fn own_entries(&mut self, bot_id: &str, session_id: &str) -> Result<Vec<Entry>>;
+
     /// The order key of `id`'s live winner as the projection holds it now (no refresh, no
     /// read of bodies); `None` when the id has no live record.
     fn live_key(&self, bot_id: &str, id: &str) -> Option<OrderKey>;

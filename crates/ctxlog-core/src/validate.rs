@@ -167,6 +167,7 @@ impl Limits {
             ));
         }
         let coverage_bytes = check_covers(r)?;
+        self.check_link(r)?;
         let size = [&r.id, &r.bot_id, &r.session_id, &r.role, &r.content_type]
             .iter()
             .map(|s| s.len())
@@ -255,6 +256,28 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
     }
 }
 
+impl Limits {
+    /// A link names what it links to as text (rule 25): a fork another session of its bot,
+    /// a hide a record id; each as an id would be.
+    fn check_link(&self, r: &Record) -> Result<()> {
+        if !r.kind.is_link() {
+            return Ok(());
+        }
+        let crate::record::Body::Text(target) = &r.body else {
+            return Err(Error::invalid("body", None, "a link names its target as text"));
+        };
+        let what = if r.kind == Kind::Fork { "session_id" } else { "id" };
+        self.check_id("body", target).map_err(|e| match e {
+            Error::InvalidInput { reason, .. } => Error::invalid("body", None, format!("the {what} it names {reason}")),
+            other => other,
+        })?;
+        if r.kind == Kind::Fork && *target == r.session_id {
+            return Err(Error::invalid("body", None, "a session cannot continue itself"));
+        }
+        Ok(())
+    }
+}
+
 /// Most shards one summary's coverage may name (24 bytes each as stored).
 pub const MAX_COVERED_SHARDS: usize = 65_536;
 
@@ -267,7 +290,12 @@ fn check_covers(r: &Record) -> Result<usize> {
             None,
             "a summary needs the checkpoint of the view it summarises",
         )),
-        (Kind::Summary, Some(c)) => {
+        (Kind::Fork, None) => Err(Error::invalid(
+            "covers",
+            None,
+            "a fork needs the position of the view it continues",
+        )),
+        (Kind::Summary | Kind::Fork, Some(c)) => {
             if c.0.len() > MAX_COVERED_SHARDS {
                 return Err(Error::invalid(
                     "covers",
@@ -284,7 +312,11 @@ fn check_covers(r: &Record) -> Result<usize> {
             }
             Ok(c.0.len() * 24)
         }
-        (_, Some(_)) => Err(Error::invalid("covers", None, "only a summary covers entries")),
+        (_, Some(_)) => Err(Error::invalid(
+            "covers",
+            None,
+            "only a summary or a fork names a position",
+        )),
         (_, None) => Ok(0),
     }
 }

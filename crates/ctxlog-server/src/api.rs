@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use crate::problem::Problem;
 
-/// Put (the default), tombstone or summary.
+/// Put (the default), tombstone, summary, fork or hide.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KindJson {
@@ -22,6 +22,41 @@ pub enum KindJson {
     Tombstone,
     /// A summary of the session's records up to `covers` (rule 21).
     Summary,
+    /// The session continues another as of a position (rule 25): its `text` is that
+    /// session, its `covers` the position. `POST …/fork` writes one with its checks.
+    Fork,
+    /// The session leaves out the inherited record whose id is its `text` (rule 25).
+    Hide,
+}
+
+/// A fork: continue session `from` of the route's bot as the route's session, as of a
+/// position (rule 25). One record, whatever the length of `from`.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkIn {
+    /// The session to continue.
+    pub from: String,
+    /// The position to continue from: a page's, a context view's or a stream's `position`.
+    /// Without it (and without `through`), the replica's fresh view now.
+    #[serde(default)]
+    pub at: Option<String>,
+    /// Continue from just after this record of `from`'s view: every record of the view up
+    /// to it in order, none after (e.g. to retry the turn after it).
+    #[serde(default)]
+    pub through: Option<String>,
+    /// The fork record's id: the idempotency key of the fork (a retry with the same id
+    /// counts once). Default: a new random id.
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+/// What a fork wrote.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ForkOut {
+    /// The fork record's append.
+    pub ack: AckOut,
+    /// The position the fork continues from.
+    pub at: String,
 }
 
 /// One record to append to the route's (bot, session).
@@ -52,8 +87,9 @@ pub struct RecordIn {
     #[serde(default)]
     pub kind: KindJson,
     /// What a summary covers: the `covers` token of the context view of this session its
-    /// writer read (a page's or a stream's `position` is refused). Required for a summary,
-    /// refused for anything else.
+    /// writer read (a page's or a stream's `position` is refused). For a fork, the position
+    /// it continues from (a page's, a view's or a stream's `position`). Required for a
+    /// summary and a fork, refused for anything else.
     #[serde(default)]
     pub covers: Option<String>,
     /// The record's session: required by the bot-wide append (one atomic batch across
@@ -110,6 +146,21 @@ impl RecordIn {
                     p
                 },
             )?),
+            // A fork in a batch of its own choosing (e.g. with the records that name it):
+            // its `covers` is the position it continues from (a page's, a view's or a
+            // stream's `position`). `POST …/fork` is the checked way (one fork per session,
+            // retries answered with the fork that landed).
+            (KindJson::Fork, Some(c)) => Some(crate::cursor::parse_position("covers", &c).map_err(|mut p| {
+                p.record = Some(index);
+                p
+            })?),
+            (KindJson::Fork, None) => {
+                return Err(Problem::invalid(
+                    "covers",
+                    Some(index),
+                    "a fork needs the position it continues from in `covers`",
+                ));
+            }
             (KindJson::Summary, None) => {
                 return Err(Problem::invalid(
                     "covers",
@@ -134,6 +185,8 @@ impl RecordIn {
                 KindJson::Put => Kind::Put,
                 KindJson::Tombstone => Kind::Tombstone,
                 KindJson::Summary => Kind::Summary,
+                KindJson::Fork => Kind::Fork,
+                KindJson::Hide => Kind::Hide,
             },
         })
     }
@@ -231,6 +284,8 @@ impl From<&Entry> for EntryOut {
                 Kind::Put => KindJson::Put,
                 Kind::Tombstone => KindJson::Tombstone,
                 Kind::Summary => KindJson::Summary,
+                Kind::Fork => KindJson::Fork,
+                Kind::Hide => KindJson::Hide,
             },
             covers: r.covers.as_ref().map(crate::cursor::position),
             purged: e.purged,

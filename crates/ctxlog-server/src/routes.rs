@@ -25,8 +25,8 @@ use utoipa_axum::routes;
 
 use crate::Replica;
 use crate::api::{
-    AckOut, AdminIn, AppendIn, ConflictsOut, ContextOut, EntryOut, KindJson, ReadyOut, RecordIn, RecordsPage,
-    ReportOut, SessionOut, SessionsPage, parse,
+    AckOut, AdminIn, AppendIn, ConflictsOut, ContextOut, EntryOut, ForkIn, ForkOut, KindJson, ReadyOut, RecordIn,
+    RecordsPage, ReportOut, SessionOut, SessionsPage, parse,
 };
 use crate::auth::{Grant, Right};
 use crate::cursor;
@@ -88,6 +88,7 @@ fn request_routes() -> OpenApiRouter<Arc<Replica>> {
         .routes(routes!(append, read_session))
         .routes(routes!(read_context))
         .routes(routes!(append_bot))
+        .routes(routes!(fork_session))
         .routes(routes!(get_record, delete_record))
         .routes(routes!(list_sessions))
         .routes(routes!(conflicts))
@@ -558,6 +559,18 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
 /// One batch through the replica's writer (the routes' and the MCP tools').
 pub(crate) async fn append_records(r: Arc<Replica>, records: Vec<Record>) -> Result<AckOut, Problem> {
     r.metrics.append_records.observe(records.len() as f64);
+    // Links need a store whose ids are scoped by bot (rule 25): refused here, before the
+    // batch joins a group commit whose other batches the refusal would fail too.
+    if records.iter().any(|rec| rec.kind.is_link()) {
+        let format = r.store.format().await.map_err(Problem::from)?;
+        if format < ctxlog::IDS_BY_BOT {
+            return Err(Problem::invalid(
+                "kind",
+                None,
+                format!("a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {format}: run `ctxlog upgrade` first"),
+            ));
+        }
+    }
     let mut after = ctxlog::Hlc::ZERO;
     if records.iter().any(|rec| rec.covers.is_some()) {
         let p = r.view.fresh().await?;
@@ -566,6 +579,150 @@ pub(crate) async fn append_records(r: Arc<Replica>, records: Vec<Record>) -> Res
     }
     let ack = detached(async move { r.writer.append(records, after).await }).await?;
     Ok(AckOut::from(&ack))
+}
+
+/// Continue session `from` as this session as of a position (rule 25): one record, whatever
+/// the length of `from`; nothing in `from` changes. The position is `at`, or the position
+/// just after record `through` of `from`'s view, or the replica's fresh view now.
+#[utoipa::path(post, path = "/v1/bots/{bot}/sessions/{session}/fork",
+    params(("bot" = String, Path), ("session" = String, Path)),
+    request_body = ForkIn,
+    responses((status = 200, body = ForkOut),
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 409, body = Problem),
+              (status = 413, body = Problem),
+              (status = 503, body = Problem),
+              (status = 504, body = Problem)))]
+async fn fork_session(
+    State(r): Shared,
+    Path((bot, session)): Path<(String, String)>,
+    headers: HeaderMap,
+    raw: Request,
+) -> Result<axum::Json<ForkOut>, Problem> {
+    grant_for(&r, &headers, &bot, Right::Write)?;
+    let (raw, _held) = body(&r, raw).await?;
+    let input: ForkIn = parse(&raw)?;
+    // `through` reads the continued session's view: it answers whether a record is there.
+    if input.through.is_some() {
+        grant_for(&r, &headers, &bot, Right::Read)?;
+    }
+    let limits = ctxlog::Limits::default();
+    limits.check_id("from", &input.from)?;
+    if input.from == session {
+        return Err(Problem::invalid("from", None, "a session cannot continue itself"));
+    }
+    let id = match input.id {
+        Some(id) => {
+            limits.check_id("id", &id)?;
+            id
+        }
+        None => format!("fork-{}", uuid::Uuid::new_v4()),
+    };
+    let at = {
+        let mut p = r.view.fresh().await?;
+        // A retry of a fork that landed (its answer lost) is answered with that fork; an id
+        // that names anything else is refused.
+        if let Some(e) = p.get(&bot, &id).await.map_err(Problem::from)? {
+            let same = e.record.kind == ctxlog::Kind::Fork
+                && e.record.session_id == session
+                && e.record.link_target() == Some(input.from.as_str());
+            return match (same, e.record.covers.as_ref()) {
+                (true, Some(at)) => Ok(axum::Json(ForkOut {
+                    ack: AckOut {
+                        shard: e.shard.to_string(),
+                        epoch: e.epoch,
+                        first_seq: e.seq,
+                        last_seq: e.seq,
+                        ids: vec![id],
+                    },
+                    at: cursor::position(at),
+                })),
+                _ => Err(Problem::invalid(
+                    "id",
+                    None,
+                    format!("names a record of this bot already, not a fork of {:?} into {session:?}", input.from),
+                )),
+            };
+        }
+        // One fork per session: a later one would change nothing (rule 25).
+        let own = p.own_entries(&bot, &session).await.map_err(Problem::from)?;
+        if let Some(f) = own.iter().find(|e| e.record.kind == ctxlog::Kind::Fork) {
+            return Err(Problem::invalid(
+                "from",
+                None,
+                format!(
+                    "session {session:?} continues {:?} already (fork {:?}): delete that record first",
+                    f.record.link_target().unwrap_or_default(),
+                    f.record.id
+                ),
+            ));
+        }
+        let held = p.checkpoint();
+        match (input.at.as_deref(), input.through.as_deref()) {
+            (Some(_), Some(_)) => return Err(Problem::invalid("through", None, "give `at` or `through`, not both")),
+            (Some(at), None) => {
+                let at = cursor::parse_position("at", at)?;
+                if let Some((shard, seq)) = at.first_beyond(&held) {
+                    return Err(Problem::invalid(
+                        "at",
+                        None,
+                        format!("names seq {seq} of shard {shard}, past what the store holds: not a position of this store"),
+                    ));
+                }
+                at
+            }
+            (None, Some(through)) => {
+                let keys = p.view_keys(&bot, &input.from, None).await.map_err(Problem::from)?;
+                let last = p.live_key(&bot, through).filter(|k| keys.binary_search(k).is_ok());
+                let Some(last) = last else {
+                    return Err(Problem::invalid(
+                        "through",
+                        None,
+                        format!("no record {through:?} in the view of session {:?}", input.from),
+                    ));
+                };
+                let at = position_through(&keys, &held, &last);
+                // The view as of that position must be the prefix asked for: a link of the
+                // continued session written after a record it keeps would be cut off too.
+                let prefix: Vec<ctxlog::OrderKey> = keys.iter().copied().filter(|k| *k <= last).collect();
+                let as_of = p.view_keys(&bot, &input.from, Some(&at)).await.map_err(Problem::from)?;
+                if as_of != prefix {
+                    return Err(Problem::invalid(
+                        "through",
+                        None,
+                        format!(
+                            "no position holds the view of {:?} up to {through:?} and nothing after (a fork or hide of it was written after a record it keeps): fork `at` a position instead",
+                            input.from
+                        ),
+                    ));
+                }
+                at
+            }
+            (None, None) => held,
+        }
+    };
+    let record = Record::fork(id, &bot, &session, &input.from, at.clone());
+    let ack = append_records(r, vec![record]).await?;
+    Ok(axum::Json(ForkOut {
+        ack,
+        at: cursor::position(&at),
+    }))
+}
+
+/// The position that holds a session view (`view`, its keys in order) up to `through` and
+/// nothing after it: per shard, what `held` holds short of the view's first record after
+/// `through` there. In a shard the order follows the seq (a writer's clock only rises), so
+/// each shard's records at or before `through` are a prefix of its seqs.
+fn position_through(view: &[ctxlog::OrderKey], held: &ctxlog::Checkpoint, through: &ctxlog::OrderKey) -> ctxlog::Checkpoint {
+    let mut at = held.clone();
+    for k in view.iter().filter(|k| *k > through) {
+        let seq = at.0.entry(k.shard).or_insert(0);
+        *seq = (*seq).min(k.seq - 1);
+    }
+    at.0.retain(|_, seq| *seq > 0);
+    at
 }
 
 /// Append one atomic batch whose records may belong to several sessions of one bot (each

@@ -352,7 +352,9 @@ impl View {
 /// Whether watchers show `entry`, by the projection `p` holds.
 fn shown(p: &dyn Projector, entry: Entry) -> Event {
     let shown = match entry.record.kind {
-        Kind::Put | Kind::Summary => p.live_key(&entry.record.bot_id, &entry.record.id) == Some(entry.key()),
+        Kind::Put | Kind::Summary | Kind::Fork | Kind::Hide => {
+            p.live_key(&entry.record.bot_id, &entry.record.id) == Some(entry.key())
+        }
         Kind::Tombstone => true,
     };
     Event { entry, shown }

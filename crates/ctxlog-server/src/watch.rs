@@ -380,6 +380,8 @@ fn event(scope: &Scope, ev: &Event, through: &Checkpoint) -> Option<Out> {
     let kind = match e.record.kind {
         Kind::Put | Kind::Summary => "record",
         Kind::Tombstone => "tombstone",
+        // A fork or hide of the session: its view changed shape (rule 25).
+        Kind::Fork | Kind::Hide => "link",
     };
     Some(Out::Entry {
         kind,

@@ -30,7 +30,7 @@ from ._errors import (
 )
 from ._ids import new_id
 from ._local import LocalServer, serve
-from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Fork, Page, Record, Retry, SessionInfo
 
 __all__ = [
     "Ack",
@@ -41,6 +41,7 @@ __all__ = [
     "Context",
     "CtxlogError",
     "Event",
+    "Fork",
     "Fenced",
     "Forbidden",
     "Indeterminate",

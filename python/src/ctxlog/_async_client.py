@@ -15,8 +15,9 @@ from httpx_sse import aconnect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
+from ._ids import new_id
 from ._local import LocalServer, owning
-from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Fork, Page, Record, Retry, SessionInfo
 
 _T = TypeVar("_T")
 
@@ -140,14 +141,16 @@ class AsyncClient:
         (the same ids, counted once), a bounded number of times; a definite one never.
         Once any attempt may have landed, the error raised says `written == "unknown"`
         whatever later attempts answered."""
+        return _core.ack(await self._post_retried(path, body))
+
+    async def _post_retried(self, path: str, body: dict[str, Any]) -> Any:
+        """`_append`'s retries for any write keyed by the ids in its body: the answer."""
         wait = self.retry.backoff
         content = _core.encode(body)
         unknown: CtxlogError | None = None
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                return _core.ack(
-                    await self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
-                )
+                return await self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
             except CtxlogError as e:
                 if e.written == "unknown":
                     unknown = e
@@ -265,6 +268,35 @@ class AsyncSession:
         server does not hold raises `InvalidInput` (`field == "at"`)."""
         params = {"at": at} if at is not None else None
         return _core.context(await self.client._call("GET", f"{self._path}/context", params=params))
+
+    async def fork(
+        self,
+        from_session: str,
+        *,
+        at: str | None = None,
+        through: str | None = None,
+        id: str | None = None,
+    ) -> Fork:
+        """Make this session continue `from_session` (of the same bot) as of a position
+        (contract rule 25): one record, whatever the length of `from_session`, which does
+        not change. Its view is then `from_session`'s as of there, followed by its own
+        records. `at`: a position given out earlier (a view's, a page's or an event's);
+        `through`: a record id of `from_session`'s view, to continue from just after it (to
+        retry the turn that followed); neither: now. The fork record's id is made here if
+        not given, once: a retry after an answer that may have landed sends the same one."""
+        body: dict[str, Any] = {"from": from_session, "id": id or new_id()}
+        if at is not None:
+            body["at"] = at
+        if through is not None:
+            body["through"] = through
+        return Fork.from_json(await self.client._post_retried(f"{self._path}/fork", body))
+
+    async def hide(self, record_id: str, *, id: str | None = None) -> Ack:
+        """Leave the inherited record `record_id` out of this session's view (a fork's, rule
+        25), without touching the session it lies in; `delete` of the hide's id shows it
+        again."""
+        record = {"id": id or new_id(), "kind": "hide", "text": record_id, "role": "hide"}
+        return await self.client._append(f"{self._path}/records", {"records": [record]})
 
     async def summarize(
         self,

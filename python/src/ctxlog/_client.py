@@ -14,8 +14,9 @@ from httpx_sse import connect_sse
 from . import _core
 from ._core import RecordInput, seg
 from ._errors import CtxlogError
+from ._ids import new_id
 from ._local import LocalServer, owning
-from ._types import Ack, Context, Event, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Fork, Page, Record, Retry, SessionInfo
 
 
 class Client:
@@ -88,14 +89,16 @@ class Client:
         (the same ids, counted once), a bounded number of times; a definite one never.
         Once any attempt may have landed, the error raised says `written == "unknown"`
         whatever later attempts answered."""
+        return _core.ack(self._post_retried(path, body))
+
+    def _post_retried(self, path: str, body: dict[str, Any]) -> Any:
+        """`_append`'s retries for any write keyed by the ids in its body: the answer."""
         wait = self.retry.backoff
         content = _core.encode(body)
         unknown: CtxlogError | None = None
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                return _core.ack(
-                    self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
-                )
+                return self._call("POST", path, content=content, headers=_core.JSON_HEADERS)
             except CtxlogError as e:
                 if e.written == "unknown":
                     unknown = e
@@ -208,6 +211,35 @@ class Session:
         server does not hold raises `InvalidInput` (`field == "at"`)."""
         params = {"at": at} if at is not None else None
         return _core.context(self.client._call("GET", f"{self._path}/context", params=params))
+
+    def fork(
+        self,
+        from_session: str,
+        *,
+        at: str | None = None,
+        through: str | None = None,
+        id: str | None = None,
+    ) -> Fork:
+        """Make this session continue `from_session` (of the same bot) as of a position
+        (contract rule 25): one record, whatever the length of `from_session`, which does
+        not change. Its view is then `from_session`'s as of there, followed by its own
+        records. `at`: a position given out earlier (a view's, a page's or an event's);
+        `through`: a record id of `from_session`'s view, to continue from just after it (to
+        retry the turn that followed); neither: now. The fork record's id is made here if
+        not given, once: a retry after an answer that may have landed sends the same one."""
+        body: dict[str, Any] = {"from": from_session, "id": id or new_id()}
+        if at is not None:
+            body["at"] = at
+        if through is not None:
+            body["through"] = through
+        return Fork.from_json(self.client._post_retried(f"{self._path}/fork", body))
+
+    def hide(self, record_id: str, *, id: str | None = None) -> Ack:
+        """Leave the inherited record `record_id` out of this session's view (a fork's, rule
+        25), without touching the session it lies in; `delete` of the hide's id shows it
+        again."""
+        record = {"id": id or new_id(), "kind": "hide", "text": record_id, "role": "hide"}
+        return self.client._append(f"{self._path}/records", {"records": [record]})
 
     def summarize(
         self,

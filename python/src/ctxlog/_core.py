@@ -203,7 +203,8 @@ class Watch:
 
     def on(self, kind: str, id: str | None, data: str) -> Event | None:
         """The event to hand the caller, if any; `ended` tells the caller to reconnect."""
-        if kind in ("record", "tombstone"):
+        # `link`: a fork or hide of the session (contract rule 25): its view changed shape.
+        if kind in ("record", "tombstone", "link"):
             self.last = id
             return Event(kind, Record.from_json(json.loads(data)), str(id))
         if kind == "position" and id:

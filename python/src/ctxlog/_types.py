@@ -70,6 +70,19 @@ class Ack:
 
 
 @dataclass(frozen=True)
+class Fork:
+    """What a fork wrote (contract rule 25): its record's ack, and the position it
+    continues from (as `at` of reads of the session it continues)."""
+
+    ack: Ack
+    at: str
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> Fork:
+        return cls(Ack.from_json(v["ack"]), str(v["at"]))
+
+
+@dataclass(frozen=True)
 class Page:
     """A page of a session's live records, in the log's order."""
 
@@ -109,7 +122,8 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class Event:
-    """One watch event: `record` or `tombstone`, and the position to resume after it."""
+    """One watch event: `record`, `tombstone` or `link` (a fork or hide of the session,
+    contract rule 25), and the position to resume after it."""
 
     kind: str
     record: Record

@@ -44,8 +44,11 @@ A checkpoint is written once. `put` of a checkpoint id the thread holds with oth
 check: the log keeps the first and reports a `divergent_put` of the `cp:` id.)
 
 `delete_thread` tombstones every record of the thread (final; `purge` then erases them).
-The extended capabilities are there too: `copy_thread` copies every record of a thread under
-the target's ids (so a retried copy lands once), `prune` tombstones all but each namespace's
+The extended capabilities are there too: `copy_thread` is a fork of the thread's session
+(contract rule 25: two records in one batch, whatever the thread's length): the copy is a view
+of the source as it was, so what is later forgotten in the source (`delete_thread`, `prune`)
+is gone from its copies too, while what is forgotten in a copy (hidden there, not tombstoned)
+stays in the source; `prune` tombstones all but each namespace's
 latest checkpoint — keeping, for channels whose values live in earlier checkpoints (LangGraph's
 `DeltaChannel`), every ancestor back to the one that holds them — and `delete_for_runs`
 tombstones a run's checkpoints, their writes and their lineage. `delete_for_runs` reads every
@@ -85,6 +88,13 @@ from ._types import Record
 
 CONTENT_TYPE = "application/vnd.langgraph.checkpoint+json"
 LINEAGE_TYPE = "application/json"
+# A copy of a thread (`copy_thread`) is a fork of its session (contract rule 25): this
+# record, written in one batch with the fork, names the fork record's id; and one written in
+# one batch with hides (what `prune` and `delete_for_runs` leave out of a copy only) names
+# those: so that `delete_thread` ends every link of the thread too, which a session view
+# does not show.
+COPY_TYPE = "application/vnd.ctxlog.copy"
+HIDES_TYPE = "application/vnd.ctxlog.hides"
 MAX_BATCH = 5_000
 # The checkpoints read whose successors a saver remembers (for telling a fork from an advance).
 MAX_READS = 10_000
@@ -131,8 +141,17 @@ class _Thread:
         self.nexts: dict[tuple[str, str], str] = {}
         # (ns, checkpoint id) of deliberate forks
         self.forks: set[tuple[str, str]] = set()
+        # The session each record lies in: the thread's own, or one a copy continues.
+        self.session_of: dict[str, str] = {}
+        # (session, record id) of every link the view's markers name, and of the markers.
+        self.links: list[tuple[str, str]] = []
         lineage: list[tuple[str, str, str, bool]] = []
         for order, r in enumerate(records):
+            self.session_of[r.id] = r.session_id
+            if r.content_type in (COPY_TYPE, HIDES_TYPE) and r.text is not None:
+                named = [r.text] if r.content_type == COPY_TYPE else list(json.loads(r.text))
+                self.links.extend((r.session_id, rid) for rid in [*named, r.id])
+                continue
             if r.role == "lineage" and r.content_type == LINEAGE_TYPE and r.text is not None:
                 self.records.append(r)
                 link = json.loads(r.text)
@@ -211,6 +230,13 @@ class _Thread:
     def record_ids(self) -> list[str]:
         """Every record of the thread this saver wrote."""
         return [r.id for r in self.records]
+
+    def own_ids(self, thread_id: str) -> list[str]:
+        """Every record this saver wrote in the thread itself, its links (a copy's fork,
+        hides) and their markers: what ends the thread without touching a thread it was
+        copied from."""
+        own = [r.id for r in self.records if r.session_id == thread_id]
+        return own + [rid for session, rid in self.links if session == thread_id]
 
     def find(self, cid: str) -> tuple[str, str] | None:
         """The (ns, id) of checkpoint `cid`."""
@@ -495,6 +521,47 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
     def _tombstones(cls, ids: builtins.list[str]) -> builtins.list[_Batch]:
         return cls._batches([{"id": rid, "role": "checkpoint", "kind": "tombstone"} for rid in ids])
 
+    @classmethod
+    def _forget(cls, t: _Thread, thread_id: str, ids: builtins.list[str]) -> builtins.list[_Batch]:
+        """Records of `ids` gone from the thread: its own tombstoned, those a copy continues
+        (contract rule 25) hidden in this thread only (a tombstone would end them in the
+        thread they were copied from too)."""
+        out: builtins.list[dict[str, Any]] = []
+        for rid in ids:
+            if t.session_of.get(rid, thread_id) == thread_id:
+                out.append({"id": rid, "role": "checkpoint", "kind": "tombstone"})
+            else:
+                out.append({"id": new_id(), "role": "hide", "kind": "hide", "text": rid})
+        batches = cls._batches(out)
+        # Each batch with hides names them in a marker of its own, in the same batch.
+        for batch in batches:
+            hides = [r["id"] for r in batch if r["kind"] == "hide"]
+            if hides:
+                batch.append(
+                    {
+                        "id": new_id(),
+                        "role": "lineage",
+                        "content_type": HIDES_TYPE,
+                        "text": json.dumps(hides),
+                    }
+                )
+        return batches
+
+    @staticmethod
+    def _copy_batch(source: str, target: str, position: str) -> builtins.list[dict[str, Any]]:
+        """One atomic batch: the fork of `source` as of `position` into `target`, and the
+        marker that names it."""
+        fork_id = f"fork:{target}:{new_id()}"
+        return [
+            {"id": fork_id, "kind": "fork", "role": "fork", "text": source, "covers": position},
+            {
+                "id": f"copy:{target}:{new_id()}",
+                "role": "lineage",
+                "content_type": COPY_TYPE,
+                "text": fork_id,
+            },
+        ]
+
     def _pruned(self, t: _Thread, strategy: str) -> builtins.list[str]:
         """The record ids `prune` tombstones in one thread."""
         if strategy == "delete":
@@ -527,24 +594,6 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             for cid, body in cps.items():
                 if serde.loads_typed(_unpack(body["metadata"])).get("run_id") in run_ids:
                     out.extend(t.owned.get((ns, cid), []))
-        return out
-
-    @staticmethod
-    def _copies(t: _Thread, source: str, target: str) -> builtins.list[dict[str, Any]]:
-        """A thread's records under the target thread's ids (same kinds, same bodies)."""
-        out = []
-        for r in t.records:
-            kind, _, rest = r.id.partition(":")
-            if not rest.startswith(f"{source}:"):
-                continue
-            out.append(
-                {
-                    "id": f"{kind}:{target}:{rest[len(source) + 1 :]}",
-                    "role": r.role,
-                    "content_type": r.content_type,
-                    "text": r.text,
-                }
-            )
         return out
 
     # ---- sync ------------------------------------------------------------------------------
@@ -594,23 +643,30 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             self.client.session(self.bot, config["configurable"]["thread_id"]).append(records)
 
     def delete_thread(self, thread_id: str) -> None:
-        self._send(thread_id, self._tombstones(self._thread(thread_id).record_ids))
+        self._send(thread_id, self._tombstones(self._thread(thread_id).own_ids(thread_id)))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        copies = self._copies(self._thread(source_thread_id), source_thread_id, target_thread_id)
-        self._send(target_thread_id, self._batches(copies))
+        """The target continues the source as it is now (contract rule 25): two records in
+        one batch, whatever the source's length, instead of a copy of each. A copy is a
+        view of its source: what is forgotten in the source (`delete_thread`, `prune`) is
+        gone from its copies too; what is forgotten in a copy stays in its source."""
+        position = self.client.session(self.bot, source_thread_id).records(limit=1).position
+        batch = self._copy_batch(source_thread_id, target_thread_id, position)
+        self.client.session(self.bot, target_thread_id).append(batch)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         for thread_id in thread_ids:
-            self._send(thread_id, self._tombstones(self._pruned(self._thread(thread_id), strategy)))
+            t = self._thread(thread_id)
+            self._send(thread_id, self._forget(t, thread_id, self._pruned(t, strategy)))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = set(run_ids)
         if not runs:
             return
         for s in builtins.list(self.client.sessions(self.bot)):
-            doomed = self._of_runs(self._thread(s.session_id), runs, self.serde)
-            self._send(s.session_id, self._tombstones(doomed))
+            t = self._thread(s.session_id)
+            doomed = self._of_runs(t, runs, self.serde)
+            self._send(s.session_id, self._forget(t, s.session_id, doomed))
 
     def _send(self, thread_id: str, batches: builtins.list[_Batch]) -> None:
         session = self.client.session(self.bot, thread_id)
@@ -668,25 +724,28 @@ class CtxlogSaver(BaseCheckpointSaver[str]):
             await session.append(records)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._asend(thread_id, self._tombstones((await self._athread(thread_id)).record_ids))
+        t = await self._athread(thread_id)
+        await self._asend(thread_id, self._tombstones(t.own_ids(thread_id)))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        t = await self._athread(source_thread_id)
-        copies = self._copies(t, source_thread_id, target_thread_id)
-        await self._asend(target_thread_id, self._batches(copies))
+        source = self.aclient.session(self.bot, source_thread_id)
+        position = (await source.records(limit=1)).position
+        batch = self._copy_batch(source_thread_id, target_thread_id, position)
+        await self.aclient.session(self.bot, target_thread_id).append(batch)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         for thread_id in thread_ids:
-            doomed = self._pruned(await self._athread(thread_id), strategy)
-            await self._asend(thread_id, self._tombstones(doomed))
+            t = await self._athread(thread_id)
+            await self._asend(thread_id, self._forget(t, thread_id, self._pruned(t, strategy)))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = set(run_ids)
         if not runs:
             return
         for session_id in [s.session_id async for s in self.aclient.sessions(self.bot)]:
-            doomed = self._of_runs(await self._athread(session_id), runs, self.serde)
-            await self._asend(session_id, self._tombstones(doomed))
+            t = await self._athread(session_id)
+            doomed = self._of_runs(t, runs, self.serde)
+            await self._asend(session_id, self._forget(t, session_id, doomed))
 
     async def _asend(self, thread_id: str, batches: builtins.list[_Batch]) -> None:
         session = self.aclient.session(self.bot, thread_id)

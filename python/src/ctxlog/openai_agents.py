@@ -134,10 +134,13 @@ class _View:
     session), the governing summary and the ids of every record in the view."""
 
     items: list[Any]
-    origins: list[tuple[str, bool]]
+    # Per item: its record's id, whether that record is a summary, and whether the record
+    # is the session's own (else a fork inherits it, contract rule 25).
+    origins: list[tuple[str, bool, bool]]
     covers: str
     summary: str | None
     record_ids: list[str]
+    position: str
 
 
 class CtxlogSession:
@@ -208,12 +211,16 @@ class CtxlogSession:
         ctx = await self._session.context()
         self._read(ctx.covers)
         items: list[Any] = []
-        origins: list[tuple[str, bool]] = []
+        origins: list[tuple[str, bool, bool]] = []
         for r in ctx.records:
             got = _items(r)
             items.extend(got)
-            origins.extend([(r.id, r.kind == "summary")] * len(got))
-        return _View(items, origins, ctx.covers, ctx.summary, [r.id for r in ctx.records])
+            origins.extend(
+                [(r.id, r.kind == "summary", r.session_id == self.session_id)] * len(got)
+            )
+        return _View(
+            items, origins, ctx.covers, ctx.summary, [r.id for r in ctx.records], ctx.position
+        )
 
     async def _summarize(self, items: list[Any], covers: str) -> None:
         """One summary record: `items` stand for everything the view at `covers` held."""
@@ -268,9 +275,14 @@ class CtxlogSession:
             view = await self._view()
             if not view.items:
                 return None
-            record_id, in_summary = view.origins[-1]
+            record_id, in_summary, own = view.origins[-1]
             if in_summary:
                 await self._summarize(view.items[:-1], view.covers)
+                return view.items[-1]
+            if not own:
+                # Inherited from the session this one forks: left out here only.
+                await self._session.hide(record_id)
+                self._wrote()
                 return view.items[-1]
             try:
                 await self._session.delete(record_id)
@@ -283,16 +295,59 @@ class CtxlogSession:
     async def clear_session(self) -> None:
         """Tombstone every live record this call read (summaries and what they cover), in
         one batch."""
-        ids = [
-            r.id
+        ends: list[dict[str, Any]] = [
+            # The session's own records end; those a fork inherits are hidden here only.
+            {"id": r.id, "role": "item", "kind": "tombstone"}
+            if r.session_id == self.session_id
+            else {"id": new_id(), "role": "hide", "kind": "hide", "text": r.id}
             async for r in self._session.iter_records()
             if r.content_type in (CONTENT_TYPE, SUMMARY_CONTENT_TYPE)
         ]
-        if ids:
-            await self._session.append(
-                [{"id": record_id, "role": "item", "kind": "tombstone"} for record_id in ids]
-            )
+        if ends:
+            await self._session.append(ends)
         self._wrote()
+
+    async def fork(self, session_id: str, *, before_item: int | None = None) -> CtxlogSession:
+        """A new session that continues this one (contract rule 25), as the SDK's
+        `AdvancedSQLiteSession` branches do, but without copying this session's items and
+        without changing it: it holds this session's items as one read of `get_items()`
+        saw them — those before index `before_item` (e.g. to run a turn again), all when not
+        given — then its own. One atomic batch: the fork at that read's position, and a hide
+        of each record after the cut. Items it pops or clears are left out of it only. A cut
+        inside a summary's items, or before a summary, raises `ValueError` (a summary's items
+        stand for records compacted away: they fork together)."""
+        fork = type(self)(
+            session_id, self._client, bot=self._session.bot, session_settings=self.session_settings
+        )
+        view = await self._view()
+        n = len(view.items) if before_item is None else before_item
+        if not 0 <= n <= len(view.items):
+            raise ValueError(
+                f"before_item {before_item} is not an index of the {len(view.items)} items"
+            )
+        if n == 0:
+            return fork
+        after = view.origins[n:]
+        if after and after[0][0] == view.origins[n - 1][0]:
+            raise ValueError(f"item {n} is inside a summary: a summary's items fork together")
+        if any(in_summary for _, in_summary, _ in after):
+            raise ValueError(f"a summary follows item {n}: a summary's items fork together")
+        hidden = list(dict.fromkeys(record_id for record_id, _, _ in after))
+        batch: list[dict[str, Any]] = [
+            {
+                "id": new_id(),
+                "kind": "fork",
+                "role": "fork",
+                "text": self.session_id,
+                "covers": view.position,
+            }
+        ]
+        batch.extend(
+            {"id": new_id(), "kind": "hide", "role": "hide", "text": record_id}
+            for record_id in hidden
+        )
+        await fork._session.append(batch)
+        return fork
 
     async def compact(self, summarize: Callable[[list[Any]], Awaitable[list[Any]]]) -> list[Any]:
         """Compact the context view: read it, and write `await summarize(items)` as one

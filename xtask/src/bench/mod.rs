@@ -8,6 +8,7 @@
 mod append;
 mod context;
 mod first_scan;
+mod forks;
 mod object_store;
 pub(crate) mod probe;
 mod reclaim;
@@ -34,6 +35,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Reclaim(a) => reclaim::run(&a),
         BenchKind::Serve(a) => serve::run(&a),
         BenchKind::Context(a) => context::run(&a),
+        BenchKind::Forks(a) => forks::run(&a),
     }
 }
 

@@ -59,6 +59,8 @@ pub(crate) struct Shape {
     pub(crate) entries: u64,
     /// Every summary entry: `(session, hlc, shard, seq, epoch)` (rule 21).
     pub(crate) summaries: Vec<(u32, u64, [u8; 16], u64, u64)>,
+    /// Every link entry (fork or hide), as `summaries` (rule 25).
+    pub(crate) links: Vec<(u32, u64, [u8; 16], u64, u64)>,
 }
 
 /// Where each section starts in the bytes.
@@ -448,6 +450,8 @@ pub(crate) struct Tables<'a> {
     pub(crate) entries: u64,
     /// `(session, summary entry)`, in order.
     pub(crate) summaries: Vec<(u32, OrderKey)>,
+    /// `(session, link entry)`, in order.
+    pub(crate) links: Vec<(u32, OrderKey)>,
     /// Every id and its state, sorted by key.
     pub(crate) ids: Vec<(&'a str, Cow<'a, IdState>)>,
 }
@@ -518,6 +522,11 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
         entries: t.entries,
         summaries: t
             .summaries
+            .iter()
+            .map(|(s, k)| (*s, k.hlc.0, *k.shard.as_bytes(), k.seq, k.epoch))
+            .collect(),
+        links: t
+            .links
             .iter()
             .map(|(s, k)| (*s, k.hlc.0, *k.shard.as_bytes(), k.seq, k.epoch))
             .collect(),

@@ -13,6 +13,7 @@ use crate::hlc::Hlc;
 use crate::ids::IdScope;
 use crate::options::{RefreshReport, SnapshotReport, StoreOptions};
 use crate::projection::{Projection, ProjectionStats};
+use crate::record::Kind;
 use crate::traits::Projector;
 
 /// Where a backend keeps projection snapshots (rule 17): a few named blobs and the store's
@@ -66,6 +67,40 @@ pub trait IndexSource: SnapshotBlobs {
     /// The cursor `save_cursor` saved, ready for a catch-up from the snapshot's index; or
     /// why it cannot be (it names data that is gone).
     async fn resume_cursor(&self, saved: &[u8]) -> std::result::Result<Self::Cursor, Rejected>;
+}
+
+/// Most steps one session's view is composed of (rule 25): itself and the sessions its
+/// forks continue, 64 in all; what a deeper fork would inherit is not in the view.
+pub const MAX_FORK_DEPTH: u32 = 64;
+
+/// A session's view as [`IndexedProjector::composed`] makes it.
+struct Composed {
+    session: SummarisedSession,
+    /// Which step of the composition each record and summary came from; `None`: the
+    /// session has no link entry (every one is its own, step 0).
+    levels: Option<std::collections::HashMap<OrderKey, u32>>,
+}
+
+/// The position a fork at `fork` inherits at, for a reader as of `at` (`None`: now): the
+/// fork's `position` met with `at`, and below the fork record in its own shard (rule 25).
+pub fn inherited_position(position: &Checkpoint, at: Option<&Checkpoint>, fork: &OrderKey) -> Checkpoint {
+    Checkpoint(
+        position
+            .0
+            .iter()
+            .map(|(shard, seq)| {
+                let mut seq = *seq;
+                if let Some(at) = at {
+                    seq = seq.min(at.get(*shard));
+                }
+                if *shard == fork.shard {
+                    seq = seq.min(fork.seq.saturating_sub(1));
+                }
+                (*shard, seq)
+            })
+            .filter(|(_, seq)| *seq > 0)
+            .collect(),
+    )
 }
 
 /// A [`Projector`] over any [`IndexSource`].
@@ -189,6 +224,77 @@ impl<S: IndexSource> IndexedProjector<S> {
         .await
     }
 
+    /// A session's view as rule 25 composes it, now or as of `at` (rule 24): its own live
+    /// records but its links, then, if a live fork is among those links (the first in
+    /// contract order), the view of the session it continues as of the fork's position —
+    /// met with `at`, and short of the fork record itself, so that every step reads less
+    /// and a chain of forks ends — less every record its hides (and those of every session
+    /// between) leave out; merged into contract order. `levels` says which step each
+    /// record and summary came from (0: the session's own), so that a summary reaches only
+    /// its own step's records and those it inherited (rule 25). A session without any link
+    /// entry is its own records, read without a body.
+    async fn composed(&mut self, bot_id: &str, session_id: &str, at: Option<&Checkpoint>) -> Result<Composed> {
+        self.scanned_up_to(at).await?;
+        let mut part = self.index.session_with_summaries_at(bot_id, session_id, at);
+        if part.links.is_empty() {
+            return Ok(Composed {
+                session: part,
+                levels: None,
+            });
+        }
+        let mut out = SummarisedSession::default();
+        let mut levels: std::collections::HashMap<OrderKey, u32> = std::collections::HashMap::new();
+        let mut hidden: std::collections::HashSet<OrderKey> = std::collections::HashSet::new();
+        let mut level_at = at.cloned();
+        for level in 0u32.. {
+            let link_keys: Vec<(OrderKey, RowRef)> =
+                part.keys.iter().filter(|(k, _)| part.is_link(k)).copied().collect();
+            let links = self.fetch(&link_keys).await?;
+            for (k, r) in part
+                .keys
+                .iter()
+                .filter(|(k, _)| !part.is_link(k) && !hidden.contains(k))
+            {
+                // A record met again (a chain that comes back to a session) keeps its first
+                // step.
+                if let std::collections::hash_map::Entry::Vacant(v) = levels.entry(*k) {
+                    v.insert(level);
+                    out.keys.push((*k, *r));
+                }
+            }
+            // Which entries are summaries; a summary's step is the one it is live at (set
+            // above): one that is not live here may be live at a later step, as of an
+            // earlier position (the winner as of a position is the first put held there).
+            out.summaries
+                .extend(part.summaries.iter().filter(|k| !hidden.contains(k)));
+            let mut fork = None;
+            for e in &links {
+                match (e.record.kind, e.record.link_target()) {
+                    (Kind::Hide, Some(id)) => hidden.extend(self.index.put_keys(bot_id, id)),
+                    (Kind::Fork, Some(from)) if fork.is_none() => {
+                        fork = e.record.covers.as_ref().map(|p| (e.key(), from.to_owned(), p.clone()));
+                    }
+                    _ => {}
+                }
+            }
+            let Some((key, from, position)) = fork else { break };
+            // A chain inherits through at most this many forks: deeper ones add nothing.
+            if level + 1 >= MAX_FORK_DEPTH {
+                break;
+            }
+            let next = inherited_position(&position, level_at.as_ref(), &key);
+            part = self.index.session_with_summaries_at(bot_id, &from, Some(&next));
+            level_at = Some(next);
+        }
+        out.keys.sort_by_key(|k| k.0);
+        out.summaries.sort();
+        out.summaries.dedup();
+        Ok(Composed {
+            session: out,
+            levels: Some(levels),
+        })
+    }
+
     /// A page of a session's live records, now or as of `at` (rule 24).
     async fn page(
         &mut self,
@@ -198,14 +304,36 @@ impl<S: IndexSource> IndexedProjector<S> {
         after: Option<&OrderKey>,
         limit: usize,
     ) -> Result<(Vec<Entry>, bool)> {
-        self.scanned_up_to(at).await?;
-        let mut keys = self.index.session_keys_at(bot_id, session_id, at);
+        let mut keys = self.composed(bot_id, session_id, at).await?.session.keys;
         if let Some(after) = after {
             keys.retain(|(k, _)| k > after);
         }
         let more = keys.len() > limit;
         keys.truncate(limit);
         Ok((self.fetch(&keys).await?, more))
+    }
+
+    /// A bot's sessions with a live entry of their own, now or as of `at`, each with its own
+    /// records (rule 25: links and what a fork inherits are not counted): from the index
+    /// alone, whatever the forks, reading no body.
+    async fn sessions_of(&mut self, bot_id: &str, at: Option<&Checkpoint>) -> Result<Vec<SessionSummary>> {
+        self.scanned_up_to(at).await?;
+        let mut out = Vec::new();
+        for s in self.index.sessions_at(bot_id, at) {
+            if !self.index.has_links(bot_id, &s.session_id) {
+                out.push(s);
+                continue;
+            }
+            let own = self.index.session_with_summaries_at(bot_id, &s.session_id, at);
+            let records: Vec<OrderKey> = own.keys.iter().map(|(k, _)| *k).filter(|k| !own.is_link(k)).collect();
+            out.push(SessionSummary {
+                records: records.len() as u64,
+                first_hlc: records.iter().map(|k| k.hlc).min(),
+                last_hlc: records.iter().map(|k| k.hlc).max(),
+                ..s
+            });
+        }
+        Ok(out)
     }
 
     /// Scanned, and holding `at` if given: a read as of a position this projector does not
@@ -232,9 +360,10 @@ impl<S: IndexSource> IndexedProjector<S> {
 
     /// The context view of rule 21, now or as of `at` (rule 24).
     async fn context_of(&mut self, bot_id: &str, session_id: &str, at: Option<&Checkpoint>) -> Result<ContextView> {
-        self.scanned_up_to(at).await?;
         // Sorted vectors, no hashing: a long session has thousands of live records.
-        let session: SummarisedSession = self.index.session_with_summaries_at(bot_id, session_id, at);
+        let Composed { session, levels } = self.composed(bot_id, session_id, at).await?;
+        let level = |k: &OrderKey| levels.as_ref().and_then(|l| l.get(k).copied()).unwrap_or(0);
+        let reach = |s: &OrderKey, k: &OrderKey| level(k) >= level(s);
         // What the reader holds: the index's positions, or exactly `at`.
         let index = &self.index;
         let held = |s| at.map_or_else(|| index.position(s), |at| at.get(s));
@@ -253,19 +382,20 @@ impl<S: IndexSource> IndexedProjector<S> {
             for e in self.fetch(&wanted).await? {
                 read.insert(e.key(), e);
             }
-            let trusted = read
-                .get(k)
-                .and_then(|e| e.record.covers.as_ref())
-                .is_some_and(|c| context::trusted(k, c, held, &live));
+            let trusted = read.get(k).and_then(|e| e.record.covers.as_ref()).is_some_and(|c| {
+                c.0.iter().all(|(shard, seq)| *seq <= held(*shard))
+                    && context::implausible_within(k, c, &live, &reach).is_none()
+            });
             if trusted {
                 break;
             }
         }
-        let (view, _) = context::select(
+        let (view, _) = context::select_within(
             &live,
             |k| session.is_summary(k),
             held,
             |k| Ok::<_, std::convert::Infallible>(read.get(k).and_then(|e| e.record.covers.clone())),
+            &reach,
         )
         .unwrap_or_else(|never| match never {});
         // What is still to read: uncovered records older than the summary (appended by
@@ -336,8 +466,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     }
 
     async fn session(&mut self, bot_id: &str, session_id: &str) -> Result<Vec<Entry>> {
-        self.ensure_scanned().await?;
-        let keys = self.index.session_keys(bot_id, session_id);
+        let keys = self.composed(bot_id, session_id, None).await?.session.keys;
         self.fetch(&keys).await
     }
 
@@ -375,13 +504,22 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     }
 
     async fn sessions_at(&mut self, bot_id: &str, at: &Checkpoint) -> Result<Vec<SessionSummary>> {
-        self.scanned_up_to(Some(at)).await?;
-        Ok(self.index.sessions_at(bot_id, Some(at)))
+        self.sessions_of(bot_id, Some(at)).await
+    }
+
+    async fn view_keys(&mut self, bot_id: &str, session_id: &str, at: Option<&Checkpoint>) -> Result<Vec<OrderKey>> {
+        let keys = self.composed(bot_id, session_id, at).await?.session.keys;
+        Ok(keys.into_iter().map(|(k, _)| k).collect())
+    }
+
+    async fn own_entries(&mut self, bot_id: &str, session_id: &str) -> Result<Vec<Entry>> {
+        self.ensure_scanned().await?;
+        let keys = self.index.session_keys(bot_id, session_id);
+        self.fetch(&keys).await
     }
 
     async fn session_tail(&mut self, bot_id: &str, session_id: &str, n: usize) -> Result<(Vec<Entry>, bool)> {
-        self.ensure_scanned().await?;
-        let mut keys = self.index.session_keys(bot_id, session_id);
+        let mut keys = self.composed(bot_id, session_id, None).await?.session.keys;
         let older = keys.len() > n;
         let tail = keys.split_off(keys.len().saturating_sub(n));
         Ok((self.fetch(&tail).await?, older))
@@ -396,8 +534,7 @@ impl<S: IndexSource> Projector for IndexedProjector<S> {
     }
 
     async fn sessions(&mut self, bot_id: &str) -> Result<Vec<SessionSummary>> {
-        self.ensure_scanned().await?;
-        Ok(self.index.sessions(bot_id))
+        self.sessions_of(bot_id, None).await
     }
 
     async fn save_snapshot(&mut self) -> Result<SnapshotReport> {

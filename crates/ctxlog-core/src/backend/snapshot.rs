@@ -20,9 +20,9 @@ pub const MAGIC: &[u8; 8] = b"CTXLOGPS";
 
 /// The snapshot format this build writes and reads (1: the index decoded whole, postcard;
 /// 2: the ids in fixed-width records, read in place; 3: and the summary entries; 4: ids
-/// keyed in their namespace, with the index's id scope). A reader skips a snapshot of
-/// another format and scans in full (rule 17).
-pub const FORMAT: u32 = 4;
+/// keyed in their namespace, with the index's id scope; 5: and the link entries, rule 25).
+/// A reader skips a snapshot of another format and scans in full (rule 17).
+pub const FORMAT: u32 = 5;
 
 /// How many snapshots a store keeps: a reader still loading the older one finishes.
 pub const KEEP: usize = 2;

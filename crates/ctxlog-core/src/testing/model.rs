@@ -137,8 +137,61 @@ pub fn project(entries: &[Entry]) -> Projection {
     }
 }
 
-/// The live records of one session, in contract order, with their full content.
+/// The view of one session (rule 25): its live records in contract order, with their full
+/// content — those it inherits through a fork included, links left out.
 pub fn session_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<Entry> {
+    composed_view(entries, bot_id, session_id)
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect()
+}
+
+/// Rule 25 written out: the session's own live records that are not links (step 0); then,
+/// if one of its live links is a fork (the first in contract order), the records of the
+/// session it names as a reader as of the fork's position saw them — that position met with
+/// the reader's (`entries` are as of it already) and short of the fork record in its own
+/// shard — composed the same way (step 1, and so on), less every record whose id a live
+/// hide of a step before names. Each record with the step it came from, in contract order;
+/// a record met twice (a chain that comes back to a session) once, at its first step.
+pub fn composed_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<(u32, Entry)> {
+    let mut out: Vec<(u32, Entry)> = Vec::new();
+    let mut hidden: BTreeSet<String> = BTreeSet::new();
+    let mut session = session_id.to_string();
+    let mut visible: Vec<Entry> = entries.to_vec();
+    for step in 0u32.. {
+        let own = own_view(&visible, bot_id, &session);
+        for e in own.iter().filter(|e| !e.record.kind.is_link()) {
+            if !hidden.contains(&e.record.id) && !out.iter().any(|(_, o)| o.key() == e.key()) {
+                out.push((step, e.clone()));
+            }
+        }
+        for e in own.iter().filter(|e| e.record.kind == Kind::Hide) {
+            hidden.extend(e.record.link_target().map(str::to_string));
+        }
+        let Some(fork) = own
+            .iter()
+            .find(|e| e.record.kind == Kind::Fork && e.record.link_target().is_some())
+        else {
+            break;
+        };
+        let Some(position) = &fork.record.covers else { break };
+        // At most 64 steps in all (the projector's `MAX_FORK_DEPTH`).
+        if step + 1 >= 64 {
+            break;
+        }
+        let mut at = position.clone();
+        let before_fork = fork.seq - 1;
+        at.0.entry(fork.shard).and_modify(|seq| *seq = (*seq).min(before_fork));
+        at.0.retain(|_, seq| *seq > 0);
+        session = fork.record.link_target().expect("checked").to_string();
+        visible = as_of(&visible, &at);
+    }
+    out.sort_by_key(|(_, e)| e.key());
+    out
+}
+
+/// The live records of one session that are its own (rule 8), links too, in contract order.
+fn own_view(entries: &[Entry], bot_id: &str, session_id: &str) -> Vec<Entry> {
     let set = entry_set(entries);
     let mut view: Vec<Entry> = by_id(&set)
         .values()
@@ -201,12 +254,17 @@ fn context_view_holding(
     session_id: &str,
     held: impl Fn(ShardId) -> u64,
 ) -> crate::context::ContextView {
-    let live = session_view(entries, bot_id, session_id);
+    let composed = composed_view(entries, bot_id, session_id);
+    let step = |e: &Entry| composed.iter().find(|(_, o)| o.key() == e.key()).map_or(0, |(s, _)| *s);
+    let live: Vec<Entry> = composed.iter().map(|(_, e)| e.clone()).collect();
+    // A summary covers what its coverage names of its own step's records and of those its
+    // step inherited, never a fork's own records (rule 25).
     let covered_by = |s: &Entry, e: &Entry| {
-        s.record
-            .covers
-            .as_ref()
-            .is_some_and(|c| c.0.get(&e.shard).is_some_and(|seq| e.seq <= *seq))
+        step(e) >= step(s)
+            && s.record
+                .covers
+                .as_ref()
+                .is_some_and(|c| c.0.get(&e.shard).is_some_and(|seq| e.seq <= *seq))
     };
     let governing = live.iter().rev().filter(|s| s.record.kind == Kind::Summary).find(|s| {
         let Some(c) = &s.record.covers else { return false };
@@ -253,7 +311,9 @@ pub fn held(entries: &[Entry], shard: ShardId) -> u64 {
         .unwrap_or(0)
 }
 
-/// The sessions of one bot with at least one live record, sorted by session id.
+/// The sessions of one bot with a live entry of their own (a record or a link), sorted by
+/// session id, each with its own live records (links and what a fork inherits not counted,
+/// rule 25).
 pub fn sessions(entries: &[Entry], bot_id: &str) -> Vec<crate::entry::SessionSummary> {
     let names: BTreeSet<&str> = entries
         .iter()
@@ -263,8 +323,10 @@ pub fn sessions(entries: &[Entry], bot_id: &str) -> Vec<crate::entry::SessionSum
     names
         .into_iter()
         .filter_map(|session| {
-            let view = session_view(entries, bot_id, session);
-            (!view.is_empty()).then(|| crate::entry::SessionSummary {
+            let own = own_view(entries, bot_id, session);
+            let listed = !own.is_empty();
+            let view: Vec<&Entry> = own.iter().filter(|e| !e.record.kind.is_link()).collect();
+            listed.then(|| crate::entry::SessionSummary {
                 bot_id: bot_id.to_string(),
                 session_id: session.to_string(),
                 records: view.len() as u64,
@@ -317,8 +379,10 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     }
 
     // Rule 21: a live summary that covers itself, a later entry of its shard, or a live
-    // record of its session whose clock is not below its own.
-    for s in set.iter().filter(|e| e.record.kind == Kind::Summary) {
+    // record of its session whose clock is not below its own; rule 25: a live fork that
+    // names itself, a later entry of its shard, or a live record of the session it
+    // continues whose clock is not below its own.
+    for s in set.iter().filter(|e| e.record.kind.has_position()) {
         let history = by_id(&set).remove(&key_of(s)).unwrap_or_default();
         let h = IdHistory::of(&history);
         if !h.is_live() || h.winner.map(|w| w.key()) != Some(s.key()) {
@@ -329,7 +393,14 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
         let entry = if c.0.get(&s.shard).is_some_and(|seq| *seq >= s.seq) {
             Some(None)
         } else {
-            session_view(entries, &s.record.bot_id, &s.record.session_id)
+            let session = match s.record.kind {
+                Kind::Fork => match s.record.link_target() {
+                    Some(from) => from,
+                    None => continue,
+                },
+                _ => &s.record.session_id,
+            };
+            own_view(entries, &s.record.bot_id, session)
                 .iter()
                 .find(|e| e.key() != s.key() && covers(e) && e.hlc >= s.hlc)
                 .map(|e| Some(e.key()))

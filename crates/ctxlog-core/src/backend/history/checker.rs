@@ -286,7 +286,17 @@ impl Hashers {
 }
 
 /// A summary's bot, id and coverage.
-pub(super) type Coverage = (String, String, Checkpoint);
+/// What the history checker keeps of a summary or a fork: its bot, id, position, and (a
+/// fork's) the session it continues.
+pub(super) type Coverage = (String, String, Checkpoint, Option<String>);
+
+/// The session a fork's decoded body names (rule 25).
+pub(super) fn fork_parent(kind: Kind, body: &Body) -> Option<String> {
+    match (kind, body) {
+        (Kind::Fork, Body::Text(t)) => Some(t.clone()),
+        _ => None,
+    }
+}
 
 impl HistoryChecker {
     /// An empty checker of a store whose ids are scoped by bot.
@@ -324,12 +334,13 @@ impl HistoryChecker {
         if !self.index.apply(row) {
             return;
         }
-        if r.kind == Kind::Summary
+        if r.kind.has_position()
             && let StoredBody::Bytes(frame) = r.body
-            && let Ok((_, Some(covers))) = Record::from_stored_body(Kind::Summary, Body::Bytes(frame.to_vec()))
+            && let Ok((body, Some(covers))) = Record::from_stored_body(r.kind, Body::Bytes(frame.to_vec()))
         {
+            let parent = fork_parent(r.kind, &body);
             self.coverage
-                .insert(r.key(), (r.bot_id.to_owned(), r.id.to_owned(), covers));
+                .insert(r.key(), (r.bot_id.to_owned(), r.id.to_owned(), covers, parent));
         }
         self.positions.entry(r.shard).or_default().push((r.seq, r.epoch));
         // A row without a body whose id has a tombstone already seen is settled now; the
@@ -381,7 +392,7 @@ impl<'a> StoredRow<'a> {
         // A summary's frame that does not decode reads back as its raw bytes and covers
         // nothing, so it never governs; its hash no longer matches, so it is `Corrupt`.
         let (body, covers) = match (self.kind, purged) {
-            (Kind::Summary, true) => (stored, Some(Checkpoint::default())),
+            (kind, true) if kind.has_position() => (stored, Some(Checkpoint::default())),
             (kind, false) => match Record::from_stored_body(kind, stored.clone()) {
                 Ok(decoded) => decoded,
                 Err(_) => (stored, Some(Checkpoint::default())),
@@ -541,7 +552,7 @@ pub(super) fn coverage_conflicts(
     for session in index.sessions_with_summaries() {
         let live: Vec<OrderKey> = session.keys.iter().map(|(k, _)| *k).collect();
         for k in live.iter().filter(|k| session.is_summary(k)) {
-            let Some((bot_id, id, covers)) = coverage(k) else {
+            let Some((bot_id, id, covers, _)) = coverage(k) else {
                 continue;
             };
             if let Some(why) = crate::context::implausible(k, &covers, &live) {
@@ -549,6 +560,29 @@ pub(super) fn coverage_conflicts(
                     bot_id,
                     id,
                     summary: *k,
+                    entry: match why {
+                        crate::context::Implausible::CoversItself => None,
+                        crate::context::Implausible::CoversLater(e) => Some(e),
+                    },
+                });
+            }
+        }
+    }
+    // Rule 25: a live fork names a position its writer read, as a summary does: not its own
+    // entry or a later one of its shard, and no live record of the session it continues
+    // whose clock is not below its own.
+    for (bot, session) in index.sessions_with_links() {
+        let s = index.session_with_summaries(&bot, &session);
+        for k in s.keys.iter().map(|(k, _)| *k).filter(|k| s.is_link(k)) {
+            let Some((bot_id, id, covers, Some(parent))) = coverage(&k) else {
+                continue;
+            };
+            let continued: Vec<OrderKey> = index.session_keys(&bot, &parent).into_iter().map(|(k, _)| k).collect();
+            if let Some(why) = crate::context::implausible(&k, &covers, &continued) {
+                out.push(Conflict::ImplausibleCoverage {
+                    bot_id,
+                    id,
+                    summary: k,
                     entry: match why {
                         crate::context::Implausible::CoversItself => None,
                         crate::context::Implausible::CoversLater(e) => Some(e),

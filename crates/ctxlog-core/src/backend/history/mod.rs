@@ -135,10 +135,11 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
             .iter()
             .filter_map(|e| {
                 let covers = e.record.covers.clone()?;
-                Some((e.key(), (e.record.bot_id.clone(), e.record.id.clone(), covers)))
+                let parent = checker::fork_parent(e.record.kind, &e.record.body);
+                Some((e.key(), (e.record.bot_id.clone(), e.record.id.clone(), covers, parent)))
             })
             .collect();
-        let wanted: Vec<(OrderKey, RowRef)> = index
+        let mut wanted: Vec<(OrderKey, RowRef)> = index
             .sessions_with_summaries()
             .into_iter()
             .flat_map(|s| {
@@ -148,11 +149,16 @@ impl<H: HistorySource, I: IndexSource> HistoryConflicts<H, I> {
                     .copied()
                     .collect::<Vec<_>>()
             })
-            .filter(|(k, _)| !coverage.contains_key(k))
             .collect();
+        for (bot, session) in index.sessions_with_links() {
+            let s = index.session_with_summaries(&bot, &session);
+            wanted.extend(s.keys.iter().filter(|(k, _)| s.is_link(k)).copied());
+        }
+        wanted.retain(|(k, _)| !coverage.contains_key(k));
         for e in self.projector.fetch(&wanted).await? {
             if let Some(c) = e.record.covers.clone() {
-                coverage.insert(e.key(), (e.record.bot_id.clone(), e.record.id.clone(), c));
+                let parent = checker::fork_parent(e.record.kind, &e.record.body);
+                coverage.insert(e.key(), (e.record.bot_id.clone(), e.record.id.clone(), c, parent));
             }
         }
         out.extend(coverage_conflicts(self.projector.index_mut(), |k| {

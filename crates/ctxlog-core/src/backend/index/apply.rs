@@ -70,7 +70,7 @@ pub(super) fn apply_to(
     }
     match row.kind {
         Kind::Tombstone => state.extra().tombstones.push(row.key),
-        Kind::Put | Kind::Summary => {
+        Kind::Put | Kind::Summary | Kind::Fork | Kind::Hide => {
             let known_here = state.sessions().any(|s| s == session);
             let put = Put {
                 key: row.key,

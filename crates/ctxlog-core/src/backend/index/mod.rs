@@ -155,6 +155,9 @@ pub struct ProjectionIndex {
     /// Every summary entry applied (live or not), by session number (rule 21): few, so a
     /// context view finds its session's without reading bodies.
     summaries: Summaries,
+    /// Every link entry applied (fork or hide, live or not), by session number (rule 25):
+    /// a session without any is read without reading a body.
+    links: Summaries,
 }
 
 type Summaries = BTreeSet<(u32, OrderKey)>;
@@ -167,12 +170,19 @@ pub struct SummarisedSession {
     pub keys: Vec<(OrderKey, RowRef)>,
     /// Which of the session's entries are summaries (live or not), sorted.
     pub summaries: Vec<OrderKey>,
+    /// Which of the session's entries are links (forks and hides, live or not), sorted.
+    pub links: Vec<OrderKey>,
 }
 
 impl SummarisedSession {
     /// Whether the entry at `key` is a summary.
     pub fn is_summary(&self, key: &OrderKey) -> bool {
         self.summaries.binary_search(key).is_ok()
+    }
+
+    /// Whether the entry at `key` is a link (rule 25).
+    pub fn is_link(&self, key: &OrderKey) -> bool {
+        self.links.binary_search(key).is_ok()
     }
 
     /// Where the backend can fetch the live record at `key` (`None`: not live here).
@@ -255,6 +265,7 @@ impl ProjectionIndex {
             frozen: Default::default(),
             thawed: Default::default(),
             summaries: Summaries::new(),
+            links: Summaries::new(),
         }
     }
 
@@ -283,6 +294,9 @@ impl ProjectionIndex {
         raise(&mut self.positions, row.key.shard, row.key.seq);
         if row.kind == Kind::Summary {
             self.summaries.insert((session, row.key));
+        }
+        if row.kind.is_link() {
+            self.links.insert((session, row.key));
         }
         true
     }
@@ -346,6 +360,7 @@ impl ProjectionIndex {
             positions: self.positions.iter().map(|(s, q)| (*s, *q)).collect(),
             entries: self.entries,
             summaries: self.summaries.iter().copied().collect(),
+            links: self.links.iter().copied().collect(),
             ids,
         })
     }
@@ -376,20 +391,23 @@ impl ProjectionIndex {
             index.positions.insert(shard, q);
         }
         index.entries = shape.entries;
-        for (session, hlc, shard, seq, epoch) in shape.summaries {
-            if session as usize >= index.sessions.len() {
-                return Err(format!("a summary names session {session}, which the snapshot has not"));
-            }
-            let shard = crate::ids::ShardId::from_bytes(shard);
-            index.summaries.insert((
-                session,
-                OrderKey {
+        for (what, list) in [("a summary", shape.summaries), ("a link", shape.links)] {
+            for (session, hlc, shard, seq, epoch) in list {
+                if session as usize >= index.sessions.len() {
+                    return Err(format!("{what} names session {session}, which the snapshot has not"));
+                }
+                let shard = crate::ids::ShardId::from_bytes(shard);
+                let key = OrderKey {
                     hlc: Hlc(hlc),
                     shard,
                     seq,
                     epoch,
-                },
-            ));
+                };
+                match what {
+                    "a summary" => index.summaries.insert((session, key)),
+                    _ => index.links.insert((session, key)),
+                };
+            }
         }
         index.frozen = std::sync::Arc::new(frozen);
         Ok(index)

@@ -37,6 +37,7 @@ struct Finished {
     positions: Positions,
     counts: CatchUp,
     summaries: Vec<(u32, OrderKey)>,
+    links: Vec<(u32, OrderKey)>,
 }
 
 impl PartApplier<'_> {
@@ -76,6 +77,9 @@ impl PartApplier<'_> {
             raise(&mut d.positions, row.key.shard, row.key.seq);
             if row.kind == Kind::Summary {
                 d.summaries.push((session, row.key));
+            }
+            if row.kind.is_link() {
+                d.links.push((session, row.key));
             }
         }
         true
@@ -361,6 +365,7 @@ impl ProjectionIndex {
         }
         self.summaries
             .extend(done.summaries.into_iter().map(|(s, k)| (renumber(s), k)));
+        self.links.extend(done.links.into_iter().map(|(s, k)| (renumber(s), k)));
         self.unfiled.extend(unfiled);
         self.thawed.extend(done.thawed);
         self.entries += done.counts.applied;

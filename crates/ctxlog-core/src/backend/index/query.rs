@@ -145,23 +145,55 @@ impl ProjectionIndex {
     fn summarised(&self, no: usize, at: Option<&Checkpoint>) -> SummarisedSession {
         SummarisedSession {
             keys: self.session_keys_of(no, at),
-            summaries: self.summaries_of(no as u32).collect(),
+            summaries: of_session(&self.summaries, no as u32).collect(),
+            links: of_session(&self.links, no as u32).collect(),
         }
     }
 
-    fn summaries_of(&self, no: u32) -> impl Iterator<Item = OrderKey> + '_ {
-        let from = OrderKey {
-            hlc: Hlc::ZERO,
-            shard: crate::ids::ShardId::from_bytes([0; 16]),
-            seq: 0,
-            epoch: 0,
-        };
-        self.summaries
-            .range((no, from)..)
-            .take_while(move |(s, _)| *s == no)
-            .map(|(_, k)| *k)
+    /// Whether session `session_id` of bot `bot_id` has a link entry (live or not, rule 25):
+    /// when not, its view is its own live records.
+    pub fn has_links(&self, bot_id: &str, session_id: &str) -> bool {
+        self.sessions
+            .get_index_of(&SessionRef(bot_id, session_id))
+            .is_some_and(|no| of_session(&self.links, no as u32).next().is_some())
     }
 
+    /// Every entry that gives `id` of bot `bot_id` a value (the winner and the other puts),
+    /// wherever it lies: what a hide leaves out (rule 25).
+    pub fn put_keys(&self, bot_id: &str, id: &str) -> Vec<OrderKey> {
+        self.state(bot_id, id)
+            .map(|s| s.winner.iter().chain(s.others()).map(|p| p.key).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every session with a link entry, live or not (the history checker's input), as
+    /// `(bot, session)`.
+    pub fn sessions_with_links(&self) -> Vec<(String, String)> {
+        let mut nos: Vec<u32> = self.links.iter().map(|(s, _)| *s).collect();
+        nos.dedup();
+        nos.into_iter()
+            .map(|no| {
+                let ((b, s), _) = self.sessions.get_index(no as usize).expect("interned");
+                (b.to_string(), s.to_string())
+            })
+            .collect()
+    }
+}
+
+/// The entries of session `no` in `set`, in order.
+fn of_session(set: &super::Summaries, no: u32) -> impl Iterator<Item = OrderKey> + '_ {
+    let from = OrderKey {
+        hlc: Hlc::ZERO,
+        shard: crate::ids::ShardId::from_bytes([0; 16]),
+        seq: 0,
+        epoch: 0,
+    };
+    set.range((no, from)..)
+        .take_while(move |(s, _)| *s == no)
+        .map(|(_, k)| *k)
+}
+
+impl ProjectionIndex {
     /// Every session with a summary entry (the history checker's input).
     pub fn sessions_with_summaries(&mut self) -> Vec<SummarisedSession> {
         self.file();
