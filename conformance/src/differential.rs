@@ -607,7 +607,9 @@ pub async fn differential_against_reference_model(ctx: Ctx) -> anyhow::Result<()
     let cycle = ctx.other_uri("fork-cycle");
     check_history(
         ctx.open(&cycle, ctx.options()).await?.as_ref(),
-        ctx.open(&cycle, ctx.options().with_read_snapshots(false)).await?.as_ref(),
+        ctx.open(&cycle, ctx.options().with_read_snapshots(false))
+            .await?
+            .as_ref(),
         &fork_cycle(),
     )
     .await

@@ -167,8 +167,7 @@ pub async fn forgetting_in_the_parent_reaches_the_fork_and_a_hide_leaves_the_par
     a.append(vec![Record::tombstone("fork-1", "bot", "f")]).await?;
     p.refresh().await?;
     ensure!(
-        p.session("bot", "f").await?.is_empty()
-            && !view(p.as_mut(), "f").await?.1.iter().any(|s| s.starts_with("f:")),
+        p.session("bot", "f").await?.is_empty() && !view(p.as_mut(), "f").await?.1.iter().any(|s| s.starts_with("f:")),
         "tombstoning the fork makes the session its own records again (none)"
     );
     Ok(())

@@ -567,7 +567,9 @@ pub(crate) async fn append_records(r: Arc<Replica>, records: Vec<Record>) -> Res
             return Err(Problem::invalid(
                 "kind",
                 None,
-                format!("a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {format}: run `ctxlog upgrade` first"),
+                format!(
+                    "a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {format}: run `ctxlog upgrade` first"
+                ),
             ));
         }
     }
@@ -642,7 +644,10 @@ async fn fork_session(
                 _ => Err(Problem::invalid(
                     "id",
                     None,
-                    format!("names a record of this bot already, not a fork of {:?} into {session:?}", input.from),
+                    format!(
+                        "names a record of this bot already, not a fork of {:?} into {session:?}",
+                        input.from
+                    ),
                 )),
             };
         }
@@ -668,7 +673,9 @@ async fn fork_session(
                     return Err(Problem::invalid(
                         "at",
                         None,
-                        format!("names seq {seq} of shard {shard}, past what the store holds: not a position of this store"),
+                        format!(
+                            "names seq {seq} of shard {shard}, past what the store holds: not a position of this store"
+                        ),
                     ));
                 }
                 at
@@ -715,7 +722,11 @@ async fn fork_session(
 /// nothing after it: per shard, what `held` holds short of the view's first record after
 /// `through` there. In a shard the order follows the seq (a writer's clock only rises), so
 /// each shard's records at or before `through` are a prefix of its seqs.
-fn position_through(view: &[ctxlog::OrderKey], held: &ctxlog::Checkpoint, through: &ctxlog::OrderKey) -> ctxlog::Checkpoint {
+fn position_through(
+    view: &[ctxlog::OrderKey],
+    held: &ctxlog::Checkpoint,
+    through: &ctxlog::OrderKey,
+) -> ctxlog::Checkpoint {
     let mut at = held.clone();
     for k in view.iter().filter(|k| *k > through) {
         let seq = at.0.entry(k.shard).or_insert(0);
