@@ -35,8 +35,9 @@ def test_a_fork_is_its_parent_as_of_a_position_then_its_own(server: Server) -> N
     fork = client.session("bot", "f")
     made = fork.fork("p", at=at, id="fork-f")
     assert made.ack.ids == ["fork-f"]
-    # A retry with the same id counts once: the fork is the same.
-    fork.fork("p", at=at, id="fork-f")
+    # A retry with the same id counts once: it is answered with the fork that landed.
+    again = fork.fork("p", at=at, id="fork-f")
+    assert again == made
     fork.append(put("f1"))
     assert ids(fork) == ["a", "b", "f1"]
     assert ids(parent) == ["a", "b", "c"], "the parent changed"
@@ -88,6 +89,22 @@ def test_a_fork_refuses_what_names_nothing(server: Server) -> None:
         fork.fork("p", at=parent.context().position, through="a")
     assert e.value.field == "through"
     assert ids(fork) == []
+
+
+def test_through_is_refused_when_no_position_holds_exactly_that_prefix(server: Server) -> None:
+    client = ctxlog.Client(server.url)
+    client.session("bot", "p").append(put("p1", "p2", "p3"))
+    q = client.session("bot", "q")
+    q.fork("p")
+    q.append(put("q1"))
+    q.hide("p2")  # written after q1: a position that holds p3 and not q1 misses it
+    assert ids(q) == ["p1", "p3", "q1"]
+    with pytest.raises(ctxlog.InvalidInput) as e:
+        client.session("bot", "r").fork("q", through="p3")
+    assert e.value.field == "through" and e.value.written == "nothing"
+    s = client.session("bot", "s")
+    s.fork("q", through="q1")
+    assert ids(s) == ["p1", "p3", "q1"]
 
 
 def test_the_async_twin_forks_and_a_watch_shows_the_link(server: Server) -> None:
@@ -174,6 +191,8 @@ def test_an_agents_fork_is_the_items_one_read_saw_even_with_a_summary_and_a_late
         assert [i["content"] for i in await whole.get_items()] == ["summary", "late"]
         with pytest.raises(ValueError):
             await session.fork("compacted-none", before_item=-1)
+        with pytest.raises(ValueError):
+            await session.fork("compacted-retry")  # holds records (inherited) already
         for s in (session, other, cut, whole):
             await s.close()
 

@@ -315,10 +315,13 @@ class CtxlogSession:
         given — then its own. One atomic batch: the fork at that read's position, and a hide
         of each record after the cut. Items it pops or clears are left out of it only. A cut
         inside a summary's items, or before a summary, raises `ValueError` (a summary's items
-        stand for records compacted away: they fork together)."""
+        stand for records compacted away: they fork together), as does a `session_id` that
+        holds records already."""
         fork = type(self)(
             session_id, self._client, bot=self._session.bot, session_settings=self.session_settings
         )
+        if (await fork._session.records(limit=1)).records:
+            raise ValueError(f"session {session_id!r} holds records already: fork into a new one")
         view = await self._view()
         n = len(view.items) if before_item is None else before_item
         if not 0 <= n <= len(view.items):
