@@ -167,6 +167,23 @@ fn record(id: u8, variant: Option<u8>, step: usize) -> Record {
     }
 }
 
+/// A view writer `o` reads: a fresh one (`None`, kept in `views`), or the `v`-th (modulo)
+/// of those it read so far.
+async fn read_view(
+    o: &mut dyn Projector,
+    views: &mut Vec<(Checkpoint, ctxlog_core::Hlc)>,
+    view: Option<u8>,
+) -> anyhow::Result<(Checkpoint, ctxlog_core::Hlc)> {
+    Ok(match view {
+        None => {
+            o.refresh().await?;
+            views.push((o.checkpoint(), o.max_hlc()));
+            (o.checkpoint(), o.max_hlc())
+        }
+        Some(v) => views[v as usize % views.len()].clone(),
+    })
+}
+
 /// What a history wrote: each acknowledged batch with its records.
 pub type Written = Vec<(AppendAck, Vec<Record>)>;
 
@@ -220,15 +237,8 @@ pub async fn write_history(
                 past,
             } => {
                 let i = *writer as usize;
-                let (mut covers, hlc) = match view {
-                    None => {
-                        let o = if i == 0 { &mut *observer } else { others[i - 1].as_mut() };
-                        o.refresh().await?;
-                        views[i].push((o.checkpoint(), o.max_hlc()));
-                        (o.checkpoint(), o.max_hlc())
-                    }
-                    Some(v) => views[i][*v as usize % views[i].len()].clone(),
-                };
+                let o = if i == 0 { &mut *observer } else { others[i - 1].as_mut() };
+                let (mut covers, hlc) = read_view(o, &mut views[i], *view).await?;
                 if let (true, Some((shard, seq))) = (*own, newest[i]) {
                     covers.advance(shard, seq);
                 }
@@ -257,15 +267,8 @@ pub async fn write_history(
                 let i = *writer as usize;
                 let session = format!("s{}", id % 3);
                 let link = if *fork {
-                    let (at, hlc) = match view {
-                        None => {
-                            let o = if i == 0 { &mut *observer } else { others[i - 1].as_mut() };
-                            o.refresh().await?;
-                            views[i].push((o.checkpoint(), o.max_hlc()));
-                            (o.checkpoint(), o.max_hlc())
-                        }
-                        Some(v) => views[i][*v as usize % views[i].len()].clone(),
-                    };
+                    let o = if i == 0 { &mut *observer } else { others[i - 1].as_mut() };
+                    let (at, hlc) = read_view(o, &mut views[i], *view).await?;
                     shards[i].observe(hlc)?;
                     let from = format!("s{}", (id + 1 + target % 2) % 3);
                     Record::fork(format!("id{id}"), "bot", session.clone(), from, at)

@@ -121,6 +121,18 @@ pub(crate) async fn upgrade_for_summaries(shared: &Shared) -> Result<()> {
     .await
 }
 
+/// [`number`] within the store's deadline.
+async fn number_within(shared: &Shared) -> Result<u32> {
+    with_deadline(
+        "read the store format",
+        shared.timeout(),
+        None,
+        Written::Nothing,
+        number(shared),
+    )
+    .await
+}
+
 /// Record format 4 before the first link is written through this handle (rule 25), if the
 /// store is at 3; a store of format 1 or 2 is refused (its ids are grouped across bots:
 /// `ctxlog upgrade` first), nothing written.
@@ -128,14 +140,7 @@ pub(crate) async fn upgrade_for_links(shared: &Shared) -> Result<()> {
     if shared.links_allowed.load(Ordering::Relaxed) {
         return Ok(());
     }
-    let now = with_deadline(
-        "record the store format",
-        shared.timeout(),
-        None,
-        Written::Nothing,
-        number(shared),
-    )
-    .await?;
+    let now = number_within(shared).await?;
     if now < 3 {
         return Err(Error::invalid(
             "kind",
@@ -150,14 +155,7 @@ pub(crate) async fn upgrade_for_links(shared: &Shared) -> Result<()> {
             Ok(()) => {}
             // Another process moved it first: fine if it is where links may be.
             Err(e) => {
-                let again = with_deadline(
-                    "record the store format",
-                    shared.timeout(),
-                    None,
-                    Written::Nothing,
-                    number(shared),
-                )
-                .await?;
+                let again = number_within(shared).await?;
                 if again < FORKS {
                     return Err(e);
                 }

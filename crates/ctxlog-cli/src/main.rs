@@ -793,18 +793,11 @@ async fn summarize(uri: &str, options: StoreOptions, writer: &str, args: Summary
     let mut record = Record::summary(args.id, bot, session, text, covers);
     record.role = args.role.to_string();
     record.content_type = args.content_type.to_string();
-    let store = ctxlog::open(uri, options).await?;
-    let mut shard = store.open_shard(&writer).await?;
-    let records = vec![record];
-    summarised(store.as_ref(), shard.as_mut(), &records).await?;
-    let ack = shard.append(records).await?;
-    println!("{}", json::ack_json(&ack));
-    shard.close().await?;
-    Ok(ExitCode::SUCCESS)
+    write_positioned(uri, options, &writer, record).await
 }
 
-/// Write `record`, a fork (rule 25): at the position it names, or (none named) at the
-/// store's position now, read just before; through a shard that observed that view's clock.
+/// Write `record`, a fork (rule 25): at the position `at` names, or (none named) at the
+/// store's position now.
 async fn fork(
     uri: &str,
     options: StoreOptions,
@@ -814,15 +807,29 @@ async fn fork(
 ) -> Result<ExitCode, Failure> {
     let writer = WriterId::new(writer)?;
     record.covers = Some(at.map(json::parse_at).transpose()?.unwrap_or_default());
+    write_positioned(uri, options, &writer, record).await
+}
+
+/// Write one record that names a position (a summary, a fork) and print its ack, from one
+/// read of the store: a fork's empty position becomes that read's; a position past it is refused;
+/// the shard moves past its clock (rules 21, 25).
+async fn write_positioned(
+    uri: &str,
+    options: StoreOptions,
+    writer: &WriterId,
+    mut record: Record,
+) -> Result<ExitCode, Failure> {
     let store = ctxlog::open(uri, options).await?;
-    let mut shard = store.open_shard(&writer).await?;
-    if record.covers.as_ref().is_some_and(|c| c.0.is_empty()) {
-        let mut p = store.projector();
-        p.refresh().await?;
-        record.covers = Some(p.checkpoint());
+    let mut shard = store.open_shard(writer).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    let is_fork = record.kind == ctxlog::Kind::Fork;
+    if let Some(c) = record.covers.as_mut().filter(|c| is_fork && c.0.is_empty()) {
+        *c = p.checkpoint();
     }
     let records = vec![record];
-    summarised(store.as_ref(), shard.as_mut(), &records).await?;
+    ctxlog::check_covers_held(&records, &p.checkpoint())?;
+    shard.observe(p.max_hlc())?;
     let ack = shard.append(records).await?;
     println!("{}", json::ack_json(&ack));
     shard.close().await?;
