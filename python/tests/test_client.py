@@ -93,6 +93,33 @@ def test_reads_as_of_a_position_show_what_its_reader_saw_less_what_was_forgotten
             assert e.value.field == "at"
 
 
+def test_the_changes_between_two_positions_end_at_the_second(server: Server) -> None:
+    """Rule 24's changes: a watch from one position until another sends what was
+    appended, summarised and tombstoned in between, then ends; nothing before or after."""
+    with ctxlog.Client(server.url) as c:
+        s = c.session("helpdesk", "changes")
+        first = s.append([{"role": "user", "text": f"turn {i}"} for i in range(2)]).ids
+        a = s.context()
+        more = s.append([{"role": "user", "text": "more"}]).ids
+        summary = s.summarize("two turns", a)
+        s.delete(first[0])
+        b = s.context().position
+        s.append([{"role": "user", "text": "after b"}])
+        seen = [(e.kind, e.record.id) for e in s.watch(after=a.position, until=b)]
+        assert seen == [
+            ("record", more[0]),
+            ("record", summary.ids[0]),
+            ("tombstone", first[0]),
+        ]
+        assert list(s.watch(after=b, until=b)) == []
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            list(s.watch(after=a.position, until=_beyond(b)))
+        assert e.value.field == "until"
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            list(s.watch(until=b))
+        assert e.value.field == "after"
+
+
 async def test_the_async_twin(server: Server) -> None:
     async with ctxlog.AsyncClient(server.url) as c:
         s = c.session("helpdesk", "t-2")
@@ -102,6 +129,8 @@ async def test_the_async_twin(server: Server) -> None:
         assert [r.id async for r in s.iter_records(at=then.position)] == ack.ids
         assert [r.id for r in (await s.context(at=then.position)).records] == ack.ids
         assert [i.session_id async for i in c.sessions("helpdesk", at=then.position)] == ["t-2"]
+        changes = s.watch(after=then.position, until=(await s.context()).position)
+        assert [e.record.text async for e in changes] == ["later"]
         await s.delete((await s.records()).records[-1].id)
         assert [r.id async for r in s.iter_records()] == ack.ids
         assert (await s.get(ack.ids[0])) is not None

@@ -8,7 +8,7 @@
 //!
 //! Modules depend on each other in one direction only: `ids` → `error` → `hlc` → `record`
 //! → `canonical` → `hash` → `entry` → `validate` → `projection` → `context` → `options` → `traits` →
-//! `retain` → `upgrade` → `backend` → `testing`.
+//! `search` → `retain` → `upgrade` → `backend` → `testing`.
 
 #![warn(missing_docs)]
 
@@ -25,6 +25,7 @@ pub mod projection;
 pub mod record;
 pub mod redact;
 mod retain;
+pub mod search;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod traits;

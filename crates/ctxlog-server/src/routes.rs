@@ -996,16 +996,27 @@ pub(crate) async fn sessions_page(r: &Replica, bot: &str, q: &SessionsQuery) -> 
     })
 }
 
-/// Where a watch or conflicts call starts.
+/// Where a conflicts call starts.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PositionQuery {
-    /// A position (an event id, or a page's `position`); a watch without one starts now.
+    /// A position (an event id, or a page's `position`); without one, the whole log.
     pub after: Option<String>,
 }
 
+/// Where a watch starts, and where it ends if it does.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WatchQuery {
+    /// A position (an event id, or a page's `position`); a watch without one starts now.
+    pub after: Option<String>,
+    /// A position the store holds: the stream sends the changes between where it starts
+    /// and this (rule 24), then `end` with reason `until` and `"resume": false`.
+    pub until: Option<String>,
+}
+
 /// Where a watch starts, and the field that said so.
-fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static str, ctxlog::Checkpoint)>, Problem> {
+fn watch_from(q: &WatchQuery, headers: &HeaderMap) -> Result<Option<(&'static str, ctxlog::Checkpoint)>, Problem> {
     // A reconnecting EventSource says where it was in `Last-Event-ID`.
     let last = match headers.get("last-event-id") {
         None => None,
@@ -1024,13 +1035,13 @@ fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static
         .transpose()
 }
 
-/// A session's new records as server-sent events (`record`, `tombstone`); each event's id
-/// is a position to resume from.
+/// A session's new records as server-sent events (`record`, `tombstone`, `link`); each
+/// event's id is a position to resume from. With `until`, the changes between two positions.
 #[utoipa::path(get, path = "/v1/bots/{bot}/sessions/{session}/watch",
-    params(("bot" = String, Path), ("session" = String, Path), PositionQuery,
+    params(("bot" = String, Path), ("session" = String, Path), WatchQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
-               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id, and `position` again where the stream went through entries it shows nothing of; `end` (data `{reason, resume}`) when the stream must stop"),
+               description = "First `position` (where the stream starts, and the `until` it ends at), then `record`, `tombstone` and `link` (data an entry), each with a position as id, and `position` again where the stream went through entries it shows nothing of; `end` (data `{reason, resume}`) when the stream must stop, or with reason `until` once it went through `until`"),
               (status = 400, body = Problem),
               (status = 401, body = Problem),
               (status = 403, body = Problem),
@@ -1038,35 +1049,44 @@ fn watch_from(q: &PositionQuery, headers: &HeaderMap) -> Result<Option<(&'static
 async fn watch_session(
     State(r): Shared,
     Path((bot, session)): Path<(String, String)>,
-    Query(q): Query<PositionQuery>,
+    Query(q): Query<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     let g = grant_for(&r, &headers, &bot, Right::Read)?;
     let from = watch_from(&q, &headers)?;
+    let until = q
+        .until
+        .as_deref()
+        .map(|c| cursor::parse_position("until", c))
+        .transpose()?;
     let permit = r.watchers.admit(&g.name, r.options.max_watchers_per_token)?;
-    Ok(watch::stream(r.clone(), Scope::Session { bot, session }, from, permit)
-        .await?
-        .into_response())
+    Ok(
+        watch::stream(r.clone(), Scope::Session { bot, session }, from, until, permit)
+            .await?
+            .into_response(),
+    )
 }
 
-/// Every new record of the store as server-sent events (admin).
+/// Every new record of the store as server-sent events (admin). With `until`, the changes
+/// between two positions.
 #[utoipa::path(get, path = "/v1/watch",
-    params(PositionQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
+    params(WatchQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EntryOut,
-               description = "First `position` (where the stream starts), then `record` and `tombstone` (data an entry), each with a position as id, and `position` again where the stream went through entries it shows nothing of; `end` (data `{reason, resume}`) when the stream must stop"),
+               description = "First `position` (where the stream starts, and the `until` it ends at), then `record`, `tombstone` and `link` (data an entry), each with a position as id, and `position` again where the stream went through entries it shows nothing of; `end` (data `{reason, resume}`) when the stream must stop, or with reason `until` once it went through `until`"),
               (status = 400, body = Problem),
               (status = 401, body = Problem),
               (status = 403, body = Problem),
               (status = 429, body = Problem)))]
-async fn watch_store(
-    State(r): Shared,
-    Query(q): Query<PositionQuery>,
-    headers: HeaderMap,
-) -> Result<Response, Problem> {
+async fn watch_store(State(r): Shared, Query(q): Query<WatchQuery>, headers: HeaderMap) -> Result<Response, Problem> {
     let g = admin_grant(&r, &headers)?;
     let from = watch_from(&q, &headers)?;
+    let until = q
+        .until
+        .as_deref()
+        .map(|c| cursor::parse_position("until", c))
+        .transpose()?;
     let permit = r.watchers.admit(&g.name, r.options.max_watchers_per_token)?;
-    Ok(watch::stream(r.clone(), Scope::Store, from, permit)
+    Ok(watch::stream(r.clone(), Scope::Store, from, until, permit)
         .await?
         .into_response())
 }

@@ -22,6 +22,10 @@
 //! "resume": true}`: reconnect with that id as `Last-Event-ID`. Comments keep an idle
 //! connection open.
 //!
+//! A stream given `until` (a position the view holds) is the changes between two positions
+//! (rule 24): it reads what lies past its start and at or below `until` from the store, as
+//! any stream catches up, and ends with `end` of reason [`UNTIL`] and `"resume": false`.
+//!
 //! A stream also sends `position` when it went through entries its scope does not show
 //! (another session's): after each page read from the store, and at most every [`PROGRESS`]
 //! while it follows the view's changes. A session watcher on a busy store that reconnects
@@ -55,6 +59,9 @@ const MIN_PAGE: usize = 64;
 /// While a stream follows the view's changes, how often it says where it went through
 /// entries it showed nothing of (a `position` event).
 const PROGRESS: Duration = Duration::from_secs(5);
+
+/// The reason of the `end` of a stream that went through its `until`: done, not resumable.
+pub(crate) const UNTIL: &str = "until";
 
 /// Page reads of a catch-up in flight at once (one per shard behind): a stream behind on
 /// several shards waits for the slowest read, not their sum, before its first event.
@@ -114,8 +121,9 @@ pub(crate) const QUEUED_BYTES: usize = 4 << 20;
 /// One event of a stream, before it is written out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Out {
-    /// The first: the position the stream starts from.
-    Position { id: String },
+    /// The first: the position the stream starts from, and the `until` it ends at (said
+    /// back, so that a client knows the replica took it); later, where it went through.
+    Position { id: String, until: Option<String> },
     /// A `record` or `tombstone` (`kind`): the entry as JSON, and the position through it.
     Entry {
         kind: &'static str,
@@ -130,22 +138,26 @@ impl Out {
     fn bytes(&self) -> usize {
         let body = match self {
             Out::Entry { id, data, .. } => id.len() + data.len(),
-            Out::Position { id } | Out::End { id, .. } => 2 * id.len(),
+            Out::Position { id, until } => 2 * id.len() + until.as_ref().map_or(0, String::len),
+            Out::End { id, .. } => 2 * id.len(),
         };
         body + 32
     }
 
     fn into_sse(self) -> SseEvent {
         match self {
-            Out::Position { id } => SseEvent::default()
-                .event("position")
-                .data(json!({ "position": id }).to_string())
-                .id(id),
+            Out::Position { id, until } => {
+                let data = match until {
+                    Some(until) => json!({ "position": id, "until": until }),
+                    None => json!({ "position": id }),
+                };
+                SseEvent::default().event("position").data(data.to_string()).id(id)
+            }
             Out::Entry { kind, id, data } => SseEvent::default().event(kind).id(id).data(data),
             Out::End { id, reason } => SseEvent::default()
                 .event("end")
                 .id(id)
-                .data(json!({ "reason": reason, "resume": true }).to_string()),
+                .data(json!({ "reason": reason, "resume": reason != UNTIL }).to_string()),
         }
     }
 }
@@ -180,7 +192,7 @@ impl Outbox {
 
     fn push(&self, out: Out) -> Result<(), Stop> {
         let n = out.bytes();
-        let (Out::Position { id } | Out::Entry { id, .. } | Out::End { id, .. }) = &out;
+        let (Out::Position { id, .. } | Out::Entry { id, .. } | Out::End { id, .. }) = &out;
         id.clone_into(&mut self.told.lock().unwrap_or_else(|p| p.into_inner()));
         self.queued.send_modify(|q| *q += n);
         self.tx.send((out, n)).map_err(|_| Stop::Gone)
@@ -204,7 +216,7 @@ impl Outbox {
     fn progress(&self, at: &Checkpoint) -> Result<(), Stop> {
         let id = cursor::position(at);
         let told = *self.told.lock().unwrap_or_else(|p| p.into_inner()) == id;
-        let out = Out::Position { id };
+        let out = Out::Position { id, until: None };
         if told || !self.has_room(out.bytes()) {
             return Ok(());
         }
@@ -218,31 +230,44 @@ pub(crate) async fn stream(
     replica: Arc<Replica>,
     scope: Scope,
     from: Option<(&'static str, Checkpoint)>,
+    until: Option<Checkpoint>,
     permit: OwnedSemaphorePermit,
 ) -> Result<Response, Problem> {
     // A fresh view holds every position any replica gave out (rule 1).
     let start = replica.view.fresh().await?.checkpoint();
-    let from = match from {
-        Some((field, from)) => {
-            if let Some((shard, seq)) = from.first_beyond(&start) {
-                return Err(Problem::invalid(
-                    field,
-                    None,
-                    format!(
-                        "names seq {seq} of shard {shard}, past what the store holds: not a position of this store"
-                    ),
-                ));
-            }
+    let held = |field: &'static str, at: &Checkpoint| match at.first_beyond(&start) {
+        Some((shard, seq)) => Err(Problem::invalid(
+            field,
+            None,
+            format!("names seq {seq} of shard {shard}, past what the store holds: not a position of this store"),
+        )),
+        None => Ok(()),
+    };
+    let from = match (from, &until) {
+        (Some((field, from)), _) => {
+            held(field, &from)?;
             from
         }
-        None => start.clone(),
+        // From now until a position the view holds would be nothing, always: a caller who
+        // forgot where the changes start would read "nothing changed".
+        (None, Some(_)) => {
+            return Err(Problem::invalid(
+                "after",
+                None,
+                "`until` needs where the changes start: `after` or `Last-Event-ID`",
+            ));
+        }
+        (None, None) => start.clone(),
     };
+    if let Some(until) = &until {
+        held("until", until)?;
+    }
     let (events, _) = open(
         replica.view.clone(),
         replica.metrics.clone(),
         replica.shutdown.clone(),
         scope,
-        (from, start),
+        Span { from, start, until },
         permit,
         PROGRESS,
     );
@@ -251,14 +276,25 @@ pub(crate) async fn stream(
         .into_response())
 }
 
-/// The events of a stream from `from` (the view being at `start` or later): its `position`
-/// at once, then what follows, from a task of its own; and the bytes of them not yet taken.
+/// Where a stream starts, and where it ends if it does.
+struct Span {
+    /// The position the stream starts from.
+    from: Checkpoint,
+    /// The view's position when the stream was opened (at or past `from`).
+    start: Checkpoint,
+    /// The position the stream ends at (held by the view), if it is the changes between
+    /// two positions.
+    until: Option<Checkpoint>,
+}
+
+/// The events of a stream of `span`: its `position` at once, then what follows, from a task
+/// of its own; and the bytes of them not yet taken.
 fn open(
     view: Arc<View>,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
     scope: Scope,
-    (from, start): (Checkpoint, Checkpoint),
+    span: Span,
     permit: OwnedSemaphorePermit,
     every: Duration,
 ) -> (impl Stream<Item = Out> + Send + 'static, watch::Receiver<usize>) {
@@ -271,11 +307,12 @@ fn open(
         every,
     };
     let _ = out.push(Out::Position {
-        id: cursor::position(&from),
+        id: cursor::position(&span.from),
+        until: span.until.as_ref().map(cursor::position),
     });
     tokio::spawn(async move {
         metrics.watchers.inc();
-        follow(&view, shutdown, &scope, from, start, &out).await;
+        follow(&view, shutdown, &scope, span, &out).await;
         metrics.watchers.dec();
         drop(permit);
     });
@@ -287,23 +324,51 @@ fn open(
     (events, waiting)
 }
 
-async fn follow(
+/// Run a stream of `scope` over `span`: through `span.until` if it has one, else until it
+/// must stop.
+async fn follow(view: &View, mut shutdown: watch::Receiver<bool>, scope: &Scope, span: Span, out: &Outbox) {
+    let mut at = span.from;
+    let stop = if let Some(until) = span.until {
+        // The changes between two positions: read from the store, never the view's changes.
+        match catch_up(view, out, scope, &mut at, &until, &mut shutdown).await {
+            Err(s) => s,
+            // Through `until` on every shard: every change is sent.
+            Ok(()) if until.first_beyond(&at).is_none() => Stop::End(UNTIL),
+            // A catch-up that stopped short (it never does) must not say "done".
+            Ok(()) => Stop::End("unavailable"),
+        }
+    } else {
+        follow_view(view, &mut shutdown, scope, &mut at, span.start, out).await
+    };
+    if let Stop::End(reason) = stop {
+        if reason != "shutdown" && reason != UNTIL {
+            tracing::warn!(reason, "a watch stream ends; its client resumes from its last event id");
+        }
+        let _ = out.push(Out::End {
+            id: cursor::position(&at),
+            reason,
+        });
+    }
+}
+
+/// Follow the view from `at` (the view being at `start` or later) until the stream must
+/// stop, and why.
+async fn follow_view(
     view: &View,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: &mut watch::Receiver<bool>,
     scope: &Scope,
-    from: Checkpoint,
+    at: &mut Checkpoint,
     start: Checkpoint,
     out: &Outbox,
-) {
-    let mut at = from;
+) -> Stop {
     let mut target = Some(start);
-    let stop = loop {
+    loop {
         // Behind the view: read from the store, holding none of the view's changes.
         let to = match target.take() {
             Some(t) => t,
             None => view.current().await.checkpoint(),
         };
-        if let Err(s) = catch_up(view, out, scope, &mut at, &to, &mut shutdown).await {
+        if let Err(s) = catch_up(view, out, scope, at, &to, shutdown).await {
             break s;
         }
         let mut changes = view.subscribe();
@@ -312,24 +377,15 @@ async fn follow(
         // while a client does not read pins the view's kept changes (up to 256 commits), so
         // it is taken only by a stream that is where the view is.
         let now = view.current().await.checkpoint();
-        if now.first_beyond(&at).is_some() {
+        if now.first_beyond(at).is_some() {
             drop(changes);
             continue;
         }
-        match follow_changes(out, scope, &mut at, &mut changes, &mut shutdown).await {
+        match follow_changes(out, scope, at, &mut changes, shutdown).await {
             // Behind again: back to the store.
             Ok(()) => continue,
             Err(s) => break s,
         }
-    };
-    if let Stop::End(reason) = stop {
-        if reason != "shutdown" {
-            tracing::warn!(reason, "a watch stream ends; its client resumes from its last event id");
-        }
-        let _ = out.push(Out::End {
-            id: cursor::position(&at),
-            reason,
-        });
     }
 }
 
@@ -607,6 +663,16 @@ mod tests {
             from: Checkpoint,
             start: Checkpoint,
         ) -> (BoxStream<'static, Out>, watch::Receiver<usize>) {
+            self.watch_span(from, start, None).await
+        }
+
+        /// A stream of session `s` from `from` to `until` if given.
+        async fn watch_span(
+            &self,
+            from: Checkpoint,
+            start: Checkpoint,
+            until: Option<Checkpoint>,
+        ) -> (BoxStream<'static, Out>, watch::Receiver<usize>) {
             let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
             let scope = Scope::Session {
                 bot: "bot".into(),
@@ -617,7 +683,7 @@ mod tests {
                 Arc::new(Metrics::new()),
                 self.stop.subscribe(),
                 scope,
-                (from, start),
+                Span { from, start, until },
                 permit,
                 // Progress is told within a test's patience.
                 Duration::from_millis(20),
@@ -717,6 +783,44 @@ mod tests {
         assert_eq!(ids(&mut events, 1).await.0, names("c", 1), "and nothing twice");
     }
 
+    /// Rule 24's changes between two positions: a stream from `a` until `b` sends what was
+    /// appended and tombstoned in between, in the log's order, and ends there — nothing
+    /// before `a`, nothing after `b` (also when the view has moved past it), and an end that
+    /// says not to resume.
+    #[tokio::test]
+    async fn a_stream_until_a_position_sends_the_changes_between_and_ends() {
+        let mut rig = rig("watch-until").await;
+        rig.shard.append(recs("a", 3, "x")).await.unwrap();
+        let a = rig.view.fresh().await.unwrap().checkpoint();
+        rig.shard.append(recs("b", 2, "x")).await.unwrap();
+        rig.shard
+            .append(vec![Record::tombstone("a-1", "bot", "s")])
+            .await
+            .unwrap();
+        let b = rig.view.fresh().await.unwrap().checkpoint();
+        rig.shard.append(recs("c", 2, "x")).await.unwrap();
+        rig.refreshed().await;
+        let now = rig.view.fresh().await.unwrap().checkpoint();
+        let (mut events, _) = rig.watch_span(a, now, Some(b.clone())).await;
+        let mut seen = Vec::new();
+        let end = loop {
+            match next(&mut events).await {
+                Out::Position { .. } => {}
+                Out::Entry { kind, data, .. } => {
+                    let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+                    seen.push(format!("{kind} {}", v["id"].as_str().unwrap()));
+                }
+                Out::End { id, reason } => break (id, reason),
+            }
+        };
+        assert_eq!(seen, ["record b-0", "record b-1", "tombstone a-1"]);
+        assert_eq!(end, (cursor::position(&b), UNTIL), "the stream ends at `until`");
+        let done = tokio::time::timeout(WITHIN, events.next())
+            .await
+            .expect("the stream ends");
+        assert!(done.is_none(), "nothing follows the end");
+    }
+
     /// A refresh that fails may leave the projector empty (SQLite's catch-up cut short by
     /// its deadline starts over). A stream that reads from the store meanwhile must not
     /// judge what it read by that projector (no record is its id's live one there, and the
@@ -774,7 +878,7 @@ mod tests {
         let start = rig.view.current().await.checkpoint();
         let (mut events, _) = rig.watch_from(Checkpoint::default(), start.clone()).await;
         match next(&mut events).await {
-            Out::Position { id } => assert_eq!(id, cursor::position(&start), "a catch-up's page went through"),
+            Out::Position { id, .. } => assert_eq!(id, cursor::position(&start), "a catch-up's page went through"),
             other => panic!("expected where the catch-up went through, got {other:?}"),
         }
         // Following the view's changes: told within `PROGRESS`.
@@ -783,7 +887,7 @@ mod tests {
         let now = rig.view.current().await.checkpoint();
         assert_ne!(now, start);
         match next(&mut events).await {
-            Out::Position { id } => assert_eq!(id, cursor::position(&now), "a change went through"),
+            Out::Position { id, .. } => assert_eq!(id, cursor::position(&now), "a change went through"),
             other => panic!("expected where the stream went through, got {other:?}"),
         }
         // Told once: the next event is the session's own record.

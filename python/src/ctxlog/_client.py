@@ -284,7 +284,12 @@ class Session:
         return _core.ack(v)
 
     def watch(
-        self, *, after: str | None = None, reconnects: int = 5, backoff: float = 0.2
+        self,
+        *,
+        after: str | None = None,
+        until: str | None = None,
+        reconnects: int = 5,
+        backoff: float = 0.2,
     ) -> Iterator[Event]:
         """New records as they arrive (after `after`, a position from a page or an event;
         without one, from the position the first stream started at, which the server
@@ -292,14 +297,22 @@ class Session:
         gave: nothing is missed or seen twice. A stream the replica could not serve (it
         ended it, or answered 5xx) is reopened after a pause that grows; gives up after
         `reconnects` tries in a row that brought no record; raises `WatchEnded` if the
-        server ends the stream as not resumable."""
-        state = _core.Watch(after)
+        server ends the stream as not resumable.
+
+        With `until` (a position), the changes between `after` and `until` (contract rule
+        24): what was appended, tombstoned, summarised or linked past `after` and at or
+        below `until`, in the log's order; the iterator ends there."""
+        state = _core.Watch(after, until)
         failures = 0
         while True:
             opened = progressed = False
             try:
                 with connect_sse(
-                    self.client._http, "GET", f"{self._path}/watch", headers=state.headers()
+                    self.client._http,
+                    "GET",
+                    f"{self._path}/watch",
+                    params=state.params(),
+                    headers=state.headers(),
                 ) as source:
                     if source.response.status_code >= 400:
                         source.response.read()
@@ -310,6 +323,8 @@ class Session:
                         if event is not None:
                             progressed = True
                             yield event
+                        elif state.done:
+                            return
                         elif state.ended:
                             break
             except (httpx.TransportError, httpx.RemoteProtocolError):

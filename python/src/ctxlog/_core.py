@@ -158,16 +158,24 @@ class Watch:
     of the server's streams): the first event of every stream is `position` (where it
     starts: resuming from it misses nothing even if the stream drops before any record);
     `record` and `tombstone` events carry entries; `end` closes a stream the server had to
-    stop, with the position it went through and whether to resume from there."""
+    stop, with the position it went through and whether to resume from there; a stream
+    given `until` ends with `end` of reason `until` once it went through it (`done`)."""
 
-    def __init__(self, after: str | None) -> None:
+    def __init__(self, after: str | None, until: str | None = None) -> None:
         self.last = after
+        self.until = until
         self.ended = False
+        self.done = False
+        self.opened = False
         self.reason = ""
+
+    def params(self) -> dict[str, str]:
+        return {"until": self.until} if self.until is not None else {}
 
     def headers(self) -> dict[str, str]:
         self.ended = False
         self.reason = ""
+        self.opened = False
         return {"last-event-id": self.last} if self.last else {}
 
     def next_try(
@@ -208,12 +216,25 @@ class Watch:
             self.last = id
             return Event(kind, Record.from_json(json.loads(data)), str(id))
         if kind == "position" and id:
+            if self.until is not None and not self.opened:
+                # A replica that ignored `until` would stream on past it, never ending.
+                said = json.loads(data).get("until") if data else None
+                if said is None:
+                    raise CtxlogError(
+                        "the replica does not take `until` (an older ctxlog serve?): "
+                        "it would stream past it",
+                        problem={"written": "nothing"},
+                    )
+            self.opened = True
             self.last = id
         elif kind == "end":
             end = json.loads(data) if data else {}
             if id:
                 self.last = id
             self.reason = str(end.get("reason", ""))
+            if self.until is not None and self.reason == "until":
+                self.done = True
+                return None
             if not end.get("resume", False):
                 reason = str(end.get("reason", ""))
                 raise WatchEnded(

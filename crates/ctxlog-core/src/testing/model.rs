@@ -494,6 +494,85 @@ pub fn conflicts(entries: &[Entry]) -> Vec<Conflict> {
     canonical_conflicts(out)
 }
 
+/// Rule 26's full-text search, by brute force: every live text record of `bot_id` (its
+/// winning put, a put or a summary, not purged) tokenised afresh, every clause of `query`
+/// counted by scanning the tokens, BM25 summed in the query's order, the hits that pass
+/// `filter` sorted best first and then in contract order. Ids and scores.
+pub fn search(
+    entries: &[Entry],
+    bot_id: &str,
+    query: &crate::search::Query,
+    filter: &crate::search::Filter,
+) -> Vec<(String, f64)> {
+    use crate::search::{B, Clause, K1, MAX_PREFIX_TERMS, tokens};
+    let set = entry_set(entries);
+    let docs: Vec<(&Entry, Vec<String>)> = by_id(&set)
+        .into_iter()
+        .filter(|((bot, _), _)| *bot == bot_id)
+        .filter_map(|(_, history)| {
+            let h = IdHistory::of(&history);
+            let w = h.winner.filter(|_| h.is_live())?;
+            match (&w.record.body, w.record.kind) {
+                (Body::Text(t), Kind::Put | Kind::Summary) if !w.purged => Some((w, tokens(t))),
+                _ => None,
+            }
+        })
+        .collect();
+    if docs.is_empty() {
+        return Vec::new();
+    }
+    let n = docs.len() as f64;
+    let avg = docs.iter().map(|(_, t)| t.len() as u64).sum::<u64>() as f64 / n;
+    // How often `terms` occurs one after the other in `doc`.
+    let count = |doc: &[String], terms: &[String]| doc.windows(terms.len()).filter(|w| *w == terms).count();
+    let vocabulary: BTreeSet<&String> = docs.iter().flat_map(|(_, t)| t.iter()).collect();
+    // Each clause as the terms sequences it scores (a prefix: its first terms, each alone).
+    let mut scored: Vec<Vec<String>> = Vec::new();
+    for clause in &query.clauses {
+        match clause {
+            Clause::Term(t) => scored.push(vec![t.clone()]),
+            Clause::Phrase(ts) => scored.push(ts.clone()),
+            Clause::Prefix(p) => scored.extend(
+                vocabulary
+                    .iter()
+                    .filter(|t| t.starts_with(p.as_str()))
+                    .take(MAX_PREFIX_TERMS)
+                    .map(|t| vec![(*t).clone()]),
+            ),
+        }
+    }
+    let mut hits: Vec<(&Entry, f64)> = Vec::new();
+    for (e, doc) in &docs {
+        let mut score = 0.0;
+        let mut matched = false;
+        for terms in &scored {
+            let tf = count(doc, terms) as f64;
+            if tf == 0.0 {
+                continue;
+            }
+            matched = true;
+            let df = docs.iter().filter(|(_, d)| count(d, terms) > 0).count() as f64;
+            let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+            score += idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * doc.len() as f64 / avg));
+        }
+        let r = &e.record;
+        let millis = e.hlc.millis();
+        let passes = filter.session.as_ref().is_none_or(|s| *s == r.session_id)
+            && (filter.roles.is_empty() || filter.roles.contains(&r.role))
+            && filter.since_millis.is_none_or(|t| millis >= t)
+            && filter.until_millis.is_none_or(|t| millis < t)
+            && filter
+                .metadata
+                .iter()
+                .all(|(k, v)| r.metadata.as_ref().and_then(|m| m.get(k)) == Some(v));
+        if matched && passes {
+            hits.push((e, score));
+        }
+    }
+    hits.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.key().cmp(&b.0.key())));
+    hits.into_iter().map(|(e, s)| (e.record.id.clone(), s)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,475 @@
+//! Full-text search over a bot's live records (rule 26): the tokenizer, the query language,
+//! an inverted index fed with entries, and BM25 scoring. Pure state, no I/O: whoever holds
+//! the entries (a projector, a server's view) feeds them; the answer is a pure function of
+//! the set of entries fed, in whatever order they came (rule 9).
+//!
+//! Naming:
+//! - a *doc* is the live value of one record id of one bot — its winning put (rule 6), a
+//!   `put` or a `summary` with a text body — as long as no tombstone of the id was fed;
+//! - a *term* is one token of a doc's text ([`tokens`]); a doc's *length* is its number of
+//!   tokens; *postings* hold, per bot and term, the docs holding it and at which token
+//!   positions;
+//! - a *query* is clauses ([`Query::parse`]): terms, `"phrases"` and `prefix*`es; a *hit* is
+//!   a doc that matches a clause and passes the [`Filter`], with its score.
+//!
+//! Statistics (docs, lengths, document frequencies) are per bot and over the bot's whole
+//! live corpus, never filtered: a doc's score does not depend on the filter (a filtered
+//! list is the unfiltered one with docs left out), and nothing of another bot's records —
+//! not even how common a word is there — moves a score (rule 23).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use unicode_segmentation::UnicodeSegmentation;
+
+use crate::entry::{Checkpoint, Entry, OrderKey};
+use crate::error::{Error, Result};
+use crate::record::{Body, Kind};
+use crate::traits::Store;
+
+/// BM25's term-frequency saturation.
+pub const K1: f64 = 1.2;
+/// BM25's length normalisation.
+pub const B: f64 = 0.75;
+/// Terms a `prefix*` clause stands for at most: the first this many in code-point order.
+pub const MAX_PREFIX_TERMS: usize = 64;
+/// Clauses of a query at most.
+pub const MAX_CLAUSES: usize = 32;
+
+/// The terms of `text`, in order: its words by Unicode's word boundaries (UAX #29), each
+/// lower-cased (Unicode's full lower-case mapping). Punctuation and spaces are no terms. A
+/// run of Han ideographs or of Hiragana is one term per character (UAX #29 puts a boundary
+/// between them), Katakana runs and Hangul words stay whole; no stemming, no stop words.
+pub fn tokens(text: &str) -> Vec<String> {
+    text.unicode_words().map(str::to_lowercase).collect()
+}
+
+/// One clause of a query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Clause {
+    /// A doc holding the term matches.
+    Term(String),
+    /// A doc holding these terms one after the other matches.
+    Phrase(Vec<String>),
+    /// A doc holding a term that starts with this matches (as the first
+    /// [`MAX_PREFIX_TERMS`] such terms of the bot, each a `Term`).
+    Prefix(String),
+}
+
+/// A query: a doc matching any clause is a hit, scored by the sum of its clauses' scores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Query {
+    /// The clauses, in the order written.
+    pub clauses: Vec<Clause>,
+}
+
+impl Query {
+    /// Parse a query: `"…"` is a phrase (its terms, in order; one term is a term), a word
+    /// ending in `*` directly is a prefix, every other word is a term; words are [`tokens`].
+    /// Refused (`InvalidInput` on field `query`) when it has no term or more than
+    /// [`MAX_CLAUSES`] clauses, or a quote is not closed.
+    pub fn parse(q: &str) -> Result<Query> {
+        let mut clauses = Vec::new();
+        let mut rest = q;
+        while !rest.is_empty() {
+            if let Some(after) = rest.strip_prefix('"') {
+                let Some(end) = after.find('"') else {
+                    return Err(Error::invalid("query", None, "a quote is not closed"));
+                };
+                let mut terms = tokens(&after[..end]);
+                match terms.len() {
+                    0 => {}
+                    1 => clauses.push(Clause::Term(terms.remove(0))),
+                    _ => clauses.push(Clause::Phrase(terms)),
+                }
+                rest = &after[end + 1..];
+                continue;
+            }
+            let end = rest.find(|c: char| c.is_whitespace() || c == '"').unwrap_or(rest.len());
+            let (word, tail) = rest.split_at(end);
+            rest = tail.trim_start_matches(char::is_whitespace);
+            let (word, prefix) = match word.strip_suffix('*') {
+                Some(w) => (w, true),
+                None => (word, false),
+            };
+            let mut terms = tokens(word);
+            if prefix && let Some(last) = terms.pop() {
+                clauses.extend(terms.into_iter().map(Clause::Term));
+                clauses.push(Clause::Prefix(last));
+            } else {
+                clauses.extend(terms.into_iter().map(Clause::Term));
+            }
+        }
+        if clauses.is_empty() {
+            return Err(Error::invalid("query", None, "holds no word to search for"));
+        }
+        if clauses.len() > MAX_CLAUSES {
+            return Err(Error::invalid(
+                "query",
+                None,
+                format!("{} clauses; at most {MAX_CLAUSES}", clauses.len()),
+            ));
+        }
+        Ok(Query { clauses })
+    }
+}
+
+/// Which docs a search may return (all given conditions hold).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Filter {
+    /// Only this session's records.
+    pub session: Option<String>,
+    /// Only records of one of these roles (any role when empty).
+    pub roles: Vec<String>,
+    /// Only records whose HLC's wall time (milliseconds) is at or past this.
+    pub since_millis: Option<u64>,
+    /// Only records whose HLC's wall time (milliseconds) is before this.
+    pub until_millis: Option<u64>,
+    /// Only records whose metadata has each of these top-level keys with exactly this value.
+    pub metadata: BTreeMap<String, serde_json::Value>,
+}
+
+/// One result: a doc, its score and the terms of the query it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hit {
+    /// The order key of the doc's entry (its winning put).
+    pub key: OrderKey,
+    /// Its record id.
+    pub id: String,
+    /// Its BM25 score (higher first).
+    pub score: f64,
+    /// The query's terms the doc holds (a prefix's, the terms it stood for), sorted.
+    pub matched: Vec<String>,
+}
+
+/// Where a page of hits ended: the next page starts after this score and key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct After {
+    /// The last hit's score.
+    pub score: f64,
+    /// The last hit's key.
+    pub key: OrderKey,
+}
+
+/// Whether hit `a` comes before `b`: higher score first, then the contract's order (rule 8).
+fn before(a: (f64, &OrderKey), b: (f64, &OrderKey)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1))
+}
+
+/// What the index holds of one record id of a bot.
+#[derive(Clone, Debug)]
+enum IdState {
+    /// A tombstone was fed: nothing of it is held, for good (rule 7).
+    Dead,
+    /// Its winning put so far, and that put's doc if it is one (text of a put or summary).
+    Live { key: OrderKey, doc: Option<u32> },
+}
+
+/// One doc: what filters and scoring need, and its distinct terms (to take it out again).
+#[derive(Clone, Debug)]
+struct Doc {
+    key: OrderKey,
+    id: String,
+    session: String,
+    role: String,
+    metadata: Option<serde_json::Value>,
+    len: u32,
+    terms: Vec<String>,
+}
+
+/// One bot's part of the index.
+#[derive(Clone, Debug, Default)]
+struct BotText {
+    ids: HashMap<String, IdState>,
+    docs: HashMap<u32, Doc>,
+    next_doc: u32,
+    /// Per term, the docs holding it and the token positions where.
+    postings: BTreeMap<String, BTreeMap<u32, Vec<u32>>>,
+    total_len: u64,
+}
+
+/// The full-text index of every bot's live records.
+#[derive(Clone, Debug, Default)]
+pub struct TextIndex {
+    bots: HashMap<String, BotText>,
+}
+
+impl TextIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed one entry. Order-independent: any order of the same entries leaves the same
+    /// answers. A tombstone takes its id out for good; a put earlier in the contract's order
+    /// than the held winner of its id replaces it (rule 6); a later one changes nothing.
+    pub fn apply(&mut self, e: &Entry) {
+        let r = &e.record;
+        let bot = self.bots.entry(r.bot_id.clone()).or_default();
+        if r.kind == Kind::Tombstone {
+            if let Some(IdState::Live { doc: Some(doc), .. }) = bot.ids.insert(r.id.clone(), IdState::Dead) {
+                bot.remove(doc);
+            }
+            return;
+        }
+        let key = e.key();
+        match bot.ids.get(&r.id) {
+            Some(IdState::Dead) => return,
+            Some(IdState::Live { key: held, .. }) if *held <= key => return,
+            Some(IdState::Live { doc: Some(doc), .. }) => {
+                let doc = *doc;
+                bot.remove(doc);
+            }
+            _ => {}
+        }
+        let text = match (&r.body, r.kind) {
+            (Body::Text(t), Kind::Put | Kind::Summary) if !e.purged => Some(t),
+            _ => None,
+        };
+        let doc = text.map(|t| bot.add(e, t));
+        bot.ids.insert(r.id.clone(), IdState::Live { key, doc });
+    }
+
+    /// Live docs of `bot`.
+    pub fn docs(&self, bot: &str) -> usize {
+        self.bots.get(bot).map_or(0, |b| b.docs.len())
+    }
+
+    /// The hits of `query` in `bot` that pass `filter`, best first (ties in the contract's
+    /// order), past `after`, at most `k`; and whether more follow.
+    pub fn search(
+        &self,
+        bot: &str,
+        query: &Query,
+        filter: &Filter,
+        after: Option<&After>,
+        k: usize,
+    ) -> (Vec<Hit>, bool) {
+        let Some(b) = self.bots.get(bot) else {
+            return (Vec::new(), false);
+        };
+        let n = b.docs.len() as f64;
+        if n == 0.0 {
+            return (Vec::new(), false);
+        }
+        let avg = b.total_len as f64 / n;
+        // Per doc: score so far, and matched terms.
+        let mut scores: HashMap<u32, (f64, BTreeSet<String>)> = HashMap::new();
+        for clause in &query.clauses {
+            match clause {
+                Clause::Term(t) => b.score_term(t, n, avg, &mut scores),
+                Clause::Prefix(p) => {
+                    let terms: Vec<&String> = b
+                        .postings
+                        .range::<str, _>((std::ops::Bound::Included(p.as_str()), std::ops::Bound::Unbounded))
+                        .take_while(|(t, _)| t.starts_with(p.as_str()))
+                        .take(MAX_PREFIX_TERMS)
+                        .map(|(t, _)| t)
+                        .collect();
+                    for t in terms {
+                        b.score_term(t, n, avg, &mut scores);
+                    }
+                }
+                Clause::Phrase(terms) => {
+                    let found = b.phrase(terms);
+                    let df = found.len() as f64;
+                    for (doc, tf) in found {
+                        let s = bm25(tf as f64, df, n, b.docs[&doc].len as f64, avg);
+                        let slot = scores.entry(doc).or_default();
+                        slot.0 += s;
+                        slot.1.extend(terms.iter().cloned());
+                    }
+                }
+            }
+        }
+        let mut hits: Vec<Hit> = scores
+            .into_iter()
+            .filter_map(|(doc, (score, matched))| {
+                let d = &b.docs[&doc];
+                passes(d, filter).then(|| Hit {
+                    key: d.key,
+                    id: d.id.clone(),
+                    score,
+                    matched: matched.into_iter().collect(),
+                })
+            })
+            .filter(|h| after.is_none_or(|a| before((a.score, &a.key), (h.score, &h.key)).is_lt()))
+            .collect();
+        hits.sort_by(|x, y| before((x.score, &x.key), (y.score, &y.key)));
+        let more = hits.len() > k;
+        hits.truncate(k);
+        (hits, more)
+    }
+}
+
+/// BM25 of one clause in one doc: `idf · tf·(K1+1) / (tf + K1·(1 − B + B·len/avg))`, with
+/// `idf = ln(1 + (n − df + 0.5)/(df + 0.5))` (never negative).
+pub fn bm25(tf: f64, df: f64, n: f64, len: f64, avg: f64) -> f64 {
+    let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+    idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len / avg))
+}
+
+fn passes(d: &Doc, f: &Filter) -> bool {
+    let millis = d.key.hlc.millis();
+    f.session.as_ref().is_none_or(|s| *s == d.session)
+        && (f.roles.is_empty() || f.roles.contains(&d.role))
+        && f.since_millis.is_none_or(|t| millis >= t)
+        && f.until_millis.is_none_or(|t| millis < t)
+        && f.metadata
+            .iter()
+            .all(|(k, v)| d.metadata.as_ref().and_then(|m| m.get(k)).is_some_and(|held| held == v))
+}
+
+impl BotText {
+    fn add(&mut self, e: &Entry, text: &str) -> u32 {
+        let doc = self.next_doc;
+        self.next_doc += 1;
+        let terms = tokens(text);
+        let mut distinct = BTreeSet::new();
+        for (pos, t) in terms.iter().enumerate() {
+            self.postings
+                .entry(t.clone())
+                .or_default()
+                .entry(doc)
+                .or_default()
+                .push(pos as u32);
+            distinct.insert(t.clone());
+        }
+        let len = terms.len() as u32;
+        self.total_len += u64::from(len);
+        let r = &e.record;
+        self.docs.insert(
+            doc,
+            Doc {
+                key: e.key(),
+                id: r.id.clone(),
+                session: r.session_id.clone(),
+                role: r.role.clone(),
+                metadata: r.metadata.clone(),
+                len,
+                terms: distinct.into_iter().collect(),
+            },
+        );
+        doc
+    }
+
+    fn remove(&mut self, doc: u32) {
+        let Some(d) = self.docs.remove(&doc) else { return };
+        self.total_len -= u64::from(d.len);
+        for t in d.terms {
+            if let Some(p) = self.postings.get_mut(&t) {
+                p.remove(&doc);
+                if p.is_empty() {
+                    self.postings.remove(&t);
+                }
+            }
+        }
+    }
+
+    fn score_term(&self, t: &str, n: f64, avg: f64, scores: &mut HashMap<u32, (f64, BTreeSet<String>)>) {
+        let Some(p) = self.postings.get(t) else { return };
+        let df = p.len() as f64;
+        for (doc, positions) in p {
+            let s = bm25(positions.len() as f64, df, n, self.docs[doc].len as f64, avg);
+            let slot = scores.entry(*doc).or_default();
+            slot.0 += s;
+            slot.1.insert(t.to_string());
+        }
+    }
+
+    /// Per doc holding the phrase, how many times.
+    fn phrase(&self, terms: &[String]) -> Vec<(u32, usize)> {
+        let lists: Option<Vec<&BTreeMap<u32, Vec<u32>>>> = terms.iter().map(|t| self.postings.get(t)).collect();
+        let Some(lists) = lists else { return Vec::new() };
+        let Some((first, rest)) = lists.split_first() else {
+            return Vec::new();
+        };
+        first
+            .iter()
+            .filter_map(|(doc, starts)| {
+                let follow: Option<Vec<&Vec<u32>>> = rest.iter().map(|l| l.get(doc)).collect();
+                let follow = follow?;
+                let count = starts
+                    .iter()
+                    .filter(|&&s| {
+                        follow
+                            .iter()
+                            .enumerate()
+                            .all(|(i, ps)| ps.binary_search(&(s + i as u32 + 1)).is_ok())
+                    })
+                    .count();
+                (count > 0).then_some((*doc, count))
+            })
+            .collect()
+    }
+}
+
+/// Entries asked of a store in one read.
+const READ: usize = 1_000;
+
+/// A [`TextIndex`] that follows a store: it reads each shard's entries past what it holds,
+/// with their bodies, up to a position (a projector's checkpoint) — what backends give is
+/// entries, every rule of search is here.
+#[derive(Clone, Debug, Default)]
+pub struct Searcher {
+    index: TextIndex,
+    at: Checkpoint,
+}
+
+impl Searcher {
+    /// A searcher that holds nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The index as far as it has read.
+    pub fn index(&self) -> &TextIndex {
+        &self.index
+    }
+
+    /// How far it has read, per shard.
+    pub fn position(&self) -> &Checkpoint {
+        &self.at
+    }
+
+    /// Read every entry past [`Searcher::position`] and at or below `to` (per shard), and
+    /// feed it; the entries fed. A failed read leaves what was fed before it (feeding is
+    /// idempotent; the next call goes on from there). A position past what the store holds
+    /// is refused (`InvalidInput` on field `at`).
+    pub async fn catch_up(&mut self, store: &dyn Store, to: &Checkpoint) -> Result<usize> {
+        let mut fed = 0;
+        for (&shard, &end) in &to.0 {
+            let mut after = self.at.get(shard);
+            while after < end {
+                let mut page = store.read_shard(shard, after, READ).await?;
+                // A page never ends inside the entries of one seq (a fenced writer's that
+                // landed and its successor's): the next read starts past the page's last.
+                if page.len() == READ
+                    && let (Some(first), Some(last)) = (page.first().map(|e| e.seq), page.last().map(|e| e.seq))
+                    && first < last
+                {
+                    page.retain(|e| e.seq < last);
+                }
+                if page.is_empty() {
+                    return Err(Error::invalid(
+                        "at",
+                        None,
+                        format!("names seq {end} of shard {shard}, past what the store holds (it ends at {after})"),
+                    ));
+                }
+                for e in page.iter().filter(|e| e.seq <= end) {
+                    self.index.apply(e);
+                    fed += 1;
+                    after = e.seq;
+                }
+                if page.last().is_some_and(|e| e.seq > end) {
+                    after = end;
+                }
+                self.at.0.insert(shard, after);
+            }
+        }
+        Ok(fed)
+    }
+}
+
+#[cfg(test)]
+mod tests;

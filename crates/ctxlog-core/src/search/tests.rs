@@ -1,0 +1,333 @@
+//! The search index's tests: a ranking fixed by hand, the query language, the tokenizer,
+//! forgetting, and a property test against the brute-force reference of the model.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::hlc::Hlc;
+use crate::ids::WriterId;
+use crate::record::Record;
+use crate::testing::model;
+
+fn entry(writer: &str, seq: u64, hlc: u64, record: Record) -> Entry {
+    Entry {
+        shard: WriterId::new(writer).unwrap().shard_id(),
+        seq,
+        epoch: 1,
+        hlc: Hlc::from_parts(hlc, 0),
+        content_hash: record.content_hash(),
+        record,
+        purged: false,
+    }
+}
+
+fn put(seq: u64, id: &str, session: &str, text: &str) -> Entry {
+    entry("w", seq, 1_000 + seq, Record::text(id, "bot", session, "user", text))
+}
+
+fn index(entries: &[Entry]) -> TextIndex {
+    let mut ix = TextIndex::new();
+    for e in entries {
+        ix.apply(e);
+    }
+    ix
+}
+
+fn ids(ix: &TextIndex, q: &str, filter: &Filter) -> Vec<String> {
+    let (hits, _) = ix.search("bot", &Query::parse(q).unwrap(), filter, None, 100);
+    hits.into_iter().map(|h| h.id).collect()
+}
+
+fn all() -> Filter {
+    Filter::default()
+}
+
+#[test]
+fn the_tokenizer_splits_words_by_unicode_and_folds_case() {
+    assert_eq!(
+        tokens("Hello, WORLD! It's Straße-42 (v1.2)"),
+        ["hello", "world", "it's", "straße", "42", "v1.2"]
+    );
+    // Han ideographs one term each; a Katakana run stays whole; Hangul words whole.
+    assert_eq!(tokens("東京タワー 한국어"), ["東", "京", "タワー", "한국어"]);
+    assert!(tokens(" ,.;— ").is_empty());
+}
+
+/// The ranking below is reasoned by hand from BM25, not computed: the rare term `refund`
+/// outweighs the common `order`; of two docs holding `refund` once, the shorter ranks
+/// first; holding it twice beats once at the same length; a doc with neither is no hit.
+#[test]
+fn a_small_corpus_ranks_as_bm25_says() {
+    let ix = index(&[
+        put(1, "a", "s", "order shipped order late order"),
+        put(2, "b", "s", "refund my order please now thanks"),
+        put(3, "c", "s", "refund order"),
+        put(4, "d", "s", "refund refund order please now thanks"),
+        put(5, "e", "s", "weather is fine today"),
+        put(6, "f", "t", "order order"),
+    ]);
+    assert_eq!(ids(&ix, "refund order", &all()), ["c", "d", "b", "f", "a"]);
+    assert_eq!(ids(&ix, "refund", &all()), ["c", "d", "b"]);
+    // Case and punctuation of the query do not matter.
+    assert_eq!(ids(&ix, "REFUND!", &all()), ["c", "d", "b"]);
+}
+
+#[test]
+fn phrases_prefixes_and_filters() {
+    let mut e = vec![
+        put(1, "a", "s", "please refund my order"),
+        put(2, "b", "s", "my order refund please"),
+        put(3, "c", "t", "refunded orders arrive"),
+    ];
+    let mut tool = put(4, "d", "s", "refund my order");
+    tool.record.role = "tool".into();
+    tool.record.metadata = Some(serde_json::json!({"lang": "en", "n": 1}));
+    e.push(tool);
+    let ix = index(&e);
+    assert_eq!(ids(&ix, "\"refund my order\"", &all()), ["d", "a"]);
+    assert_eq!(ids(&ix, "\"order refund\"", &all()), ["b"]);
+    assert_eq!(ids(&ix, "ord*", &all()).len(), 4);
+    assert_eq!(ids(&ix, "orders", &all()), ["c"]);
+    let session = Filter {
+        session: Some("t".into()),
+        ..all()
+    };
+    assert_eq!(ids(&ix, "refund*", &session), ["c"]);
+    let roles = Filter {
+        roles: vec!["tool".into()],
+        ..all()
+    };
+    assert_eq!(ids(&ix, "refund", &roles), ["d"]);
+    let meta = Filter {
+        metadata: [("lang".to_string(), serde_json::json!("en"))].into(),
+        ..all()
+    };
+    assert_eq!(ids(&ix, "order", &meta), ["d"]);
+    let time = Filter {
+        since_millis: Some(1_002),
+        until_millis: Some(1_004),
+        ..all()
+    };
+    assert_eq!(ids(&ix, "refund*", &time), ["c", "b"]);
+    // A filter leaves docs out; it moves no score.
+    let (every, _) = ix.search("bot", &Query::parse("refund").unwrap(), &all(), None, 10);
+    let (some, _) = ix.search("bot", &Query::parse("refund").unwrap(), &roles, None, 10);
+    assert_eq!(some[0].score, every.iter().find(|h| h.id == "d").unwrap().score);
+}
+
+#[test]
+fn the_query_language_refuses_what_it_cannot_search() {
+    for bad in ["", "  ", "\"unclosed", "!!! ---", "\"\""] {
+        let err = Query::parse(bad).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput { field: "query", .. }),
+            "{bad:?}: {err:?}"
+        );
+    }
+    let many = (0..=MAX_CLAUSES).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    assert!(Query::parse(&many).is_err());
+    assert_eq!(
+        Query::parse("a \"b c\" d* \"e\"").unwrap().clauses,
+        [
+            Clause::Term("a".into()),
+            Clause::Phrase(vec!["b".into(), "c".into()]),
+            Clause::Prefix("d".into()),
+            Clause::Term("e".into()),
+        ]
+    );
+}
+
+/// Rule 26's forgetting and rule 6's winner: a tombstone takes its record out of results
+/// and of every statistic, in either order of arrival; an earlier put replaces a later one.
+#[test]
+fn a_tombstone_takes_a_record_out_and_an_earlier_put_wins() {
+    let keep = put(1, "a", "s", "refund order");
+    let gone = put(2, "b", "s", "refund refund");
+    let tomb = entry("w", 3, 1_003, Record::tombstone("b", "bot", "s"));
+    let only = index(std::slice::from_ref(&keep));
+    for order in [vec![&keep, &gone, &tomb], vec![&tomb, &gone, &keep]] {
+        let mut ix = TextIndex::new();
+        for e in order {
+            ix.apply(e);
+        }
+        assert_eq!(ids(&ix, "refund", &all()), ["a"]);
+        assert_eq!(ix.docs("bot"), 1);
+        let q = Query::parse("refund").unwrap();
+        assert_eq!(
+            ix.search("bot", &q, &all(), None, 1).0,
+            only.search("bot", &q, &all(), None, 1).0,
+            "the tombstoned record counts in no statistic"
+        );
+        assert!(
+            ix.bots["bot"]
+                .postings
+                .keys()
+                .all(|t| t != "refund" || ix.bots["bot"].postings[t].len() == 1)
+        );
+    }
+    // A put of `a` from another writer, ordered before the held one, replaces it.
+    let earlier = entry("v", 1, 999, Record::text("a", "bot", "s", "user", "weather"));
+    let mut ix = index(&[keep.clone(), earlier.clone()]);
+    assert!(ids(&ix, "refund", &all()).is_empty());
+    assert_eq!(ids(&ix, "weather", &all()), ["a"]);
+    ix.apply(&keep);
+    assert_eq!(ids(&ix, "weather", &all()), ["a"], "a later put changes nothing");
+}
+
+#[test]
+fn pages_go_on_after_the_last_hit() {
+    let e: Vec<Entry> = (1..=7).map(|i| put(i, &format!("r{i}"), "s", "same words")).collect();
+    let ix = index(&e);
+    let q = Query::parse("words").unwrap();
+    let (first, more) = ix.search("bot", &q, &all(), None, 3);
+    assert!(more);
+    let last = first.last().unwrap();
+    let after = After {
+        score: last.score,
+        key: last.key,
+    };
+    let (second, _) = ix.search("bot", &q, &all(), Some(&after), 10);
+    let got: Vec<String> = first.iter().chain(&second).map(|h| h.id.clone()).collect();
+    // Equal scores: the contract's order.
+    assert_eq!(got, (1..=7).map(|i| format!("r{i}")).collect::<Vec<_>>());
+}
+
+#[test]
+fn another_bots_records_move_no_score() {
+    let mine = put(1, "a", "s", "refund order");
+    let other = |i: u64| {
+        entry(
+            "w",
+            10 + i,
+            2_000 + i,
+            Record::text(format!("o{i}"), "other", "s", "user", "refund"),
+        )
+    };
+    let alone = index(std::slice::from_ref(&mine));
+    let mut crowded: Vec<Entry> = (0..5).map(other).collect();
+    crowded.push(mine);
+    let crowded = index(&crowded);
+    let q = Query::parse("refund").unwrap();
+    assert_eq!(
+        alone.search("bot", &q, &all(), None, 5).0,
+        crowded.search("bot", &q, &all(), None, 5).0
+    );
+    assert_eq!(ids(&crowded, "refund", &all()), ["a"]);
+}
+
+const WORDS: &[&str] = &[
+    "refund", "order", "late", "please", "weather", "ship", "shipped", "東", "京",
+];
+
+fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
+    let one = (
+        0..3usize,
+        0..6usize,
+        0..3usize,
+        0..2usize,
+        prop::collection::vec(0..WORDS.len(), 0..6),
+        0..10u8,
+    );
+    prop::collection::vec(one, 1..40).prop_map(|specs| {
+        let mut seqs = [0u64; 3];
+        specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (w, id, session, bot, words, what))| {
+                seqs[w] += 1;
+                let text: Vec<&str> = words.iter().map(|&k| WORDS[k]).collect();
+                let (bot, session, id) = (["bot", "other"][bot], format!("s{session}"), format!("r{id}"));
+                let record = match what {
+                    0 => Record::tombstone(id, bot, session),
+                    1 => {
+                        let mut r = Record::text(id, bot, session, "user", "");
+                        r.body = Body::Bytes(text.join(" ").into_bytes());
+                        r
+                    }
+                    2 => Record::summary(id, bot, session, text.join(" "), Default::default()),
+                    _ => Record::text(id, bot, session, ["user", "tool"][i % 2], text.join(" ")),
+                };
+                entry(["w0", "w1", "w2"][w], seqs[w], 1_000 + (i as u64 * 7919) % 50, record)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// The index answers what the brute-force reference answers — ids and scores to the
+    /// bit — whatever order the entries arrive in.
+    #[test]
+    fn the_index_is_the_reference_in_any_order(
+        entries in arb_entries(),
+        seed in any::<u64>(),
+        q in prop::sample::select(vec!["refund", "refund order", "\"refund order\"", "sh*", "東 京", "\"東 京\" late", "please*"]),
+        session in prop::option::of(0..3usize),
+    ) {
+        let query = Query::parse(q).unwrap();
+        let filter = Filter { session: session.map(|s| format!("s{s}")), ..Filter::default() };
+        let want = model::search(&entries, "bot", &query, &filter);
+        let mut shuffled = entries.clone();
+        let mut state = seed;
+        for i in (1..shuffled.len()).rev() {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            shuffled.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        for order in [&entries, &shuffled] {
+            let (hits, more) = index(order).search("bot", &query, &filter, None, 1000);
+            prop_assert!(!more);
+            let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+            prop_assert_eq!(&got, &want);
+        }
+    }
+}
+
+/// A searcher reads what a store holds, shard by shard, up to a position, and answers as
+/// the reference does over the same entries; a tombstone read later takes its record out.
+#[tokio::test]
+async fn a_searcher_follows_a_store_up_to_a_position() {
+    use crate::options::StoreOptions;
+    use crate::testing::ReferenceStore;
+    let store = ReferenceStore::open("search-follows", StoreOptions::default()).unwrap();
+    let mut a = store.open_shard(&WriterId::new("a").unwrap()).await.unwrap();
+    let mut b = store.open_shard(&WriterId::new("b").unwrap()).await.unwrap();
+    let text = |id: &str, t: &str| Record::text(id, "bot", "s", "user", t);
+    a.append(vec![text("r1", "refund my order"), text("r2", "late order")])
+        .await
+        .unwrap();
+    b.append(vec![text("r3", "refund please")]).await.unwrap();
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    let then = p.checkpoint();
+    a.append(vec![text("r4", "refund refund")]).await.unwrap();
+    b.append(vec![Record::tombstone("r1", "bot", "s")]).await.unwrap();
+    let mut searcher = Searcher::new();
+    assert_eq!(searcher.catch_up(&store, &then).await.unwrap(), 3);
+    assert_eq!(searcher.position(), &then);
+    assert_eq!(ids_in(searcher.index(), "refund"), ["r3", "r1"]);
+    p.refresh().await.unwrap();
+    let now = p.checkpoint();
+    assert_eq!(
+        searcher.catch_up(&store, &now).await.unwrap(),
+        2,
+        "only what is past it"
+    );
+    let q = Query::parse("refund").unwrap();
+    let (hits, _) = searcher.index().search("bot", &q, &all(), None, 10);
+    let mut entries = Vec::new();
+    for shard in store.shards().await.unwrap() {
+        entries.extend(store.read_shard(shard.shard, 0, 100).await.unwrap());
+    }
+    let want = model::search(&entries, "bot", &q, &all());
+    assert_eq!(hits.into_iter().map(|h| (h.id, h.score)).collect::<Vec<_>>(), want);
+    assert_eq!(want.iter().map(|w| w.0.as_str()).collect::<Vec<_>>(), ["r4", "r3"]);
+    let mut beyond = now.clone();
+    beyond.0.insert(WriterId::new("a").unwrap().shard_id(), 99);
+    let err = searcher.catch_up(&store, &beyond).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { field: "at", .. }), "{err:?}");
+}
+
+fn ids_in(ix: &TextIndex, q: &str) -> Vec<String> {
+    ids(ix, q, &all())
+}
