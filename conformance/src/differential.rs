@@ -370,6 +370,26 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
         from_snapshot.sessions("bot").await? == listed,
         "the session list from a snapshot differs from the model"
     );
+    // Rule 26: a searcher fed from the store answers as the brute-force reference, scores
+    // to the bit, whatever the history's divergent puts, tombstones and purges.
+    let mut searcher = ctxlog_core::search::Searcher::new();
+    searcher.catch_up(store, &first.checkpoint()).await?;
+    let variant_2 = ctxlog_core::search::Filter {
+        metadata: [("variant".to_string(), serde_json::json!(2))].into(),
+        ..Default::default()
+    };
+    for (q, filter) in [
+        ("variant", Default::default()),
+        ("variant 3", Default::default()),
+        ("\"variant 1\" 0", Default::default()),
+        ("var*", variant_2),
+    ] {
+        let query = ctxlog_core::search::Query::parse(q)?;
+        let (hits, _) = searcher.index().search("bot", &query, &filter, None, usize::MAX);
+        let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+        let want = model::search(&entries, "bot", &query, &filter);
+        ensure!(got == want, "search `{q}`: {got:?}, the model {want:?}");
+    }
     let sessions: BTreeSet<String> = entries.iter().map(|e| e.record.session_id.clone()).collect();
     for s in sessions {
         let want = model::session_view(&entries, "bot", &s);

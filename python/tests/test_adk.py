@@ -13,12 +13,13 @@ from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E
 from google.adk.errors.session_not_found_error import SessionNotFoundError  # noqa: E402
 from google.adk.events.event import Event  # noqa: E402
 from google.adk.events.event_actions import EventActions  # noqa: E402
+from google.adk.memory import InMemoryMemoryService  # noqa: E402
 from google.adk.sessions import InMemorySessionService  # noqa: E402
 from google.adk.sessions.base_session_service import GetSessionConfig  # noqa: E402
 from google.adk.sessions.session import Session  # noqa: E402
 
 import ctxlog  # noqa: E402
-from ctxlog.adk import CtxlogSessionService  # noqa: E402
+from ctxlog.adk import CtxlogMemoryService, CtxlogSessionService  # noqa: E402
 
 
 def view(s: Session | None) -> object:
@@ -216,3 +217,75 @@ async def test_last_update_time_is_the_last_event_s(server: Server) -> None:
     assert got is not None and got.last_update_time == stamped
     (listed,) = (await svc.list_sessions(app_name="app", user_id="u")).sessions
     assert listed.last_update_time == stamped
+
+
+async def test_memory_answers_keyword_searches_as_adk_s_in_memory_service_does(
+    server: Server,
+) -> None:
+    """ADK's `InMemoryMemoryService` is the reference for which events a keyword search
+    finds (case, scripts, words inside other words, events without text, deletion); ranking
+    differs by design (BM25 against a count of matched words), so hits are compared as
+    sets (fewer than ten match each query)."""
+    from google.genai import types
+
+    def event(eid: str, text: str | None, at: float) -> Event:
+        part = (
+            types.Part(text=text)
+            if text is not None
+            else types.Part(function_call=types.FunctionCall(name="lookup", args={"q": "paris"}))
+        )
+        return Event(
+            id=eid,
+            author="user",
+            invocation_id="i",
+            timestamp=at,
+            content=types.Content(role="user", parts=[part]),
+        )
+
+    session = Session(
+        id="s1",
+        app_name="app",
+        user_id="u1",
+        events=[
+            event("e1", "The weather in Paris is sunny", 1.0),
+            event("e2", "I love Python programming", 2.0),
+            event("e3", "私はPythonを使う", 3.0),
+            event("e4", None, 4.0),
+            event("e5", "東京の天気", 5.0),
+            event("e6", "Email O'Brien at example.com about version 3.14", 6.0),
+        ],
+    )
+    other_user = Session(
+        id="s2", app_name="app", user_id="u2", events=[event("x1", "weather in Rome", 6.0)]
+    )
+    ours, theirs = CtxlogMemoryService(server.url), InMemoryMemoryService()
+    for svc in (ours, theirs):
+        await svc.add_session_to_memory(session)
+        await svc.add_session_to_memory(session)  # again: nothing twice
+        await svc.add_session_to_memory(other_user)
+
+    async def found(svc: object, query: str) -> set[str | None]:
+        got = await svc.search_memory(app_name="app", user_id="u1", query=query)  # type: ignore[attr-defined]
+        return {m.id for m in got.memories}
+
+    queries = ["weather", "PYTHON", "thon", "paris sunny", "nothing here", "東京", 'a "b *']
+    # What users type: apostrophes and dots inside words, underscores only, a long run of
+    # Japanese, more words and bytes than a query may hold.
+    queries += [
+        "O'Brien",
+        "example.com",
+        "3.14",
+        "___",
+        "東京の天気はとても良いですね今日は本当に暑い",
+    ]
+    queries += [" ".join(["weather"] + [f"w{i}" for i in range(40)]), "x" * 2000]
+    for query in queries:
+        assert await found(ours, query) == await found(theirs, query), query
+    mine = await ours.search_memory(app_name="app", user_id="u1", query="sunny")
+    assert mine.memories[0].content == session.events[0].content
+    assert mine.memories[0].author == "user" and mine.memories[0].timestamp
+    for svc in (ours, theirs):
+        await svc.delete_memory(app_name="app", user_id="u1", memory_id="e1")
+        await svc.delete_memory(app_name="app", user_id="u1", memory_id="never-added")
+        await svc.add_session_to_memory(session)
+    assert await found(ours, "weather") == await found(theirs, "weather") == set()

@@ -120,6 +120,30 @@ def test_the_changes_between_two_positions_end_at_the_second(server: Server) -> 
         assert e.value.field == "after"
 
 
+def test_a_stream_until_a_position_refuses_a_replica_that_ignores_until() -> None:
+    """An older replica that ignores `until` would stream past it and never end: the first
+    `position` of every stream must say `until` back; a resumed one is checked again."""
+    from ctxlog import _core
+
+    state = _core.Watch("p0", "p9")
+    state.headers()
+    with pytest.raises(ctxlog.CtxlogError):
+        state.on("position", "p0", '{"position": "p0"}')
+    state = _core.Watch("p0", "p9")
+    state.headers()
+    assert state.on("position", "p0", '{"position": "p0", "until": "p9"}') is None
+    assert state.on("position", "p3", '{"position": "p3"}') is None
+    state.on("end", "p3", '{"reason": "shutdown", "resume": true}')
+    assert state.ended and not state.done
+    state.headers()
+    with pytest.raises(ctxlog.CtxlogError):
+        state.on("position", "p3", '{"position": "p3"}')
+    state.headers()
+    state.on("position", "p3", '{"position": "p3", "until": "p9"}')
+    state.on("end", "p9", '{"reason": "until", "resume": false}')
+    assert state.done and state.last == "p9"
+
+
 async def test_the_async_twin(server: Server) -> None:
     async with ctxlog.AsyncClient(server.url) as c:
         s = c.session("helpdesk", "t-2")
@@ -552,3 +576,36 @@ def test_tls_from_a_certificate_and_key(store: str, servers: list[Server], tmp_p
         c.session("b", "tls").records()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{s.url}/healthz", timeout=10)
+
+
+def test_search_finds_live_records_of_its_bot_best_first(server: Server) -> None:
+    """Contract rule 26 through the client: BM25 order (reasoned by hand: the shorter
+    record holding `refund` first), filters, pages, and a tombstoned record gone."""
+    with ctxlog.Client(server.url) as c:
+        s = c.session("searcher", "s")
+        s.append([{"id": "long", "role": "user", "text": "refund my order please now"}])
+        c.session("searcher", "t").append([{"id": "short", "role": "tool", "text": "Refund it"}])
+        c.session("other-bot", "s").append([{"id": "theirs", "role": "user", "text": "refund"}])
+        page = c.search("searcher", "refund")
+        assert [h.record.id for h in page.hits] == ["short", "long"]
+        assert page.hits[0].snippet == "Refund it" and page.hits[0].matched == ["refund"]
+        assert [h.record.id for h in c.search("searcher", "refund", roles=["user"]).hits] == [
+            "long"
+        ]
+        first = c.search("searcher", "refund", k=1)
+        assert first.next is not None
+        rest = c.search("searcher", "refund", k=1, after=first.next)
+        assert [h.record.id for h in rest.hits] == ["long"] and rest.next is None
+        s.delete("long")
+        assert [h.record.id for h in c.search("searcher", "refund").hits] == ["short"]
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            c.search("searcher", '"unclosed')
+        assert e.value.field == "query"
+
+
+async def test_search_async_twin(server: Server) -> None:
+    async with ctxlog.AsyncClient(server.url) as c:
+        await c.session("searcher-2", "s").append([{"role": "user", "text": "where is my parcel"}])
+        page = await c.search("searcher-2", "parc*")
+        assert [h.record.text for h in page.hits] == ["where is my parcel"]
+        assert page.hits[0].matched == ["parcel"]

@@ -13,6 +13,7 @@ pub mod maintenance;
 pub mod order;
 pub mod reading;
 pub mod reclaim;
+pub mod search;
 pub mod snapshots;
 pub mod summaries;
 
@@ -35,6 +36,7 @@ pub fn all() -> Vec<crate::Case> {
         summaries::cases(),
         as_of::cases(),
         forks::cases(),
+        search::cases(),
         faults::cases(),
     ]
     .concat()

@@ -149,6 +149,22 @@ enum Command {
         #[arg(long)]
         at: Option<String>,
     },
+    /// Full-text search of a bot's live records (rule 26): words, "phrases" and prefix*es,
+    /// BM25-ranked; print the hits best first, one JSON object per line (`score`,
+    /// `matched`, `snippet`, `record`).
+    Search {
+        #[arg(long)]
+        bot: String,
+        /// The query.
+        #[arg(long)]
+        query: String,
+        /// Only this session's records.
+        #[arg(long)]
+        session: Option<String>,
+        /// At most this many hits (1 to 100).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
+        k: u16,
+    },
     /// Print every shard, one JSON object per line.
     Shards,
     /// Print every conflict in the log, one JSON object per line.
@@ -520,6 +536,7 @@ impl Command {
             | Command::Session { .. }
             | Command::Context { .. }
             | Command::Sessions { .. }
+            | Command::Search { .. }
             | Command::Shards
             | Command::Conflicts
             | Command::Stats
@@ -946,6 +963,33 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             };
             for s in sessions {
                 print(json::session_json(&s));
+            }
+        }
+        Command::Search { bot, query, session, k } => {
+            use ctxlog::search::{Filter, Query, Searcher, snippet};
+            let query = Query::parse(query)?;
+            let mut p = store.projector();
+            p.refresh().await?;
+            let mut searcher = Searcher::new();
+            searcher.catch_up(&*store, &p.checkpoint()).await?;
+            let filter = Filter {
+                session: session.clone(),
+                ..Filter::default()
+            };
+            let (hits, _) = searcher.index().search(bot, &query, &filter, None, usize::from(*k));
+            for h in hits {
+                // The projector holds what the searcher read: the hit's record.
+                let Some(e) = p.get(bot, &h.id).await? else { continue };
+                let text = match &e.record.body {
+                    ctxlog::Body::Text(t) => snippet(t, &h.matched),
+                    ctxlog::Body::Bytes(_) => String::new(),
+                };
+                print(serde_json::json!({
+                    "matched": h.matched,
+                    "record": json::entry_json(&e),
+                    "score": h.score,
+                    "snippet": text,
+                }));
             }
         }
         Command::Shards => {

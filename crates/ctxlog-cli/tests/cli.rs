@@ -485,6 +485,15 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
                 "{ext}: {name} differs from format 1's"
             );
         }
+        // Search keeps rules 6 and 7 per bot: a store whose ids are grouped across bots is
+        // refused (nothing read, nothing written), never answered by the wrong grouping.
+        let out = ctxlog(&store, &["search", "--bot", "support", "--query", "order"], "").await;
+        assert_eq!(out.status.code(), Some(2), "{ext}: search on format 1");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("format"),
+            "{ext}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // The context view of a session without summaries is its session view.
         let out = ctxlog(&store, &["context", "--bot", "support", "--session", "ticket-1"], "").await;
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -28,7 +28,7 @@ fn cases() -> Vec<Case> {
         ctxlog_conformance::case!(serve_clients_that_disconnect_mid_append_never_tear_a_batch),
         ctxlog_conformance::case!(serve_sigterm_ends_streams_keeps_acks_and_exits_zero),
         ctxlog_conformance::case!(serve_a_summary_written_through_another_replica_covers_only_what_was_read),
-        ctxlog_conformance::case!(serve_a_fork_through_one_replica_is_the_parent_as_of_its_position_on_another),
+        ctxlog_conformance::case!(serve_a_fork_or_a_search_through_one_replica_agrees_with_another),
     ]
 }
 
@@ -541,8 +541,10 @@ async fn serve_a_summary_written_through_another_replica_covers_only_what_was_re
 
 /// Rule 25 across processes: replica A forks session `p` while replica B appends to it; B's
 /// read of `p` as of the fork's position is exactly what the fork inherited, both replicas
-/// serve the fork byte for byte alike, and `p` keeps every record.
-async fn serve_a_fork_through_one_replica_is_the_parent_as_of_its_position_on_another(ctx: Ctx) -> anyhow::Result<()> {
+/// serve the fork byte for byte alike, and `p` keeps every record. Rule 26 across
+/// processes: a record acknowledged by A is found by B's next search, both answer byte for
+/// byte alike, and a tombstone through B takes it out of A's.
+async fn serve_a_fork_or_a_search_through_one_replica_agrees_with_another(ctx: Ctx) -> anyhow::Result<()> {
     ctx.store().await?;
     let a = replica(&ctx, "replica-a").await?;
     let b = replica(&ctx, "replica-b").await?;
@@ -585,6 +587,29 @@ async fn serve_a_fork_through_one_replica_is_the_parent_as_of_its_position_on_an
         "the fork is not B's view of p as of its position, then its own: {fork_a:?}"
     );
     ensure!(cb.session("bot", "p").await?.len() == 25, "the parent lost records");
+    ensure!(
+        ca.append("bot", "q", &[rec("needle", "a zanzibar needle")])
+            .await?
+            .status
+            == StatusCode::OK
+    );
+    let query = json!({"query": "zanzibar needle"});
+    let found_b = cb.post("/v1/bots/bot/search", &query).await?;
+    let found_a = ca.post("/v1/bots/bot/search", &query).await?;
+    ensure!(
+        found_b.json["hits"][0]["record"]["id"] == "needle",
+        "B's search: {}",
+        found_b.text
+    );
+    ensure!(
+        found_a.json["hits"] == found_b.json["hits"],
+        "{} vs {}",
+        found_a.text,
+        found_b.text
+    );
+    ensure!(cb.delete("/v1/bots/bot/records/needle").await?.status == StatusCode::OK);
+    let gone = ca.post("/v1/bots/bot/search", &query).await?;
+    ensure!(gone.json["hits"] == json!([]), "A still finds it: {}", gone.text);
     Ok(())
 }
 

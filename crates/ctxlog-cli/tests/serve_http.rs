@@ -145,6 +145,12 @@ async fn tokens_scope_every_route_by_bot_and_right() -> anyhow::Result<()> {
             (Method::GET, "/v1/bots/b/records/missing".into(), Value::Null),
             (Method::DELETE, "/v1/bots/b/records/b-1".into(), Value::Null),
             (Method::GET, "/v1/bots/b/sessions".into(), Value::Null),
+            (Method::POST, "/v1/bots/b/search".into(), json!({"query": "secret"})),
+            (
+                Method::POST,
+                "/v1/bots/b/search".into(),
+                json!({"query": "\"not closed"}),
+            ),
             (Method::GET, "/v1/conflicts".into(), Value::Null),
             (Method::GET, "/v1/stats".into(), Value::Null),
             (Method::GET, "/v1/shards".into(), Value::Null),
@@ -515,6 +521,16 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
                     .await?,
             ),
             ("/v1/bots/{bot}/sessions", "get", c.get("/v1/bots/a/sessions").await?),
+            (
+                "/v1/bots/{bot}/search",
+                "post",
+                c.post("/v1/bots/a/search", &json!({"query": "x", "k": 1})).await?,
+            ),
+            (
+                "/v1/bots/{bot}/search",
+                "post",
+                c.post("/v1/bots/a/search", &json!({"query": "x", "k": 0})).await?,
+            ),
             ("/v1/conflicts", "get", c.get("/v1/conflicts").await?),
             ("/v1/stats", "get", c.get("/v1/stats").await?),
             ("/v1/shards", "get", c.get("/v1/shards").await?),
@@ -545,6 +561,101 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
         }
         let missed: Vec<_> = operations(&doc)?.difference(&responses.checked).cloned().collect();
         ensure!(missed.is_empty(), "no response of {missed:?} was checked");
+        Ok(())
+    })
+    .await
+}
+
+/// Rule 26 over HTTP: a search sees every acknowledged record of its bot and nothing of
+/// another bot's (not even in its scores), ranks as BM25 says (the order below is reasoned
+/// by hand), pages on with `next`, and never returns a tombstoned record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_ranks_a_bots_live_records_and_nothing_else() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&[]).await?;
+        let a = f.server.client().with_token(&token_for(&f, "writer-a"));
+        let b = f.server.client().with_token(&token_for(&f, "writer-b"));
+        let search = |c: &Http, bot: &str, body: Value| {
+            let (c, path) = (c.clone(), format!("/v1/bots/{bot}/search"));
+            async move { c.post(&path, &body).await }
+        };
+        let ids = |answer: &common::Answer| -> Vec<String> {
+            answer.json["hits"]
+                .as_array()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| h["record"]["id"].as_str().unwrap_or("").to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        ensure!(
+            a.append("a", "s", &[rec("a-long", "refund my order please now thanks")])
+                .await?
+                .status
+                == StatusCode::OK
+        );
+        ensure!(
+            a.append("a", "t", &[rec("a-short", "Refund order"), rec("a-none", "weather")])
+                .await?
+                .status
+                == StatusCode::OK
+        );
+        let alone = search(&a, "a", json!({"query": "refund"})).await?;
+        ensure!(ids(&alone) == ["a-short", "a-long"], "{}", alone.text);
+        ensure!(alone.json["hits"][0]["snippet"] == "Refund order", "{}", alone.text);
+        ensure!(alone.json["hits"][0]["matched"] == json!(["refund"]), "{}", alone.text);
+        // Bot b's records with the same word: not returned to a, and a's scores unmoved.
+        ensure!(
+            b.append("b", "s", &[rec("b-1", "refund refund"), rec("b-2", "refund")])
+                .await?
+                .status
+                == StatusCode::OK
+        );
+        let again = search(&a, "a", json!({"query": "refund"})).await?;
+        ensure!(
+            again.json["hits"] == alone.json["hits"],
+            "{} vs {}",
+            again.text,
+            alone.text
+        );
+        ensure!(ids(&search(&b, "b", json!({"query": "refund"})).await?) == ["b-1", "b-2"]);
+        // Filters, pages, and a tombstone.
+        let t_only = search(&a, "a", json!({"query": "refund", "session": "t"})).await?;
+        ensure!(ids(&t_only) == ["a-short"], "{}", t_only.text);
+        let first = search(&a, "a", json!({"query": "refund order", "k": 1})).await?;
+        let next = first.json["next"].as_str().context("a next page")?.to_string();
+        let second = search(&a, "a", json!({"query": "refund order", "k": 1, "after": next})).await?;
+        ensure!(
+            ids(&first) == ["a-short"] && ids(&second) == ["a-long"],
+            "{} {}",
+            first.text,
+            second.text
+        );
+        ensure!(second.json.get("next").is_none(), "{}", second.text);
+        ensure!(a.delete("/v1/bots/a/records/a-short").await?.status == StatusCode::OK);
+        let after_delete = search(&a, "a", json!({"query": "refund"})).await?;
+        ensure!(ids(&after_delete) == ["a-long"], "{}", after_delete.text);
+        for (body, field) in [
+            (json!({"query": "refund", "k": 101}), "k"),
+            (json!({"query": "  "}), "query"),
+            (json!({"query": "x", "since": "yesterday"}), "since"),
+            (json!({"query": "x", "after": "bm9wZQ"}), "after"),
+            (
+                json!({"query": "x", "metadata": (0..17).map(|i| (format!("k{i}"), json!(i))).collect::<serde_json::Map<_, _>>()}),
+                "metadata",
+            ),
+        ] {
+            let refused = search(&a, "a", body).await?;
+            ensure!(
+                refused.status == StatusCode::BAD_REQUEST && refused.json["field"] == field,
+                "{field}: {}",
+                refused.text
+            );
+        }
+        // A search asks, it writes nothing: its body is small (64 KiB), whatever a write may send.
+        let big = search(&a, "a", json!({"query": "x", "metadata": {"k": "v".repeat(70_000)}})).await?;
+        ensure!(big.status == StatusCode::PAYLOAD_TOO_LARGE, "{}", big.text);
         Ok(())
     })
     .await

@@ -8,7 +8,7 @@
 //!
 //! Modules depend on each other in one direction only: `ids` → `error` → `hlc` → `record`
 //! → `canonical` → `hash` → `entry` → `validate` → `projection` → `context` → `options` → `traits` →
-//! `search` → `retain` → `upgrade` → `backend` → `testing`.
+//! `retain` → `upgrade` → `search` → `backend` → `testing`.
 
 #![warn(missing_docs)]
 

@@ -34,6 +34,13 @@ pub const B: f64 = 0.75;
 pub const MAX_PREFIX_TERMS: usize = 64;
 /// Clauses of a query at most.
 pub const MAX_CLAUSES: usize = 32;
+/// Terms of one phrase at most.
+pub const MAX_PHRASE_TERMS: usize = 16;
+/// `prefix*` clauses of a query at most.
+pub const MAX_PREFIXES: usize = 4;
+/// Bytes of a query at most (what a search may cost is bounded by the clauses above, and
+/// they by this).
+pub const MAX_QUERY_BYTES: usize = 1024;
 
 /// The terms of `text`, in order: its words by Unicode's word boundaries (UAX #29), each
 /// lower-cased (Unicode's full lower-case mapping). Punctuation and spaces are no terms. A
@@ -56,60 +63,86 @@ pub enum Clause {
 }
 
 /// A query: a doc matching any clause is a hit, scored by the sum of its clauses' scores.
+/// Made only by [`Query::parse`], which bounds what a search costs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Query {
-    /// The clauses, in the order written.
-    pub clauses: Vec<Clause>,
+    clauses: Vec<Clause>,
+}
+
+/// Terms of `text` as one clause: none, a term, or a phrase.
+fn clause_of(text: &str) -> Option<Clause> {
+    let mut terms = tokens(text);
+    match terms.len() {
+        0 => None,
+        1 => terms.pop().map(Clause::Term),
+        _ => Some(Clause::Phrase(terms)),
+    }
 }
 
 impl Query {
-    /// Parse a query: `"…"` is a phrase (its terms, in order; one term is a term), a word
-    /// ending in `*` directly is a prefix, every other word is a term; words are [`tokens`].
-    /// Refused (`InvalidInput` on field `query`) when it has no term or more than
-    /// [`MAX_CLAUSES`] clauses, or a quote is not closed.
+    /// Parse a query. `"…"` (a quote at the start of a word) is a phrase: its terms in
+    /// sequence. A word ending in `*` is a prefix (a word of several terms before the `*`,
+    /// such as `e-ma*`, is its terms and a prefix of its last). Every other word is a term, or
+    /// the phrase of its terms when it has several (`e-mail`, `東京`): what was written
+    /// together is searched together. Words are [`tokens`]; a `"` inside a word is part of it.
+    /// Refused (`InvalidInput` on field `query`) with no term, a quote not closed, or more
+    /// than [`MAX_QUERY_BYTES`], [`MAX_CLAUSES`], [`MAX_PHRASE_TERMS`] or [`MAX_PREFIXES`].
     pub fn parse(q: &str) -> Result<Query> {
+        if q.len() > MAX_QUERY_BYTES {
+            return Err(Error::invalid(
+                "query",
+                None,
+                format!("{} bytes; at most {MAX_QUERY_BYTES}", q.len()),
+            ));
+        }
         let mut clauses = Vec::new();
-        let mut rest = q;
+        let mut rest = q.trim_start_matches(char::is_whitespace);
         while !rest.is_empty() {
             if let Some(after) = rest.strip_prefix('"') {
                 let Some(end) = after.find('"') else {
                     return Err(Error::invalid("query", None, "a quote is not closed"));
                 };
-                let mut terms = tokens(&after[..end]);
-                match terms.len() {
-                    0 => {}
-                    1 => clauses.push(Clause::Term(terms.remove(0))),
-                    _ => clauses.push(Clause::Phrase(terms)),
-                }
-                rest = &after[end + 1..];
+                clauses.extend(clause_of(&after[..end]));
+                rest = after[end + 1..].trim_start_matches(char::is_whitespace);
                 continue;
             }
-            let end = rest.find(|c: char| c.is_whitespace() || c == '"').unwrap_or(rest.len());
+            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
             let (word, tail) = rest.split_at(end);
             rest = tail.trim_start_matches(char::is_whitespace);
-            let (word, prefix) = match word.strip_suffix('*') {
-                Some(w) => (w, true),
-                None => (word, false),
-            };
-            let mut terms = tokens(word);
-            if prefix && let Some(last) = terms.pop() {
-                clauses.extend(terms.into_iter().map(Clause::Term));
-                clauses.push(Clause::Prefix(last));
-            } else {
-                clauses.extend(terms.into_iter().map(Clause::Term));
+            match word.strip_suffix('*') {
+                Some(stem) => {
+                    let mut terms = tokens(stem);
+                    if let Some(last) = terms.pop() {
+                        clauses.extend(terms.into_iter().map(Clause::Term));
+                        clauses.push(Clause::Prefix(last));
+                    }
+                }
+                None => clauses.extend(clause_of(word)),
             }
         }
+        let refuse = |why: String| Err(Error::invalid("query", None, why));
         if clauses.is_empty() {
-            return Err(Error::invalid("query", None, "holds no word to search for"));
+            return refuse("holds no word to search for".into());
         }
         if clauses.len() > MAX_CLAUSES {
-            return Err(Error::invalid(
-                "query",
-                None,
-                format!("{} clauses; at most {MAX_CLAUSES}", clauses.len()),
-            ));
+            return refuse(format!("{} clauses; at most {MAX_CLAUSES}", clauses.len()));
+        }
+        let prefixes = clauses.iter().filter(|c| matches!(c, Clause::Prefix(_))).count();
+        if prefixes > MAX_PREFIXES {
+            return refuse(format!("{prefixes} prefixes; at most {MAX_PREFIXES}"));
+        }
+        if let Some(Clause::Phrase(long)) = clauses
+            .iter()
+            .find(|c| matches!(c, Clause::Phrase(t) if t.len() > MAX_PHRASE_TERMS))
+        {
+            return refuse(format!("a phrase of {} terms; at most {MAX_PHRASE_TERMS}", long.len()));
         }
         Ok(Query { clauses })
+    }
+
+    /// The clauses, in the order written.
+    pub fn clauses(&self) -> &[Clause] {
+        &self.clauses
     }
 }
 
@@ -161,7 +194,7 @@ enum IdState {
     /// A tombstone was fed: nothing of it is held, for good (rule 7).
     Dead,
     /// Its winning put so far, and that put's doc if it is one (text of a put or summary).
-    Live { key: OrderKey, doc: Option<u32> },
+    Live { key: OrderKey, doc: Option<u64> },
 }
 
 /// One doc: what filters and scoring need, and its distinct terms (to take it out again).
@@ -180,10 +213,10 @@ struct Doc {
 #[derive(Clone, Debug, Default)]
 struct BotText {
     ids: HashMap<String, IdState>,
-    docs: HashMap<u32, Doc>,
-    next_doc: u32,
+    docs: HashMap<u64, Doc>,
+    next_doc: u64,
     /// Per term, the docs holding it and the token positions where.
-    postings: BTreeMap<String, BTreeMap<u32, Vec<u32>>>,
+    postings: BTreeMap<String, BTreeMap<u64, Vec<u32>>>,
     total_len: u64,
 }
 
@@ -229,6 +262,12 @@ impl TextIndex {
         bot.ids.insert(r.id.clone(), IdState::Live { key, doc });
     }
 
+    /// Whether any live doc of `bot` holds `term` (what a test of forgetting asks: a term only
+    /// forgotten records held is gone from the index).
+    pub fn has_term(&self, bot: &str, term: &str) -> bool {
+        self.bots.get(bot).is_some_and(|b| b.postings.contains_key(term))
+    }
+
     /// Live docs of `bot`.
     pub fn docs(&self, bot: &str) -> usize {
         self.bots.get(bot).map_or(0, |b| b.docs.len())
@@ -253,7 +292,7 @@ impl TextIndex {
         }
         let avg = b.total_len as f64 / n;
         // Per doc: score so far, and matched terms.
-        let mut scores: HashMap<u32, (f64, BTreeSet<String>)> = HashMap::new();
+        let mut scores: HashMap<u64, (f64, BTreeSet<String>)> = HashMap::new();
         for clause in &query.clauses {
             match clause {
                 Clause::Term(t) => b.score_term(t, n, avg, &mut scores),
@@ -320,7 +359,7 @@ fn passes(d: &Doc, f: &Filter) -> bool {
 }
 
 impl BotText {
-    fn add(&mut self, e: &Entry, text: &str) -> u32 {
+    fn add(&mut self, e: &Entry, text: &str) -> u64 {
         let doc = self.next_doc;
         self.next_doc += 1;
         let terms = tokens(text);
@@ -352,7 +391,7 @@ impl BotText {
         doc
     }
 
-    fn remove(&mut self, doc: u32) {
+    fn remove(&mut self, doc: u64) {
         let Some(d) = self.docs.remove(&doc) else { return };
         self.total_len -= u64::from(d.len);
         for t in d.terms {
@@ -365,7 +404,7 @@ impl BotText {
         }
     }
 
-    fn score_term(&self, t: &str, n: f64, avg: f64, scores: &mut HashMap<u32, (f64, BTreeSet<String>)>) {
+    fn score_term(&self, t: &str, n: f64, avg: f64, scores: &mut HashMap<u64, (f64, BTreeSet<String>)>) {
         let Some(p) = self.postings.get(t) else { return };
         let df = p.len() as f64;
         for (doc, positions) in p {
@@ -377,8 +416,8 @@ impl BotText {
     }
 
     /// Per doc holding the phrase, how many times.
-    fn phrase(&self, terms: &[String]) -> Vec<(u32, usize)> {
-        let lists: Option<Vec<&BTreeMap<u32, Vec<u32>>>> = terms.iter().map(|t| self.postings.get(t)).collect();
+    fn phrase(&self, terms: &[String]) -> Vec<(u64, usize)> {
+        let lists: Option<Vec<&BTreeMap<u64, Vec<u32>>>> = terms.iter().map(|t| self.postings.get(t)).collect();
         let Some(lists) = lists else { return Vec::new() };
         let Some((first, rest)) = lists.split_first() else {
             return Vec::new();
@@ -403,8 +442,46 @@ impl BotText {
     }
 }
 
-/// Entries asked of a store in one read.
-const READ: usize = 1_000;
+/// Words of a snippet at most.
+pub const SNIPPET_WORDS: usize = 24;
+
+/// A short part of `text` to show with a hit: from a few words before the first word that is
+/// one of `matched` (a hit's terms) up to [`SNIPPET_WORDS`] words, as written (case, spaces
+/// and punctuation kept, the text's own start and end whole), with `…` where text was cut.
+/// The start of `text` when none of its words is matched.
+pub fn snippet(text: &str, matched: &[String]) -> String {
+    // Words are read only up to the first match and the snippet's end, however long the text.
+    let first = text
+        .unicode_words()
+        .position(|w| matched.iter().any(|m| *m == w.to_lowercase()))
+        .unwrap_or(0);
+    let start = first.saturating_sub(4);
+    let words: Vec<(usize, &str)> = text
+        .unicode_word_indices()
+        .skip(start)
+        .take(SNIPPET_WORDS + 1)
+        .collect();
+    let cut = words.len() > SNIPPET_WORDS;
+    let shown = &words[..words.len().min(SNIPPET_WORDS)];
+    let (Some(&(from, _)), Some(&(last_at, last))) = (shown.first(), shown.last()) else {
+        return String::new();
+    };
+    // Whole at either end where nothing is cut (the text's own punctuation kept).
+    let from = if start == 0 { 0 } else { from };
+    let to = if cut { last_at + last.len() } else { text.len() };
+    let mut out = String::new();
+    if start > 0 {
+        out.push('…');
+    }
+    out.push_str(text[from..to].trim());
+    if cut {
+        out.push('…');
+    }
+    out
+}
+
+/// Entries asked of a store in one read (with their bodies).
+const READ: usize = 256;
 
 /// A [`TextIndex`] that follows a store: it reads each shard's entries past what it holds,
 /// with their bodies, up to a position (a projector's checkpoint) — what backends give is
@@ -413,6 +490,8 @@ const READ: usize = 1_000;
 pub struct Searcher {
     index: TextIndex,
     at: Checkpoint,
+    /// The store was seen at format 3 or later (formats only move up).
+    scoped: bool,
 }
 
 impl Searcher {
@@ -434,8 +513,25 @@ impl Searcher {
     /// Read every entry past [`Searcher::position`] and at or below `to` (per shard), and
     /// feed it; the entries fed. A failed read leaves what was fed before it (feeding is
     /// idempotent; the next call goes on from there). A position past what the store holds
-    /// is refused (`InvalidInput` on field `at`).
+    /// is refused (`InvalidInput` on field `at`), and so is a store of format 1 or 2, whose
+    /// record ids are grouped across bots (`InvalidInput` on field `format`: run `ctxlog
+    /// upgrade`): the index keeps rule 6 and 7 per bot.
     pub async fn catch_up(&mut self, store: &dyn Store, to: &Checkpoint) -> Result<usize> {
+        let format = if self.scoped {
+            crate::IDS_BY_BOT
+        } else {
+            store.format().await?
+        };
+        self.scoped = format >= crate::IDS_BY_BOT;
+        if !self.scoped {
+            return Err(Error::invalid(
+                "format",
+                None,
+                format!(
+                    "search needs a store whose ids are scoped by bot (format 3 or later); this one is at format {format}: run `ctxlog upgrade`"
+                ),
+            ));
+        }
         let mut fed = 0;
         for (&shard, &end) in &to.0 {
             let mut after = self.at.get(shard);

@@ -440,3 +440,61 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Pr
         }
     })
 }
+
+/// A full-text search of a bot's live records (rule 26).
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchIn {
+    /// Words, `"phrases"` and `prefix*`es (rule 26: a word of several terms is a phrase); a
+    /// record holding any of them is a hit. At most 1024 bytes, 32 clauses, 4 prefixes.
+    pub query: String,
+    /// At most this many hits (1 to 100, default 10).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
+    pub k: Option<usize>,
+    /// The `next` of the previous page.
+    #[serde(default)]
+    pub after: Option<String>,
+    /// Only this session's records.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Only records of these roles.
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// Only records appended at or after this time (RFC 3339; the log's clock, rule 8).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only records appended before this time (RFC 3339; the log's clock, rule 8).
+    #[serde(default)]
+    pub until: Option<String>,
+    /// Only records whose metadata has each of these keys (at most 16) with exactly this
+    /// value (JSON equality: `1` and `1.0` differ).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub metadata: std::collections::BTreeMap<String, Value>,
+}
+
+/// One search result.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct HitOut {
+    /// The record.
+    pub record: EntryOut,
+    /// Its BM25 score (higher first; equal scores in the contract's order).
+    pub score: f64,
+    /// The query's terms it holds.
+    pub matched: Vec<String>,
+    /// A short part of its text around the first matched word.
+    pub snippet: String,
+}
+
+/// A page of search results, best first.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct SearchOut {
+    /// The hits.
+    pub hits: Vec<HitOut>,
+    /// Give as `after` for the next page (absent on the last page).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// The position of the entries searched: every record acknowledged before the request.
+    pub position: String,
+}

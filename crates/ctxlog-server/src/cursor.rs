@@ -13,6 +13,8 @@
 //!   names its session by a hash (clients never look inside; the check is against misuse,
 //!   not forgery: a forged one still has to cover only held positions).
 //! - A *name cursor* is the last session id of a listing.
+//! - A *hit cursor* is the score and order key of the last hit of a search page (rule 26):
+//!   the next page starts after it, in the order of score and then the contract's order.
 
 use std::collections::BTreeMap;
 
@@ -135,6 +137,33 @@ pub(crate) fn parse_covers(field: &str, token: &str, bot: &str, session: &str) -
         ));
     }
     parse_seqs(field, body, bad)
+}
+
+/// A hit cursor for the hit that ended a page.
+pub(crate) fn hit(after: &ctxlog::search::After) -> String {
+    let k = &after.key;
+    B64.encode(format!(
+        "h1.{:016x}.{}.{}.{}.{}",
+        after.score.to_bits(),
+        k.hlc.0,
+        k.shard,
+        k.seq,
+        k.epoch
+    ))
+}
+
+/// Where a hit cursor given in `field` says the next page starts.
+pub(crate) fn parse_hit(field: &str, cursor: &str) -> Result<ctxlog::search::After, Problem> {
+    let text = decode(field, cursor)?;
+    let bad = || Problem::invalid(field, None, "not a cursor this server gave out");
+    let rest = text.strip_prefix("h1.").ok_or_else(bad)?;
+    let (score, key) = rest.split_once('.').ok_or_else(bad)?;
+    let score = f64::from_bits(u64::from_str_radix(score, 16).map_err(|_| bad())?);
+    if !score.is_finite() {
+        return Err(bad());
+    }
+    let key = parse_page(field, &B64.encode(format!("k1.{key}")))?;
+    Ok(ctxlog::search::After { score, key })
 }
 
 /// A name cursor for `name`.

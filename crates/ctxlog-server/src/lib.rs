@@ -13,6 +13,8 @@
 //! - [`watch`] — a session's (or the store's) new records as server-sent events whose event
 //!   id is a resumable cursor: a client that reconnects with `Last-Event-ID` misses nothing
 //!   and sees nothing twice.
+//! - [`search`] — full-text search (rule 26): the replica's one searcher, caught up with the
+//!   store to a fresh view's position before each search.
 //! - [`auth`] — bearer tokens from a tokens file that holds their hashes, each scoped to the
 //!   bots it may touch and its rights (read, write, admin).
 //! - [`problem`] — every error as RFC 9457 problem details, with a stable `type` per error
@@ -36,6 +38,7 @@ mod mcp;
 mod metrics;
 pub mod problem;
 pub mod routes;
+mod search;
 mod tls;
 #[cfg(all(test, feature = "sqlite"))]
 mod two_replicas;
@@ -175,6 +178,7 @@ pub(crate) struct Replica {
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) options: ServeOptions,
     pub(crate) watchers: watch::Watchers,
+    pub(crate) search: search::Search,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     /// The bytes of request bodies in flight, in KiB (see [`routes`]).
     pub(crate) body_budget: Arc<tokio::sync::Semaphore>,

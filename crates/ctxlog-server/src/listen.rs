@@ -148,6 +148,7 @@ pub(crate) async fn open(
         metrics,
         options,
         watchers: Watchers::default(),
+        search: Default::default(),
         shutdown: stopped,
         body_budget: budget,
     });

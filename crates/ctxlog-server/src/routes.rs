@@ -26,7 +26,7 @@ use utoipa_axum::routes;
 use crate::Replica;
 use crate::api::{
     AckOut, AdminIn, AppendIn, ConflictsOut, ContextOut, EntryOut, ForkIn, ForkOut, KindJson, ReadyOut, RecordIn,
-    RecordsPage, ReportOut, SessionOut, SessionsPage, parse,
+    RecordsPage, ReportOut, SearchIn, SearchOut, SessionOut, SessionsPage, parse,
 };
 use crate::auth::{Grant, Right};
 use crate::cursor;
@@ -91,6 +91,7 @@ fn request_routes() -> OpenApiRouter<Arc<Replica>> {
         .routes(routes!(fork_session))
         .routes(routes!(get_record, delete_record))
         .routes(routes!(list_sessions))
+        .routes(routes!(search_bot))
         .routes(routes!(conflicts))
         .routes(routes!(stats))
         .routes(routes!(shards))
@@ -170,7 +171,9 @@ pub(crate) fn body_budget(options: &crate::ServeOptions) -> Arc<tokio::sync::Sem
 /// finish, then is answered `written: unknown` (it may be in a commit). Streams end on
 /// their own (they are not behind this layer).
 async fn during_shutdown(State(r): Shared, request: Request, next: Next) -> Response {
-    let reads = request.method() == Method::GET || request.method() == Method::HEAD;
+    // A search is a POST that writes nothing.
+    let search = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str) == Some("/v1/bots/{bot}/search");
+    let reads = request.method() == Method::GET || request.method() == Method::HEAD || search;
     let mut stop = r.shutdown.clone();
     let mut run = std::pin::pin!(next.run(request));
     tokio::select! {
@@ -352,12 +355,20 @@ fn admin_grant(r: &Replica, headers: &HeaderMap) -> Result<Grant, Problem> {
 /// from here, however its bytes come; on shutdown the read is refused at once. Nothing is
 /// written on any of these refusals.
 async fn body(r: &Replica, request: Request) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), Problem> {
+    body_of_at_most(r, request, r.options.max_body_bytes).await
+}
+
+/// [`body`] with a bound of its own (a search's is small: it asks, it writes nothing).
+async fn body_of_at_most(
+    r: &Replica,
+    request: Request,
+    max: usize,
+) -> Result<(Bytes, tokio::sync::OwnedSemaphorePermit), Problem> {
     use futures::StreamExt;
     // Room is waited for as long as headers may take; the body has the rest of its deadline.
     let room_within = r.options.header_read_timeout;
     let within = r.options.header_read_timeout * BODY_TIMEOUTS;
     let deadline = tokio::time::Instant::now() + within;
-    let max = r.options.max_body_bytes;
     let too_large = || {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -879,6 +890,31 @@ pub(crate) async fn context_view(
         position: cursor::position(&checkpoint),
         covers: cursor::covers(bot, session, &checkpoint),
     })
+}
+
+/// Full-text search of a bot's live records (rule 26): BM25 over the bot's records, best
+/// first, equal scores in the contract's order; sees every append acknowledged before it.
+#[utoipa::path(post, path = "/v1/bots/{bot}/search",
+    params(("bot" = String, Path)),
+    request_body = SearchIn,
+    responses((status = 200, body = SearchOut),
+              (status = 400, body = Problem),
+              (status = 401, body = Problem),
+              (status = 403, body = Problem),
+              (status = 413, body = Problem),
+              (status = 503, body = Problem),
+              (status = 504, body = Problem)))]
+async fn search_bot(
+    State(r): Shared,
+    Path(bot): Path<String>,
+    headers: HeaderMap,
+    raw: Request,
+) -> Result<axum::Json<SearchOut>, Problem> {
+    grant_for(&r, &headers, &bot, Right::Read)?;
+    let (raw, held) = body_of_at_most(&r, raw, crate::search::MAX_BODY_BYTES).await?;
+    let input: SearchIn = parse(&raw)?;
+    drop((raw, held));
+    Ok(axum::Json(r.search.search(&r, &bot, input).await?))
 }
 
 /// The live record `id` of `bot`, from a fresh view. Ids are scoped by bot: another bot's

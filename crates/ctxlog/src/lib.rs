@@ -57,6 +57,10 @@ pub use ctxlog_core::{
     Written, check_covers_held, conflicts_json, redact_uri, retain, upgrade_ids_by_bot,
 };
 
+/// Full-text search over a bot's live records (rule 26): the query language, the index, and
+/// a `Searcher` that follows a store.
+pub use ctxlog_core::search;
+
 /// Test doubles for applications' own tests (feature `testing`): the reference store
 /// [`testing::ReferenceStore`] (in the process's memory), clocks a test can steer, and the reference model.
 #[cfg(feature = "testing")]

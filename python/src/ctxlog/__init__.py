@@ -30,7 +30,7 @@ from ._errors import (
 )
 from ._ids import new_id
 from ._local import LocalServer, serve
-from ._types import Ack, Context, Event, Fork, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Fork, Hit, Page, Record, Retry, SearchPage, SessionInfo
 
 __all__ = [
     "Ack",
@@ -44,6 +44,7 @@ __all__ = [
     "Fork",
     "Fenced",
     "Forbidden",
+    "Hit",
     "Indeterminate",
     "InvalidInput",
     "LocalServer",
@@ -54,6 +55,7 @@ __all__ = [
     "Record",
     "ReplicaUnavailable",
     "Retry",
+    "SearchPage",
     "Session",
     "SessionInfo",
     "StorageError",

@@ -16,7 +16,7 @@ from ._core import RecordInput, seg
 from ._errors import CtxlogError
 from ._ids import new_id
 from ._local import LocalServer, owning
-from ._types import Ack, Context, Event, Fork, Page, Record, Retry, SessionInfo
+from ._types import Ack, Context, Event, Fork, Page, Record, Retry, SearchPage, SessionInfo
 
 
 class Client:
@@ -137,6 +137,42 @@ class Client:
         """Append one atomic batch across sessions of `bot` (each record names its
         `session_id`): all are written or none. Retried as `Session.append` is."""
         return self._append(f"/v1/bots/{seg(bot)}/records", _core.records_body(records))
+
+    def search(
+        self,
+        bot: str,
+        query: str,
+        *,
+        k: int | None = None,
+        after: str | None = None,
+        session: str | None = None,
+        roles: Iterable[str] | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SearchPage:
+        """Full-text search of `bot`'s live records (contract rule 26): words, `"phrases"`
+        and `prefix*`es, BM25-ranked, best first; at most `k` (default 10, up to 100), the
+        next page with `after=page.next`. Filters: one `session`, `roles`, `since`/`until`
+        (RFC 3339, the log's clock), `metadata` keys with exactly these values. Sees every
+        append acknowledged before the call; never a forgotten record."""
+        body = _core.search_body(
+            query,
+            k=k,
+            after=after,
+            session=session,
+            roles=roles,
+            since=since,
+            until=until,
+            metadata=metadata,
+        )
+        v = self._call(
+            "POST",
+            f"/v1/bots/{seg(bot)}/search",
+            content=_core.encode(body),
+            headers=_core.JSON_HEADERS,
+        )
+        return _core.search_page(v)
 
     def get(self, bot: str, record_id: str) -> Record | None:
         """The live record `record_id` of `bot`, or None."""

@@ -13,7 +13,7 @@ import httpx
 
 from ._errors import CtxlogError, Indeterminate, ReplicaUnavailable, WatchEnded, from_problem
 from ._ids import new_id
-from ._types import Ack, Context, Event, Page, Record, SessionInfo
+from ._types import Ack, Context, Event, Hit, Page, Record, SearchPage, SessionInfo
 
 RecordInput = Mapping[str, Any]
 
@@ -93,6 +93,52 @@ def page(v: dict[str, Any]) -> Page:
         records=[Record.from_json(r) for r in v["records"]],
         next=v.get("next"),
         has_more=bool(v["has_more"]),
+        position=v["position"],
+    )
+
+
+def search_body(
+    query: str,
+    *,
+    k: int | None,
+    after: str | None,
+    session: str | None,
+    roles: Iterable[str] | None,
+    since: str | None,
+    until: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"query": query}
+    for name, value in (
+        ("k", k),
+        ("after", after),
+        ("session", session),
+        ("since", since),
+        ("until", until),
+    ):
+        if value is not None:
+            body[name] = value
+    if isinstance(roles, str):
+        raise TypeError("roles is a list of roles, not one string")
+    if roles is not None:
+        body["roles"] = list(roles)
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    return body
+
+
+def search_page(v: dict[str, Any]) -> SearchPage:
+    return SearchPage(
+        hits=[
+            Hit(
+                record=Record.from_json(h["record"]),
+                score=float(h["score"]),
+                matched=list(h["matched"]),
+                snippet=str(h["snippet"]),
+            )
+            for h in v["hits"]
+        ],
+        next=v.get("next"),
         position=v["position"],
     )
 

@@ -83,6 +83,27 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class Hit:
+    """One search result (contract rule 26): the record, its BM25 score, the query's terms
+    it holds, and a short part of its text around the first of them."""
+
+    record: Record
+    score: float
+    matched: list[str]
+    snippet: str
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """A page of search results, best first; `next` (give as `after`) when more follow;
+    `position` the position of the entries searched."""
+
+    hits: list[Hit]
+    next: str | None
+    position: str
+
+
+@dataclass(frozen=True)
 class Page:
     """A page of a session's live records, in the log's order."""
 

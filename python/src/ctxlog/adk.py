@@ -37,12 +37,16 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
 from google.adk.events.event import Event
+from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
+from google.adk.memory.memory_entry import MemoryEntry
 from google.adk.sessions import _session_util
 from google.adk.sessions.base_session_service import (
     BaseSessionService,
@@ -51,12 +55,16 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
+from google.genai import types
 
 from ._async_client import AsyncClient, owning_local
+from ._errors import InvalidInput, NotFound
 from ._ids import new_id
 from ._types import Record
 
 EVENT = "application/vnd.google.adk.event+json"
+MEMORY = "text/plain"
+MEMORY_RESULTS = 10
 STATE = "application/vnd.google.adk.state+json"
 MAX_BATCH = 5_000
 
@@ -368,3 +376,168 @@ class CtxlogSessionService(BaseSessionService):
         await self.client.append_many(bot, records)
         session.last_update_time = event.timestamp
         return self._commit_event_to_session(session, event)
+
+
+def _memory_query(query: str) -> str:
+    """A user's text as a search query (contract rule 26) that the server takes: its words
+    as written (split at spaces, so `O'Brien`, `example.com` and `3.14` stay whole as the
+    index has them), without the query language's `"` and trailing `*`; a long run of other
+    than ASCII without spaces (Japanese, Chinese) cut into pieces of 16 characters (a phrase
+    has at most 16 terms); at most 32 words and 1024 bytes. A query the server still refuses
+    finds nothing."""
+    words: list[str] = []
+    size = 0
+    for raw in query.split():
+        word = raw.replace('"', "").rstrip("*")
+        long_run = len(word) > 16 and not word.isascii()
+        pieces = [word[i : i + 16] for i in range(0, len(word), 16)] if long_run else [word]
+        for piece in pieces:
+            n = len(piece.encode()) + 1
+            if not piece or piece in words:
+                continue
+            if len(words) == 32 or size + n > 1024:
+                return " ".join(words)
+            words.append(piece)
+            size += n
+    return " ".join(words)
+
+
+class CtxlogMemoryService(BaseMemoryService):
+    """ADK's `BaseMemoryService` over ctxlog's full-text search (contract rule 26).
+
+    ```python
+    runner = Runner(agent=agent, app_name="helpdesk", session_service=sessions,
+                    memory_service=CtxlogMemoryService("http://127.0.0.1:7070"))
+    ```
+
+    A memory is an event's text: one record per event with text parts, in the app's bot
+    (`adk:<app>`) and a session of its own per user (`<user>!memory`), its id derived from
+    the event's (adding a session again, or retrying, counts once), the event's content,
+    author and time in its metadata. `search_memory` is a search of that session: the words
+    of the query (quotes and operators are taken as words), BM25-ranked, at most ten, the
+    same from every replica. `delete_memory` tombstones the memory for good, so adding its
+    session again does not bring it back (as ADK's own `InMemoryMemoryService` keeps deleted
+    ids out). Unlike that service, adding a session again never removes memories of events
+    the session no longer holds: the log only grows; delete them by id."""
+
+    def __init__(self, client: AsyncClient | str, *, token: str | None = None) -> None:
+        self.client = AsyncClient(client, token=token) if isinstance(client, str) else client
+        self._owns_client = isinstance(client, str)
+
+    @classmethod
+    def local(cls, store: str | os.PathLike[str], writer: str | None = None) -> CtxlogMemoryService:
+        """A service over a local replica of `store` that it owns, as
+        `CtxlogSessionService.local`."""
+        service = owning_local(store, writer, cls)
+        service._owns_client = True
+        return service
+
+    async def close(self) -> None:
+        """Close the client this service made; a client given is left open. Idempotent."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> CtxlogMemoryService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    def _where(app: str, user: str) -> tuple[str, str]:
+        return f"adk:{app}", f"{_q(user)}!memory"
+
+    @staticmethod
+    def _id(user: str, event_id: str) -> str:
+        return f"memory:{_q(user)}:{event_id}"
+
+    async def add_session_to_memory(self, session: Session) -> None:
+        await self.add_events_to_memory(
+            app_name=session.app_name,
+            user_id=session.user_id,
+            events=session.events,
+            session_id=session.id,
+        )
+
+    async def add_events_to_memory(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        events: Sequence[Event],
+        session_id: str | None = None,
+        custom_metadata: Mapping[str, object] | None = None,
+    ) -> None:
+        bot, memories = self._where(app_name, user_id)
+        records: list[dict[str, Any]] = []
+        for event in events:
+            texts = [p.text for p in (event.content.parts or [])] if event.content else []
+            text = " ".join(t for t in texts if t)
+            if not text:
+                continue
+            adk: dict[str, Any] = {
+                "content": event.content.model_dump(mode="json", exclude_none=True)
+                if event.content
+                else None,
+                "author": event.author,
+                "timestamp": event.timestamp,
+                "session_id": session_id,
+                "event_id": event.id,
+            }
+            if custom_metadata:
+                adk["custom_metadata"] = dict(custom_metadata)
+            records.append(
+                {
+                    "id": self._id(user_id, event.id),
+                    "role": event.author or "event",
+                    "content_type": MEMORY,
+                    "text": text,
+                    "metadata": {"adk": adk},
+                }
+            )
+        session = self.client.session(bot, memories)
+        for start in range(0, len(records), MAX_BATCH):
+            await session.append(records[start : start + MAX_BATCH])
+
+    async def search_memory(
+        self, *, app_name: str, user_id: str, query: str
+    ) -> SearchMemoryResponse:
+        bot, memories = self._where(app_name, user_id)
+        q = _memory_query(query)
+        if not q:
+            return SearchMemoryResponse()
+        try:
+            page = await self.client.search(bot, q, k=MEMORY_RESULTS, session=memories)
+        except InvalidInput as e:
+            # What a user typed is never a syntax error: a query of no word is no match.
+            if e.field == "query":
+                return SearchMemoryResponse()
+            raise
+        out = []
+        for hit in page.hits:
+            adk = (hit.record.metadata or {}).get("adk", {})
+            timestamp = adk.get("timestamp")
+            out.append(
+                MemoryEntry(
+                    id=adk.get("event_id"),
+                    content=types.Content.model_validate(adk["content"]),
+                    author=adk.get("author"),
+                    timestamp=None
+                    if timestamp is None
+                    else datetime.fromtimestamp(timestamp).isoformat(),
+                    custom_metadata=adk.get("custom_metadata") or {},
+                )
+            )
+        return SearchMemoryResponse(memories=out)
+
+    async def delete_memory(
+        self, *, app_name: str, user_id: str, memory_id: str | None = None
+    ) -> None:
+        if not memory_id:
+            return
+        bot, memories = self._where(app_name, user_id)
+        try:
+            await self.client.session(bot, memories).delete(self._id(user_id, memory_id))
+        except NotFound:
+            # As ADK's own service: deleting what is not there does nothing.
+            return

@@ -127,7 +127,7 @@ fn the_query_language_refuses_what_it_cannot_search() {
     let many = (0..=MAX_CLAUSES).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
     assert!(Query::parse(&many).is_err());
     assert_eq!(
-        Query::parse("a \"b c\" d* \"e\"").unwrap().clauses,
+        Query::parse("a \"b c\" d* \"e\"").unwrap().clauses(),
         [
             Clause::Term("a".into()),
             Clause::Phrase(vec!["b".into(), "c".into()]),
@@ -135,6 +135,21 @@ fn the_query_language_refuses_what_it_cannot_search() {
             Clause::Term("e".into()),
         ]
     );
+    // What was written together is searched together; a quote inside a word is part of it.
+    let phrase = |t: &[&str]| Clause::Phrase(t.iter().map(|t| t.to_string()).collect());
+    assert_eq!(Query::parse("e-mail").unwrap().clauses(), [phrase(&["e", "mail"])]);
+    assert_eq!(Query::parse("東京").unwrap().clauses(), [phrase(&["東", "京"])]);
+    assert_eq!(Query::parse("צה\"ל").unwrap().clauses(), [Clause::Term("צה\"ל".into())]);
+    // What a search may cost is bounded before it runs.
+    let long_phrase = format!("\"{}\"", ["a"; MAX_PHRASE_TERMS + 1].join(" "));
+    let prefixes = ["p*"; MAX_PREFIXES + 1].join(" ");
+    let long = "a ".repeat(MAX_QUERY_BYTES);
+    for bad in [long_phrase, prefixes, long] {
+        assert!(
+            matches!(Query::parse(&bad), Err(Error::InvalidInput { field: "query", .. })),
+            "{bad:.40}"
+        );
+    }
 }
 
 /// Rule 26's forgetting and rule 6's winner: a tombstone takes its record out of results
@@ -247,7 +262,9 @@ fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
                     2 => Record::summary(id, bot, session, text.join(" "), Default::default()),
                     _ => Record::text(id, bot, session, ["user", "tool"][i % 2], text.join(" ")),
                 };
-                entry(["w0", "w1", "w2"][w], seqs[w], 1_000 + (i as u64 * 7919) % 50, record)
+                // Few clock values: equal scores tie on the clock too, and the contract's
+                // order goes on to shard and seq.
+                entry(["w0", "w1", "w2"][w], seqs[w], 1_000 + (i as u64 * 7919) % 5, record)
             })
             .collect()
     })
@@ -274,12 +291,28 @@ proptest! {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             shuffled.swap(i, (state >> 33) as usize % (i + 1));
         }
-        for order in [&entries, &shuffled] {
+        // Every entry twice, the second time after the rest: feeding is idempotent.
+        let twice: Vec<Entry> = shuffled.iter().chain(&entries).cloned().collect();
+        for order in [&entries, &shuffled, &twice] {
             let (hits, more) = index(order).search("bot", &query, &filter, None, 1000);
             prop_assert!(!more);
             let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
             prop_assert_eq!(&got, &want);
         }
+        // Pages of any size, each going on after the last hit of the one before, are the
+        // whole list.
+        let ix = index(&shuffled);
+        let k = 1 + (seed % 3) as usize;
+        let (mut paged, mut after) = (Vec::new(), None);
+        loop {
+            let (page, more) = ix.search("bot", &query, &filter, after.as_ref(), k);
+            after = page.last().map(|h| After { score: h.score, key: h.key });
+            paged.extend(page.into_iter().map(|h| (h.id, h.score)));
+            if !more {
+                break;
+            }
+        }
+        prop_assert_eq!(&paged, &want);
     }
 }
 
@@ -330,4 +363,22 @@ async fn a_searcher_follows_a_store_up_to_a_position() {
 
 fn ids_in(ix: &TextIndex, q: &str) -> Vec<String> {
     ids(ix, q, &all())
+}
+
+#[test]
+fn a_snippet_starts_a_few_words_before_the_first_match() {
+    let text = "one two three four five six seven Refund eight nine";
+    assert_eq!(
+        snippet(text, &["refund".into()]),
+        "…four five six seven Refund eight nine"
+    );
+    let long: String = (0..40).map(|i| format!("w{i} ")).collect();
+    let s = snippet(&long, &["w10".into()]);
+    assert!(s.starts_with("…w6 ") && s.ends_with("w29…"), "{s}");
+    assert_eq!(snippet("no match here", &["x".into()]), "no match here");
+    assert_eq!(
+        snippet(" Where is my refund? ", &["refund".into()]),
+        "Where is my refund?"
+    );
+    assert_eq!(snippet(" ,. ", &["x".into()]), "");
 }

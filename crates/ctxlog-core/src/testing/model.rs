@@ -528,7 +528,7 @@ pub fn search(
     let vocabulary: BTreeSet<&String> = docs.iter().flat_map(|(_, t)| t.iter()).collect();
     // Each clause as the terms sequences it scores (a prefix: its first terms, each alone).
     let mut scored: Vec<Vec<String>> = Vec::new();
-    for clause in &query.clauses {
+    for clause in query.clauses() {
         match clause {
             Clause::Term(t) => scored.push(vec![t.clone()]),
             Clause::Phrase(ts) => scored.push(ts.clone()),

@@ -1,0 +1,185 @@
+//! Rule 26: search is a function of the log. A searcher fed from a backend's entries ranks
+//! a bot's live records as the order written here by hand says, as the model's brute-force
+//! reference says (scores to the bit), the same after compaction, gc and a snapshot; never
+//! returns a tombstoned or purged record and keeps none of its words; never crosses its bot.
+
+use ctxlog_core::search::{Filter, Query, Searcher};
+use ctxlog_core::{GcOptions, PurgeOptions};
+
+use crate::prelude::*;
+
+/// The rule(s) this module checks, as the report groups them.
+pub const RULE: &str = "Rule 26: search";
+
+/// The cases of this module, next to their functions.
+pub fn cases() -> Vec<Case> {
+    vec![
+        case!(search_ranks_as_written_by_hand_and_as_the_reference_on_every_reader),
+        case!(a_forgotten_record_is_never_found_and_leaves_no_word_in_the_index),
+        case!(search_never_crosses_its_bot),
+    ]
+}
+
+/// A searcher fed with everything a fresh reader of `store` holds.
+async fn searcher(store: &dyn Store) -> anyhow::Result<Searcher> {
+    let mut p = store.projector();
+    p.refresh().await?;
+    let mut s = Searcher::new();
+    s.catch_up(store, &p.checkpoint()).await?;
+    Ok(s)
+}
+
+/// The ids and scores of `query`'s hits in bot `bot`, best first.
+fn hits(s: &Searcher, bot: &str, query: &str, filter: &Filter) -> anyhow::Result<Vec<(String, f64)>> {
+    let (hits, _) = s.index().search(bot, &Query::parse(query)?, filter, None, 100);
+    Ok(hits.into_iter().map(|h| (h.id, h.score)).collect())
+}
+
+fn names(hits: &[(String, f64)]) -> Vec<&str> {
+    hits.iter().map(|h| h.0.as_str()).collect()
+}
+
+/// Two writers' records; the order of each query below is reasoned by hand from BM25 (a
+/// rarer term outweighs a common one; the shorter of two docs with the same counts ranks
+/// first; a phrase needs its words in sequence); it equals the reference's, scores to the
+/// bit; a fresh reader after compaction and gc, and one from a snapshot, answer the same.
+pub async fn search_ranks_as_written_by_hand_and_as_the_reference_on_every_reader(ctx: Ctx) -> anyhow::Result<()> {
+    let store = ctx.store().await?;
+    let mut a = store.open_shard(&w("a")).await?;
+    let mut b = store.open_shard(&w("b")).await?;
+    a.append(vec![
+        rec("long", "s", "Please refund my order, it arrived broken today"),
+        rec("order", "s", "order order order"),
+    ])
+    .await?;
+    b.append(vec![
+        rec("short", "t", "Refund the order"),
+        rec("weather", "t", "the weather is fine"),
+    ])
+    .await?;
+    let mut tool = rec("tool", "t", "refund issued for order 42");
+    tool.role = "tool".into();
+    a.append(vec![tool]).await?;
+    let all = Filter::default();
+    let queries: [(&str, Filter, &[&str]); 5] = [
+        ("refund", all.clone(), &["short", "tool", "long"]),
+        ("refund order", all.clone(), &["short", "tool", "long", "order"]),
+        ("\"refund the order\"", all.clone(), &["short"]),
+        (
+            "refund",
+            Filter {
+                session: Some("s".into()),
+                ..all.clone()
+            },
+            &["long"],
+        ),
+        (
+            "ref*",
+            Filter {
+                roles: vec!["tool".into()],
+                ..all.clone()
+            },
+            &["tool"],
+        ),
+    ];
+    let check = |s: &Searcher, entries: &[Entry], reader: &str| -> anyhow::Result<()> {
+        for (q, filter, want) in &queries {
+            let got = hits(s, "bot", q, filter)?;
+            ensure!(names(&got) == *want, "{reader}: `{q}` ranks {:?}", names(&got));
+            let reference = model::search(entries, "bot", &Query::parse(q)?, filter);
+            ensure!(
+                got == reference,
+                "{reader}: `{q}` is {got:?}, the reference {reference:?}"
+            );
+        }
+        Ok(())
+    };
+    let entries = all_entries(store.as_ref()).await?;
+    check(&searcher(store.as_ref()).await?, &entries, "a searcher")?;
+    store.compact(&CompactOptions::default()).await?;
+    store.gc(&GcOptions::default().with_grace(Duration::ZERO)).await?;
+    store.projector().save_snapshot().await?;
+    let reopened = ctx.store().await?;
+    check(
+        &searcher(reopened.as_ref()).await?,
+        &entries,
+        "after maintenance and a snapshot",
+    )?;
+    Ok(())
+}
+
+/// A tombstone takes its record out of results and out of every statistic (the other
+/// records score as if it had never been); after purge and gc a searcher built from the
+/// store holds none of its words, and one that read it before holds none after the
+/// tombstone either.
+pub async fn a_forgotten_record_is_never_found_and_leaves_no_word_in_the_index(ctx: Ctx) -> anyhow::Result<()> {
+    let store = ctx.store().await?;
+    let mut a = store.open_shard(&w("a")).await?;
+    a.append(vec![
+        rec("keep", "s", "refund my order"),
+        rec("secret", "s", "refund zanzibarcode 7781"),
+    ])
+    .await?;
+    let mut early = searcher(store.as_ref()).await?;
+    ensure!(names(&hits(&early, "bot", "zanzibarcode", &Filter::default())?) == ["secret"]);
+    a.append(vec![Record::tombstone("secret", "bot", "s")]).await?;
+    let mut p = store.projector();
+    p.refresh().await?;
+    early.catch_up(store.as_ref(), &p.checkpoint()).await?;
+    let only_keep = {
+        let other = ctx.open(&ctx.other_uri("only-keep"), ctx.options()).await?;
+        let mut w2 = other.open_shard(&w("solo")).await?;
+        w2.append(vec![rec("keep", "s", "refund my order")]).await?;
+        drop(w2);
+        let mut s = Searcher::new();
+        let mut p = other.projector();
+        p.refresh().await?;
+        s.catch_up(other.as_ref(), &p.checkpoint()).await?;
+        hits(&s, "bot", "refund", &Filter::default())?
+    };
+    ensure!(
+        hits(&early, "bot", "refund", &Filter::default())? == only_keep,
+        "the tombstoned record still counts: {:?} vs {only_keep:?}",
+        hits(&early, "bot", "refund", &Filter::default())?
+    );
+    for term in ["zanzibarcode", "7781"] {
+        ensure!(!early.index().has_term("bot", term), "the index still holds `{term}`");
+    }
+    store.purge(&PurgeOptions::default()).await?;
+    store.gc(&GcOptions::default().with_grace(Duration::ZERO)).await?;
+    let after = searcher(store.as_ref()).await?;
+    ensure!(hits(&after, "bot", "zanzibarcode", &Filter::default())?.is_empty());
+    ensure!(
+        !after.index().has_term("bot", "zanzibarcode"),
+        "a fresh index holds the purged word"
+    );
+    ensure!(names(&hits(&after, "bot", "refund", &Filter::default())?) == ["keep"]);
+    Ok(())
+}
+
+/// Another bot's records with the same words are never returned and move no score.
+pub async fn search_never_crosses_its_bot(ctx: Ctx) -> anyhow::Result<()> {
+    let store = ctx.store().await?;
+    let mut a = store.open_shard(&w("a")).await?;
+    a.append(vec![rec("mine", "s", "refund my order"), rec("also", "s", "order")])
+        .await?;
+    let alone = hits(
+        &searcher(store.as_ref()).await?,
+        "bot",
+        "refund order",
+        &Filter::default(),
+    )?;
+    a.append(vec![
+        Record::text("theirs", "other", "s", "user", "refund refund refund"),
+        Record::text("mine", "other", "s", "user", "refund order refund"),
+    ])
+    .await?;
+    let s = searcher(store.as_ref()).await?;
+    let crowded = hits(&s, "bot", "refund order", &Filter::default())?;
+    ensure!(
+        crowded == alone,
+        "another bot moved the scores: {crowded:?} vs {alone:?}"
+    );
+    ensure!(names(&hits(&s, "other", "refund", &Filter::default())?) == ["theirs", "mine"]);
+    Ok(())
+}

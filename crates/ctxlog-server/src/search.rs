@@ -1,0 +1,136 @@
+//! Full-text search on a replica (rule 26): the replica's one [`Searcher`], caught up with
+//! the store to the position of a fresh view before each search, so that a search sees
+//! every append acknowledged before it (rule 1), on any replica.
+//!
+//! The searcher reads entries with their bodies from the store (`read_shard`), shard by
+//! shard past what it holds, without the view held (indexing a large store holds up no
+//! other read). Scoring runs on a blocking thread under a shared lock; the hits' records are
+//! then read from a fresh view: a record tombstoned since the searcher read is left out
+//! (forgetting wins). The index is in memory, of every bot the store holds, built by the
+//! replica's first search.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use ctxlog::search::{After, Filter, Query, Searcher, snippet};
+use ctxlog::{Body, Checkpoint};
+use tokio::sync::RwLock;
+
+use crate::Replica;
+use crate::api::{EntryOut, HitOut, SearchIn, SearchOut};
+use crate::cursor;
+use crate::problem::Problem;
+
+/// Hits a page holds by default, and at most.
+const DEFAULT_K: usize = 10;
+const MAX_K: usize = 100;
+
+/// A search request's body at most: a query is at most 1 KiB, its filter small.
+pub(crate) const MAX_BODY_BYTES: usize = 64 << 10;
+
+/// Metadata keys a filter names at most.
+const MAX_METADATA_KEYS: usize = 16;
+
+/// The replica's searcher: caught up by one search at a time, read by many at once.
+#[derive(Default)]
+pub(crate) struct Search {
+    searcher: Arc<RwLock<Searcher>>,
+}
+
+/// Milliseconds of the log's clock at an RFC 3339 time given in `field`.
+fn millis(field: &'static str, t: Option<&str>) -> Result<Option<u64>, Problem> {
+    t.map(|t| {
+        let at = DateTime::parse_from_rfc3339(t)
+            .map_err(|e| Problem::invalid(field, None, format!("not RFC 3339: {e}")))?
+            .with_timezone(&Utc);
+        Ok(u64::try_from(at.timestamp_millis()).unwrap_or(0))
+    })
+    .transpose()
+}
+
+impl Search {
+    /// Catch the searcher up to `to` (nothing past what it holds is read twice).
+    async fn catch_up(&self, r: &Replica, to: &Checkpoint) -> Result<(), Problem> {
+        let mut s = self.searcher.write().await;
+        s.catch_up(&*r.store, to).await.map_err(Problem::from)?;
+        Ok(())
+    }
+
+    /// One page of `bot`'s hits for `input`.
+    ///
+    /// The view is held only to take its position and, afterwards, to read the page's
+    /// records: scoring runs on a blocking thread under a shared lock of the searcher, so one
+    /// tenant's costly query holds up no other tenant's reads (other searches share it).
+    pub(crate) async fn search(&self, r: &Replica, bot: &str, input: SearchIn) -> Result<SearchOut, Problem> {
+        let query = Query::parse(&input.query).map_err(Problem::from)?;
+        let k = match input.k.unwrap_or(DEFAULT_K) {
+            n @ 1..=MAX_K => n,
+            n => return Err(Problem::invalid("k", None, format!("{n}: from 1 to {MAX_K}"))),
+        };
+        if input.metadata.len() > MAX_METADATA_KEYS {
+            return Err(Problem::invalid(
+                "metadata",
+                None,
+                format!("{} keys; at most {MAX_METADATA_KEYS}", input.metadata.len()),
+            ));
+        }
+        let after: Option<After> = input
+            .after
+            .as_deref()
+            .map(|c| cursor::parse_hit("after", c))
+            .transpose()?;
+        let filter = Filter {
+            session: input.session,
+            roles: input.roles,
+            since_millis: millis("since", input.since.as_deref())?,
+            until_millis: millis("until", input.until.as_deref())?,
+            metadata: input.metadata,
+        };
+        // Most of the catch-up without the view held (a first search reads the store), then
+        // the rest up to a fresh view's position: every append acknowledged before (rule 1).
+        let now = r.view.current().await.checkpoint();
+        self.catch_up(r, &now).await?;
+        let at = r.view.fresh().await?.checkpoint();
+        self.catch_up(r, &at).await?;
+        let held = self.searcher.clone().read_owned().await;
+        let position = cursor::position(held.position());
+        let owned = bot.to_string();
+        let (hits, more) =
+            tokio::task::spawn_blocking(move || held.index().search(&owned, &query, &filter, after.as_ref(), k))
+                .await
+                .map_err(|e| Problem::replica_unavailable(format!("a search failed: {e}"), ctxlog::Written::Nothing))?;
+        let next = hits.last().filter(|_| more).map(|h| {
+            cursor::hit(&After {
+                score: h.score,
+                key: h.key,
+            })
+        });
+        // The hits' records from a fresh view: it holds at least what the searcher read. A
+        // record forgotten since (or whose id another put won since) is left out.
+        let mut p = r.view.fresh().await?;
+        let mut out = Vec::with_capacity(hits.len());
+        for h in hits {
+            let Some(e) = p.get(bot, &h.id).await.map_err(Problem::from)? else {
+                continue;
+            };
+            if e.key() != h.key {
+                continue;
+            }
+            let text = match &e.record.body {
+                Body::Text(t) => snippet(t, &h.matched),
+                Body::Bytes(_) => String::new(),
+            };
+            out.push(HitOut {
+                record: EntryOut::from(&e),
+                score: h.score,
+                matched: h.matched,
+                snippet: text,
+            });
+        }
+        Ok(SearchOut {
+            hits: out,
+            next,
+            position,
+        })
+    }
+}
