@@ -93,7 +93,8 @@ impl Search {
         let at = r.view.fresh().await?.checkpoint();
         self.catch_up(r, &at).await?;
         let held = self.searcher.clone().read_owned().await;
-        let position = cursor::position(held.position());
+        let searched = held.position().clone();
+        let position = cursor::position(&searched);
         let owned = bot.to_string();
         let (hits, more) =
             tokio::task::spawn_blocking(move || held.index().search(&owned, &query, &filter, after.as_ref(), k))
@@ -105,9 +106,14 @@ impl Search {
                 key: h.key,
             })
         });
-        // The hits' records from a fresh view: it holds at least what the searcher read. A
-        // record forgotten since (or whose id another put won since) is left out.
-        let mut p = r.view.fresh().await?;
+        // The hits' records from the view, which holds at least what the searcher read (it
+        // was fresh at `at`; only a failed refresh since can have emptied it: then a fresh
+        // one). A record forgotten since (or whose id another put won since) is left out.
+        let mut p = r.view.current().await;
+        if searched.first_beyond(&p.checkpoint()).is_some() {
+            drop(p);
+            p = r.view.fresh().await?;
+        }
         let mut out = Vec::with_capacity(hits.len());
         for h in hits {
             let Some(e) = p.get(bot, &h.id).await.map_err(Problem::from)? else {

@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote, unquote
 
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -73,8 +73,8 @@ def _q(s: str) -> str:
     return quote(s, safe="")
 
 
-class CtxlogSessionService(BaseSessionService):
-    """ADK's `BaseSessionService` over ctxlog."""
+class _Service:
+    """What both ADK services share: the client, and whether closing them closes it."""
 
     def __init__(self, client: AsyncClient | str, *, token: str | None = None) -> None:
         self.client = AsyncClient(client, token=token) if isinstance(client, str) else client
@@ -83,9 +83,7 @@ class CtxlogSessionService(BaseSessionService):
         self._owns_client = isinstance(client, str)
 
     @classmethod
-    def local(
-        cls, store: str | os.PathLike[str], writer: str | None = None
-    ) -> CtxlogSessionService:
+    def local(cls, store: str | os.PathLike[str], writer: str | None = None) -> Self:
         """A service over a local replica of `store` that it owns (`ctxlog.LocalServer`:
         a plain path is a SQLite file, whose writer id `local-N` is picked when not given),
         stopped by `close()`. Blocks while the server starts (a fraction of a second for a
@@ -100,11 +98,15 @@ class CtxlogSessionService(BaseSessionService):
         if self._owns_client:
             await self.client.close()
 
-    async def __aenter__(self) -> CtxlogSessionService:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class CtxlogSessionService(_Service, BaseSessionService):
+    """ADK's `BaseSessionService` over ctxlog."""
 
     # ---- where things are -----------------------------------------------------------------
 
@@ -402,7 +404,7 @@ def _memory_query(query: str) -> str:
     return " ".join(words)
 
 
-class CtxlogMemoryService(BaseMemoryService):
+class CtxlogMemoryService(_Service, BaseMemoryService):
     """ADK's `BaseMemoryService` over ctxlog's full-text search (contract rule 26).
 
     ```python
@@ -419,29 +421,6 @@ class CtxlogMemoryService(BaseMemoryService):
     session again does not bring it back (as ADK's own `InMemoryMemoryService` keeps deleted
     ids out). Unlike that service, adding a session again never removes memories of events
     the session no longer holds: the log only grows; delete them by id."""
-
-    def __init__(self, client: AsyncClient | str, *, token: str | None = None) -> None:
-        self.client = AsyncClient(client, token=token) if isinstance(client, str) else client
-        self._owns_client = isinstance(client, str)
-
-    @classmethod
-    def local(cls, store: str | os.PathLike[str], writer: str | None = None) -> CtxlogMemoryService:
-        """A service over a local replica of `store` that it owns, as
-        `CtxlogSessionService.local`."""
-        service = owning_local(store, writer, cls)
-        service._owns_client = True
-        return service
-
-    async def close(self) -> None:
-        """Close the client this service made; a client given is left open. Idempotent."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> CtxlogMemoryService:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     @staticmethod
     def _where(app: str, user: str) -> tuple[str, str]:
