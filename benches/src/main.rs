@@ -3,6 +3,8 @@
 //! `cargo xtask bench` runs this binary (release build) in fresh processes and aggregates.
 //! Each subcommand opens the store through the public API, as a cold replica would.
 
+#[cfg(feature = "sqlite")]
+mod search;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -134,6 +136,18 @@ enum Cmd {
         #[arg(long, default_value_t = 9)]
         runs: usize,
     },
+    /// Full-text search on a generated corpus of `records` records appended to a fresh
+    /// store: the index a first search builds (time, memory), `queries` queries with and
+    /// without a session filter, and SQLite FTS5 on the same texts as the floor.
+    #[cfg(feature = "sqlite")]
+    Search {
+        #[arg(long, default_value_t = 100_000)]
+        records: usize,
+        #[arg(long, default_value_t = 500)]
+        queries: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
     /// How long a writer takes to learn that a successor fenced it: writer A appends
     /// `batches` batches and goes on appending while writer B (another handle, the same
     /// writer id) takes the shard over; timed from B's claim to A's first fenced append.
@@ -263,6 +277,8 @@ async fn run(cli: Cli) -> Result<Value> {
         Cmd::ContextSetup { records, uncovered } => context_setup(&cli.store, records, uncovered).await?,
         Cmd::ContextRead { full } => context_read(&cli.store, &location, full).await?,
         Cmd::Forks { records, small, runs } => forks(&cli.store, records, small, runs).await?,
+        #[cfg(feature = "sqlite")]
+        Cmd::Search { records, queries, seed } => search::search(&cli.store, records, queries, seed).await?,
         Cmd::Copy { .. } | Cmd::Upload { .. } | Cmd::StoreKey(_) => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();

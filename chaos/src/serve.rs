@@ -287,7 +287,9 @@ impl Cluster {
             // at the same requests of its open.
             let seed = seed.wrapping_add(self.starts);
             #[cfg(feature = "lance")]
-            child.env(ctxlog_lance::faults::ENV, seed.to_string());
+            child
+                .env(ctxlog_lance::faults::ENV, seed.to_string())
+                .env(ctxlog_lance::faults::UNTIL_ENV, storm_over(&self.dir));
             #[cfg(not(feature = "lance"))]
             bail!("--faults (seed {seed}) needs the `lance` feature");
         }
@@ -502,6 +504,11 @@ const FAULTS: [Fault; 6] = [
 
 async fn soak(cli: Cli) -> Result<(Value, bool)> {
     std::fs::create_dir_all(&cli.dir)?;
+    // A run before in the same directory ended its storm: this one's begins anew.
+    match std::fs::remove_file(storm_over(&cli.dir)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
     let sh = Arc::new(Shared {
         http: Http::new(),
         targets: Mutex::new(Vec::new()),
@@ -720,6 +727,12 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         watcher_logs.push(log.context("a watcher failed")?);
     }
     sh.stop_watch.store(true, Ordering::Release);
+    // The object stores' storm ends too: what is judged now is whether every replica
+    // recovered from it (a view refreshed, no writer poisoned), not whether a read of
+    // hundreds of objects, each throttled at 1 %, happens to meet none.
+    if cli.faults {
+        std::fs::write(storm_over(&cli.dir), b"")?;
+    }
     // What every replica serves at the end.
     let finals = {
         let reads = cluster.slots.iter().filter_map(|s| s.current.as_ref()).map(|p| {
@@ -781,6 +794,11 @@ async fn soak(cli: Cli) -> Result<(Value, bool)> {
         "history": cli.dir.join("history.json"),
     });
     Ok((summary, ok))
+}
+
+/// The file whose existence ends every replica's object-store faults.
+fn storm_over(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("storm-over")
 }
 
 /// The object-store faults the replicas injected, as their logs say (each is logged).

@@ -31,8 +31,9 @@ ALL_TOOLS = {
     "write_summary",
     "get_record",
     "forget_record",
+    "search",
 }
-READ_TOOLS = {"list_sessions", "read_context", "read_records", "get_record"}
+READ_TOOLS = {"list_sessions", "read_context", "read_records", "get_record", "search"}
 
 
 @pytest.fixture
@@ -144,7 +145,17 @@ async def exercise(c: Client, other_writer: Callable[[str], object]) -> None:
     assert [r["text"] for r in page["records"]] == ["hello", "hi", "meanwhile", "greetings"]
     got = result(await c.call_tool("get_record", {"bot": "helpdesk", "id": "m2"}))
     assert got["text"] == "hi" and got["metadata"] == {"k": 1}
+    # Search (rule 26): the same answer as the route; what is forgotten is never found.
+    found = result(await c.call_tool("search", {"bot": "helpdesk", "query": "hi meanwhile"}))
+    assert sorted(h["record"]["id"] for h in found["hits"]) == sorted(
+        ["m2", page["records"][2]["id"]]
+    )
+    assert all(h["snippet"] and h["matched"] for h in found["hits"])
+    bad_query = problem(await c.call_tool("search", {"bot": "helpdesk", "query": "a* b* c* d* e*"}))
+    assert bad_query["field"] == "query" and bad_query["written"] == "nothing", bad_query
     result(await c.call_tool("forget_record", {"bot": "helpdesk", "id": "m2"}))
+    found = result(await c.call_tool("search", {"bot": "helpdesk", "query": "hi"}))
+    assert found["hits"] == []
     gone = problem(await c.call_tool("get_record", {"bot": "helpdesk", "id": "m2"}))
     assert gone["type"] == "urn:ctxlog:problem:not-found"
     sessions = result(await c.call_tool("list_sessions", {"bot": "helpdesk"}))
@@ -231,6 +242,8 @@ async def test_mcp_over_http_under_tokens(
         assert {t.name for t in (await c.list_tools()).tools} == READ_TOOLS
         view = result(await c.call_tool("read_context", {"bot": "helpdesk", "session": "t-1"}))
         assert [r["text"] for r in view["records"]] == ["greetings", "meanwhile"]
+        found = result(await c.call_tool("search", {"bot": "helpdesk", "query": "meanwhile"}))
+        assert [h["record"]["text"] for h in found["hits"]] == ["meanwhile"], found
         # Not listed, and refused if called anyway.
         p = problem(
             await c.call_tool(
@@ -245,6 +258,7 @@ async def test_mcp_over_http_under_tokens(
             ("get_record", {"bot": "helpdesk", "id": "m2"}),
             ("forget_record", {"bot": "helpdesk", "id": "m2"}),
             ("list_sessions", {"bot": "helpdesk"}),
+            ("search", {"bot": "helpdesk", "query": "hello"}),
             (
                 "append_records",
                 {"bot": "helpdesk", "session": "t-1", "records": [{"role": "user", "text": "x"}]},

@@ -113,6 +113,9 @@ pub(crate) enum BenchKind {
     /// view against its parent's, and a read as of a position against a current read, in a
     /// generated log.
     Forks(ForksArgs),
+    /// Full-text search (rule 26): the index a first search builds and query latency on a
+    /// generated Zipf corpus, against SQLite FTS5 on the same texts.
+    Search(SearchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -131,6 +134,20 @@ pub(crate) struct ForksArgs {
     /// Reads per figure (medians).
     #[arg(long, default_value_t = 9)]
     pub runs: usize,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct SearchArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Corpus sizes in records: 10k, 100k, 1m.
+    #[arg(long, value_delimiter = ',', default_value = "100k,1m")]
+    pub sizes: Vec<String>,
+    /// Queries per figure.
+    #[arg(long, default_value_t = 500)]
+    pub queries: usize,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
 }
 
 #[derive(Args, Clone)]

@@ -1,13 +1,13 @@
 //! The benchmark harness end to end on a tiny log (1k entries, 1 run, debug build), so that
 //! it cannot rot: generated logs, `--restore` of every kind of source (a SQLite file, a
 //! Lance directory, a .tar.gz, a `file://` URI with a query string), a restore that must
-//! fail naming its source, the append, serve and reclaim benchmarks. Part of `cargo xtask
+//! fail naming its source, the append, serve, reclaim and search benchmarks. Part of `cargo xtask
 //! test`.
 
 use anyhow::{Context, Result, ensure};
 
 use crate::bench;
-use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs, ReclaimArgs, ServeArgs};
+use crate::flags::{AppendArgs, BenchArgs, BenchKind, Common, FirstScanArgs, ReclaimArgs, SearchArgs, ServeArgs};
 
 /// Run the harness end to end; fails naming what did not come out as expected.
 pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
@@ -239,6 +239,24 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
         if r["backend"] == "lance" {
             ensure!(n("gc_bytes") < n("compacted_bytes"), "gc gave nothing back: {r}");
         }
+    }
+    bench::run(BenchArgs {
+        what: BenchKind::Search(SearchArgs {
+            common: common(false),
+            sizes: vec!["2k".into()],
+            queries: 50,
+            seed: 7,
+        }),
+    })?;
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("search-latest.json"))?)?;
+    let r = &doc["rows"][0];
+    ensure!(r["records"] == 2000 && r["queries"] == 50, "{r}");
+    for k in [
+        "query_p99_over_fts5",
+        "query_in_session_p99_over_fts5",
+        "build_over_fts5",
+    ] {
+        ensure!(r["ratios"][k].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
     }
     eprintln!(
         "xtask: bench smoke: harness end to end in {:.1} s",

@@ -250,11 +250,19 @@ fn injected(fault: InjectedFault) -> object_store::Error {
 /// any other build that finds it set says that it ignores it.
 pub const ENV: &str = "CTXLOG_LANCE_FAULTS";
 
+/// Beside [`ENV`]: a path whose existence ends the faults (every request passes untouched
+/// once the file is there). A soak ends its storm with it before it judges whether every
+/// replica recovered: a read that needs hundreds of requests, each throttled at 1 % after
+/// the object store's own retries, fails most times, which tells nothing about recovery.
+pub const UNTIL_ENV: &str = "CTXLOG_LANCE_FAULTS_UNTIL";
+
 /// A set of rules, a seeded generator, and counts of what was injected.
 pub struct Faults {
     seed: u64,
     /// Log each injected fault but latency (the serve soak counts them in the replicas' logs).
     announce: bool,
+    /// No fault once this file exists ([`UNTIL_ENV`]).
+    until: Option<std::path::PathBuf>,
     rules: Mutex<Vec<Armed>>,
     rng: Mutex<StdRng>,
     injected: Mutex<BTreeMap<(Op, &'static str), u64>>,
@@ -291,6 +299,7 @@ impl Faults {
         Faults {
             seed,
             announce: false,
+            until: None,
             rules: Mutex::new(Vec::new()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: Mutex::new(BTreeMap::new()),
@@ -350,8 +359,12 @@ impl Faults {
             tracing::warn!("{ENV}=`{value}` is not a seed (an unsigned integer): no faults injected");
             return None;
         };
-        tracing::warn!(seed, "injecting object-store faults ({ENV} is set)");
-        Some(Arc::new(Faults::soak_mix(seed, true)))
+        let until = std::env::var_os(UNTIL_ENV).map(std::path::PathBuf::from);
+        tracing::warn!(seed, ?until, "injecting object-store faults ({ENV} is set)");
+        Some(Arc::new(Faults {
+            until,
+            ..Faults::soak_mix(seed, true)
+        }))
     }
 
     /// Add a rule; it applies to requests from now on.
@@ -400,6 +413,9 @@ impl Faults {
     /// the first that fires wins.
     pub fn decide(&self, op: Op, path: &str) -> Option<Action> {
         *self.requests.lock().expect("not poisoned").entry(op).or_default() += 1;
+        if self.until.as_ref().is_some_and(|p| p.exists()) {
+            return None;
+        }
         let mut rules = self.rules.lock().expect("not poisoned");
         for armed in rules.iter_mut() {
             if !armed.rule.matches(op, path) || armed.rule.limit.is_some_and(|l| armed.fired >= l) {

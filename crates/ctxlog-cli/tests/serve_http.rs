@@ -633,6 +633,22 @@ async fn search_ranks_a_bots_live_records_and_nothing_else() -> anyhow::Result<(
             second.text
         );
         ensure!(second.json.get("next").is_none(), "{}", second.text);
+        // A cursor continues its own search only: not another query, filter or bot (a page
+        // of one list is not a page of another), whatever the page size.
+        let wider = search(&a, "a", json!({"query": "refund order", "k": 5, "after": next})).await?;
+        ensure!(ids(&wider) == ["a-long"], "{}", wider.text);
+        for (c, bot, body) in [
+            (&a, "a", json!({"query": "refund", "after": next})),
+            (&a, "a", json!({"query": "refund order", "session": "s", "after": next})),
+            (&b, "b", json!({"query": "refund order", "after": next})),
+        ] {
+            let refused = search(c, bot, body).await?;
+            ensure!(
+                refused.status == StatusCode::BAD_REQUEST && refused.json["field"] == "after",
+                "{}",
+                refused.text
+            );
+        }
         ensure!(a.delete("/v1/bots/a/records/a-short").await?.status == StatusCode::OK);
         let after_delete = search(&a, "a", json!({"query": "refund"})).await?;
         ensure!(ids(&after_delete) == ["a-long"], "{}", after_delete.text);
@@ -640,6 +656,9 @@ async fn search_ranks_a_bots_live_records_and_nothing_else() -> anyhow::Result<(
             (json!({"query": "refund", "k": 101}), "k"),
             (json!({"query": "  "}), "query"),
             (json!({"query": "x", "since": "yesterday"}), "since"),
+            (json!({"query": "x", "roles": (0..17).map(|i| format!("r{i}")).collect::<Vec<_>>()}), "roles"),
+            (json!({"query": "x", "roles": ["user", ""]}), "roles"),
+            (json!({"query": "x", "session": "s".repeat(1_000)}), "session"),
             (json!({"query": "x", "after": "bm9wZQ"}), "after"),
             (
                 json!({"query": "x", "metadata": (0..17).map(|i| (format!("k{i}"), json!(i))).collect::<serde_json::Map<_, _>>()}),

@@ -17,7 +17,8 @@
 //! list is the unfiltered one with docs left out), and nothing of another bot's records —
 //! not even how common a word is there — moves a score (rule 23).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use unicode_segmentation::UnicodeSegmentation;
 
@@ -198,25 +199,73 @@ enum IdState {
 }
 
 /// One doc: what filters and scoring need, and its distinct terms (to take it out again).
+/// Kept small (a replica holds one per live record): terms by number, session and role
+/// shared with the bot's other docs.
 #[derive(Clone, Debug)]
 struct Doc {
     key: OrderKey,
-    id: String,
-    session: String,
-    role: String,
-    metadata: Option<serde_json::Value>,
+    id: Box<str>,
+    session: Arc<str>,
+    role: Arc<str>,
+    metadata: Option<Box<serde_json::Value>>,
     len: u32,
-    terms: Vec<String>,
+    terms: Box<[TermNo]>,
+}
+
+/// A term's number in its bot's dictionary (reused once no live doc holds the term).
+type TermNo = u32;
+
+/// Where a term stands in one doc: most terms stand once, so one position is held inline.
+#[derive(Clone, Debug)]
+enum Positions {
+    One(u32),
+    Many(Box<[u32]>),
+}
+
+impl Positions {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Positions::One(p) => std::slice::from_ref(p),
+            Positions::Many(ps) => ps,
+        }
+    }
+}
+
+/// One term's docs, by doc number. A doc taken out stays in `docs` until the list is
+/// compacted (when more than half of it is gone): taking one doc out of a term held by
+/// most docs would otherwise move the whole list. Readers skip docs no longer live; `live`
+/// counts the others (the term's document frequency).
+#[derive(Clone, Debug, Default)]
+struct Postings {
+    /// The term (shared with the dictionary's key); `None` for a free number.
+    term: Option<Arc<str>>,
+    docs: Vec<(u64, Positions)>,
+    live: u32,
+}
+
+impl Postings {
+    fn get(&self, doc: u64) -> Option<&Positions> {
+        self.docs
+            .binary_search_by_key(&doc, |(d, _)| *d)
+            .ok()
+            .map(|i| &self.docs[i].1)
+    }
 }
 
 /// One bot's part of the index.
 #[derive(Clone, Debug, Default)]
 struct BotText {
-    ids: HashMap<String, IdState>,
+    ids: HashMap<Box<str>, IdState>,
     docs: HashMap<u64, Doc>,
     next_doc: u64,
-    /// Per term, the docs holding it and the token positions where.
-    postings: BTreeMap<String, BTreeMap<u64, Vec<u32>>>,
+    /// The terms some live doc holds, in code-point order (for prefixes), to their numbers.
+    dict: BTreeMap<Arc<str>, TermNo>,
+    /// Per term number, its postings (empty for a free number).
+    postings: Vec<Postings>,
+    /// Term numbers free for reuse.
+    free: Vec<TermNo>,
+    /// Sessions and roles of live docs, each held once.
+    names: HashSet<Arc<str>>,
     total_len: u64,
 }
 
@@ -239,13 +288,13 @@ impl TextIndex {
         let r = &e.record;
         let bot = self.bots.entry(r.bot_id.clone()).or_default();
         if r.kind == Kind::Tombstone {
-            if let Some(IdState::Live { doc: Some(doc), .. }) = bot.ids.insert(r.id.clone(), IdState::Dead) {
+            if let Some(IdState::Live { doc: Some(doc), .. }) = bot.ids.insert(r.id.as_str().into(), IdState::Dead) {
                 bot.remove(doc);
             }
             return;
         }
         let key = e.key();
-        match bot.ids.get(&r.id) {
+        match bot.ids.get(r.id.as_str()) {
             Some(IdState::Dead) => return,
             Some(IdState::Live { key: held, .. }) if *held <= key => return,
             Some(IdState::Live { doc: Some(doc), .. }) => {
@@ -259,13 +308,13 @@ impl TextIndex {
             _ => None,
         };
         let doc = text.map(|t| bot.add(e, t));
-        bot.ids.insert(r.id.clone(), IdState::Live { key, doc });
+        bot.ids.insert(r.id.as_str().into(), IdState::Live { key, doc });
     }
 
     /// Whether any live doc of `bot` holds `term` (what a test of forgetting asks: a term only
     /// forgotten records held is gone from the index).
     pub fn has_term(&self, bot: &str, term: &str) -> bool {
-        self.bots.get(bot).is_some_and(|b| b.postings.contains_key(term))
+        self.bots.get(bot).is_some_and(|b| b.dict.contains_key(term))
     }
 
     /// Live docs of `bot`.
@@ -291,51 +340,63 @@ impl TextIndex {
             return (Vec::new(), false);
         }
         let avg = b.total_len as f64 / n;
-        // Per doc: score so far, and matched terms.
-        let mut scores: HashMap<u64, (f64, BTreeSet<String>)> = HashMap::new();
+        // Per doc, its score so far (summed in clause order, as the reference sums). Which
+        // terms a doc matched is worked out for the page's hits only.
+        let mut scores: HashMap<u64, f64> = HashMap::new();
+        let mut terms: Vec<&str> = Vec::new();
+        let mut phrases: Vec<&[String]> = Vec::new();
         for clause in &query.clauses {
             match clause {
-                Clause::Term(t) => b.score_term(t, n, avg, &mut scores),
+                Clause::Term(t) => {
+                    b.score_term(t, n, avg, &mut scores);
+                    terms.push(t);
+                }
                 Clause::Prefix(p) => {
-                    let terms: Vec<&String> = b
-                        .postings
+                    let expanded = b
+                        .dict
                         .range::<str, _>((std::ops::Bound::Included(p.as_str()), std::ops::Bound::Unbounded))
                         .take_while(|(t, _)| t.starts_with(p.as_str()))
-                        .take(MAX_PREFIX_TERMS)
-                        .map(|(t, _)| t)
-                        .collect();
-                    for t in terms {
+                        .take(MAX_PREFIX_TERMS);
+                    for (t, _) in expanded {
                         b.score_term(t, n, avg, &mut scores);
+                        terms.push(t);
                     }
                 }
-                Clause::Phrase(terms) => {
-                    let found = b.phrase(terms);
+                Clause::Phrase(words) => {
+                    let found = b.phrase(words);
                     let df = found.len() as f64;
                     for (doc, tf) in found {
-                        let s = bm25(tf as f64, df, n, b.docs[&doc].len as f64, avg);
-                        let slot = scores.entry(doc).or_default();
-                        slot.0 += s;
-                        slot.1.extend(terms.iter().cloned());
+                        *scores.entry(doc).or_default() += bm25(tf as f64, df, n, b.docs[&doc].len as f64, avg);
                     }
+                    phrases.push(words);
                 }
             }
         }
-        let mut hits: Vec<Hit> = scores
+        let mut hits: Vec<(f64, OrderKey, u64)> = scores
             .into_iter()
-            .filter_map(|(doc, (score, matched))| {
+            .filter_map(|(doc, score)| {
                 let d = &b.docs[&doc];
-                passes(d, filter).then(|| Hit {
-                    key: d.key,
-                    id: d.id.clone(),
-                    score,
-                    matched: matched.into_iter().collect(),
-                })
+                passes(d, filter).then_some((score, d.key, doc))
             })
-            .filter(|h| after.is_none_or(|a| before((a.score, &a.key), (h.score, &h.key)).is_lt()))
+            .filter(|h| after.is_none_or(|a| before((a.score, &a.key), (h.0, &h.1)).is_lt()))
             .collect();
-        hits.sort_by(|x, y| before((x.score, &x.key), (y.score, &y.key)));
+        let order = |x: &(f64, OrderKey, u64), y: &(f64, OrderKey, u64)| before((x.0, &x.1), (y.0, &y.1));
         let more = hits.len() > k;
-        hits.truncate(k);
+        if more {
+            // The best k in front (in no order), the rest behind: no sort of every hit.
+            hits.select_nth_unstable_by(k, order);
+            hits.truncate(k);
+        }
+        hits.sort_by(order);
+        let hits = hits
+            .into_iter()
+            .map(|(score, key, doc)| Hit {
+                key,
+                id: b.docs[&doc].id.to_string(),
+                score,
+                matched: b.matched(doc, &terms, &phrases),
+            })
+            .collect();
         (hits, more)
     }
 }
@@ -349,8 +410,8 @@ pub fn bm25(tf: f64, df: f64, n: f64, len: f64, avg: f64) -> f64 {
 
 fn passes(d: &Doc, f: &Filter) -> bool {
     let millis = d.key.hlc.millis();
-    f.session.as_ref().is_none_or(|s| *s == d.session)
-        && (f.roles.is_empty() || f.roles.contains(&d.role))
+    f.session.as_deref().is_none_or(|s| s == &*d.session)
+        && (f.roles.is_empty() || f.roles.iter().any(|r| r == &*d.role))
         && f.since_millis.is_none_or(|t| millis >= t)
         && f.until_millis.is_none_or(|t| millis < t)
         && f.metadata
@@ -362,84 +423,190 @@ impl BotText {
     fn add(&mut self, e: &Entry, text: &str) -> u64 {
         let doc = self.next_doc;
         self.next_doc += 1;
-        let terms = tokens(text);
-        let mut distinct = BTreeSet::new();
-        for (pos, t) in terms.iter().enumerate() {
-            self.postings
-                .entry(t.clone())
-                .or_default()
-                .entry(doc)
-                .or_default()
-                .push(pos as u32);
-            distinct.insert(t.clone());
+        let words = tokens(text);
+        // Per distinct term, its positions: a doc's number is the largest yet, so each
+        // term's postings take it at their end.
+        let mut held: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for (pos, t) in words.iter().enumerate() {
+            held.entry(t.as_str()).or_default().push(pos as u32);
         }
-        let len = terms.len() as u32;
+        let mut terms = Vec::with_capacity(held.len());
+        for (t, positions) in held {
+            let no = self.term_no(t);
+            let positions = match positions[..] {
+                [one] => Positions::One(one),
+                _ => Positions::Many(positions.into_boxed_slice()),
+            };
+            let p = &mut self.postings[no as usize];
+            p.docs.push((doc, positions));
+            p.live += 1;
+            terms.push(no);
+        }
+        let len = words.len() as u32;
         self.total_len += u64::from(len);
         let r = &e.record;
+        let session = self.name(&r.session_id);
+        let role = self.name(&r.role);
         self.docs.insert(
             doc,
             Doc {
                 key: e.key(),
-                id: r.id.clone(),
-                session: r.session_id.clone(),
-                role: r.role.clone(),
-                metadata: r.metadata.clone(),
+                id: r.id.as_str().into(),
+                session,
+                role,
+                metadata: r.metadata.clone().map(Box::new),
                 len,
-                terms: distinct.into_iter().collect(),
+                terms: terms.into_boxed_slice(),
             },
         );
         doc
     }
 
-    fn remove(&mut self, doc: u64) {
-        let Some(d) = self.docs.remove(&doc) else { return };
-        self.total_len -= u64::from(d.len);
-        for t in d.terms {
-            if let Some(p) = self.postings.get_mut(&t) {
-                p.remove(&doc);
-                if p.is_empty() {
-                    self.postings.remove(&t);
-                }
-            }
+    /// The number of term `t`, given one if it has none.
+    fn term_no(&mut self, t: &str) -> TermNo {
+        if let Some(&no) = self.dict.get(t) {
+            return no;
+        }
+        let no = self.free.pop().unwrap_or_else(|| {
+            self.postings.push(Postings::default());
+            (self.postings.len() - 1) as TermNo
+        });
+        let term: Arc<str> = t.into();
+        self.postings[no as usize].term = Some(term.clone());
+        self.dict.insert(term, no);
+        no
+    }
+
+    /// `name` as held once for the bot's docs.
+    fn name(&mut self, name: &str) -> Arc<str> {
+        if let Some(held) = self.names.get(name) {
+            return held.clone();
+        }
+        let held: Arc<str> = name.into();
+        self.names.insert(held.clone());
+        held
+    }
+
+    /// Let go of a name a removed doc held: the last holder takes it out of the set.
+    fn release(&mut self, name: Arc<str>) {
+        // Held by the set and by `name`: no live doc holds it any more.
+        if Arc::strong_count(&name) == 2 {
+            self.names.remove(&name);
         }
     }
 
-    fn score_term(&self, t: &str, n: f64, avg: f64, scores: &mut HashMap<u64, (f64, BTreeSet<String>)>) {
-        let Some(p) = self.postings.get(t) else { return };
-        let df = p.len() as f64;
-        for (doc, positions) in p {
-            let s = bm25(positions.len() as f64, df, n, self.docs[doc].len as f64, avg);
-            let slot = scores.entry(*doc).or_default();
-            slot.0 += s;
-            slot.1.insert(t.to_string());
+    fn remove(&mut self, doc: u64) {
+        let Some(d) = self.docs.remove(&doc) else { return };
+        self.total_len -= u64::from(d.len);
+        for &no in &d.terms {
+            let p = &mut self.postings[no as usize];
+            p.live -= 1;
+            if p.live == 0 {
+                // No live doc holds the term: its text leaves the index (rule 26), its
+                // number is free.
+                if let Some(term) = std::mem::take(p).term {
+                    self.dict.remove(&term);
+                }
+                self.free.push(no);
+            } else if p.docs.len() > 2 * p.live as usize + 8 {
+                let docs = &self.docs;
+                p.docs.retain(|(d, _)| docs.contains_key(d));
+                p.docs.shrink_to_fit();
+            }
+        }
+        self.release(d.session);
+        self.release(d.role);
+    }
+
+    /// The live docs of term `t` and its postings there.
+    fn live<'a>(&'a self, t: &str) -> Option<(&'a Postings, impl Iterator<Item = (u64, &'a Positions)> + 'a)> {
+        let p = &self.postings[*self.dict.get(t)? as usize];
+        let docs = &self.docs;
+        Some((
+            p,
+            p.docs
+                .iter()
+                .filter(move |(d, _)| docs.contains_key(d))
+                .map(|(d, ps)| (*d, ps)),
+        ))
+    }
+
+    fn score_term(&self, t: &str, n: f64, avg: f64, scores: &mut HashMap<u64, f64>) {
+        let Some(p) = self.dict.get(t).map(|&no| &self.postings[no as usize]) else {
+            return;
+        };
+        let df = f64::from(p.live);
+        // One lookup per posting: a doc no longer live is not in `docs`.
+        for (doc, positions) in &p.docs {
+            let Some(d) = self.docs.get(doc) else { continue };
+            *scores.entry(*doc).or_default() += bm25(positions.as_slice().len() as f64, df, n, f64::from(d.len), avg);
         }
     }
 
     /// Per doc holding the phrase, how many times.
     fn phrase(&self, terms: &[String]) -> Vec<(u64, usize)> {
-        let lists: Option<Vec<&BTreeMap<u64, Vec<u32>>>> = terms.iter().map(|t| self.postings.get(t)).collect();
-        let Some(lists) = lists else { return Vec::new() };
-        let Some((first, rest)) = lists.split_first() else {
+        let Some((first, rest)) = terms.split_first() else {
             return Vec::new();
         };
-        first
+        let Some((_, docs)) = self.live(first) else {
+            return Vec::new();
+        };
+        let Some(rest) = self.lists(rest) else {
+            return Vec::new();
+        };
+        docs.filter_map(|(doc, starts)| {
+            let count = phrase_count(doc, starts.as_slice(), &rest);
+            (count > 0).then_some((doc, count))
+        })
+        .collect()
+    }
+
+    /// The postings of each of `terms`, if every one is held.
+    fn lists(&self, terms: &[String]) -> Option<Vec<&Postings>> {
+        terms
             .iter()
-            .filter_map(|(doc, starts)| {
-                let follow: Option<Vec<&Vec<u32>>> = rest.iter().map(|l| l.get(doc)).collect();
-                let follow = follow?;
-                let count = starts
-                    .iter()
-                    .filter(|&&s| {
-                        follow
-                            .iter()
-                            .enumerate()
-                            .all(|(i, ps)| ps.binary_search(&(s + i as u32 + 1)).is_ok())
-                    })
-                    .count();
-                (count > 0).then_some((*doc, count))
-            })
+            .map(|t| self.dict.get(t.as_str()).map(|&no| &self.postings[no as usize]))
             .collect()
     }
+
+    /// The terms live doc `doc` matched, in code-point order: each of `terms` it holds, and
+    /// the terms of each of `phrases` it holds as a phrase.
+    fn matched(&self, doc: u64, terms: &[&str], phrases: &[&[String]]) -> Vec<String> {
+        let holds = |t: &str| self.dict.get(t).and_then(|&no| self.postings[no as usize].get(doc));
+        let mut m: BTreeSet<String> = terms
+            .iter()
+            .filter(|t| holds(t).is_some())
+            .map(|t| t.to_string())
+            .collect();
+        for words in phrases {
+            let Some((first, rest)) = words.split_first() else {
+                continue;
+            };
+            let (Some(starts), Some(rest)) = (holds(first), self.lists(rest)) else {
+                continue;
+            };
+            if phrase_count(doc, starts.as_slice(), &rest) > 0 {
+                m.extend(words.iter().cloned());
+            }
+        }
+        m.into_iter().collect()
+    }
+}
+
+/// How many times the phrase whose first term stands at `starts` in `doc` and whose other
+/// terms' postings are `rest` stands there.
+fn phrase_count(doc: u64, starts: &[u32], rest: &[&Postings]) -> usize {
+    let follow: Option<Vec<&[u32]>> = rest.iter().map(|l| l.get(doc).map(Positions::as_slice)).collect();
+    let Some(follow) = follow else { return 0 };
+    starts
+        .iter()
+        .filter(|&&s| {
+            follow
+                .iter()
+                .enumerate()
+                .all(|(i, ps)| ps.binary_search(&(s + i as u32 + 1)).is_ok())
+        })
+        .count()
 }
 
 /// Words of a snippet at most.

@@ -458,8 +458,9 @@ pub struct SearchIn {
     /// Only this session's records.
     #[serde(default)]
     pub session: Option<String>,
-    /// Only records of these roles.
+    /// Only records of these roles (at most 16).
     #[serde(default)]
+    #[schema(max_items = 16)]
     pub roles: Vec<String>,
     /// Only records appended at or after this time (RFC 3339; the log's clock, rule 8).
     #[serde(default)]

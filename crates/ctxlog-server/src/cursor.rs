@@ -140,10 +140,14 @@ pub(crate) fn parse_covers(field: &str, token: &str, bot: &str, session: &str) -
 }
 
 /// A hit cursor for the hit that ended a page.
-pub(crate) fn hit(after: &ctxlog::search::After) -> String {
+///
+/// `search` names the search it continues (see `Search::binding`): a cursor handed to another
+/// search — another bot, query or filter — is refused rather than answered with a page that
+/// belongs to no list.
+pub(crate) fn hit(search: u64, after: &ctxlog::search::After) -> String {
     let k = &after.key;
     B64.encode(format!(
-        "h1.{:016x}.{}.{}.{}.{}",
+        "h2.{search:016x}.{:016x}.{}.{}.{}.{}",
         after.score.to_bits(),
         k.hlc.0,
         k.shard,
@@ -153,10 +157,19 @@ pub(crate) fn hit(after: &ctxlog::search::After) -> String {
 }
 
 /// Where a hit cursor given in `field` says the next page starts.
-pub(crate) fn parse_hit(field: &str, cursor: &str) -> Result<ctxlog::search::After, Problem> {
+/// It must continue the search `search` names.
+pub(crate) fn parse_hit(field: &str, cursor: &str, search: u64) -> Result<ctxlog::search::After, Problem> {
     let text = decode(field, cursor)?;
     let bad = || Problem::invalid(field, None, "not a cursor this server gave out");
-    let rest = text.strip_prefix("h1.").ok_or_else(bad)?;
+    let rest = text.strip_prefix("h2.").ok_or_else(bad)?;
+    let (of, rest) = rest.split_once('.').ok_or_else(bad)?;
+    if u64::from_str_radix(of, 16).map_err(|_| bad())? != search {
+        return Err(Problem::invalid(
+            field,
+            None,
+            "the cursor of another search (another bot, query or filter): continue a search with its own `next`",
+        ));
+    }
     let (score, key) = rest.split_once('.').ok_or_else(bad)?;
     let score = f64::from_bits(u64::from_str_radix(score, 16).map_err(|_| bad())?);
     if !score.is_finite() {

@@ -164,6 +164,38 @@ struct SummaryArgs {
     id: Option<String>,
 }
 
+/// A full-text search of a bot's live records.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SearchArgs {
+    /// The bot.
+    bot: String,
+    /// Words, `"exact phrases"` and `prefix*`es; a record holding any of them is a hit, the
+    /// best (BM25) first. At most 1024 bytes, 32 clauses, 4 prefixes.
+    query: String,
+    /// Only this session's records.
+    #[serde(default)]
+    session: Option<String>,
+    /// Only records of these roles (`user`, `assistant`, …; at most 16).
+    #[serde(default)]
+    roles: Vec<String>,
+    /// Only records appended at or after this time (RFC 3339).
+    #[serde(default)]
+    since: Option<String>,
+    /// Only records appended before this time (RFC 3339).
+    #[serde(default)]
+    until: Option<String>,
+    /// Only records whose metadata has each of these keys with exactly this value.
+    #[serde(default)]
+    metadata: std::collections::BTreeMap<String, Value>,
+    /// At most this many hits (1 to 100, default 10).
+    #[serde(default)]
+    k: Option<usize>,
+    /// The `next` of the previous answer, for the hits after it.
+    #[serde(default)]
+    after: Option<String>,
+}
+
 /// One record of a bot, by id.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -218,7 +250,7 @@ impl Tools {
     }
 
     fn check_name(&self, field: &str, name: &str) -> Result<(), Problem> {
-        routes::check_name(field, name.as_bytes(), self.replica.store.options().limits.max_id_bytes)
+        crate::problem::check_name(field, name.as_bytes(), self.replica.store.options().limits.max_id_bytes)
     }
 }
 
@@ -391,6 +423,30 @@ impl Tools {
             self.check_name("id", &a.id)?;
             let entry = routes::live_record(&self.replica, &a.bot, &a.id).await?;
             Ok(crate::api::EntryOut::from(&entry))
+        };
+        answer(result.await)
+    }
+
+    #[tool(
+        description = "Search a bot's live records by words: the best matches first (BM25), each with a snippet \
+                       and the query terms it holds. Forgotten records are never found. Narrow it to a session, \
+                       roles, a time range or metadata; continue with `after` = the answer's `next`.",
+        annotations(read_only_hint = true)
+    )]
+    async fn search(&self, Parameters(a): Parameters<SearchArgs>, ext: Extensions) -> CallToolResult {
+        let result = async {
+            self.grant_for(&ext, &a.bot, Right::Read)?;
+            let input = crate::api::SearchIn {
+                query: a.query,
+                k: a.k,
+                after: a.after,
+                session: a.session,
+                roles: a.roles,
+                since: a.since,
+                until: a.until,
+                metadata: a.metadata,
+            };
+            self.replica.search.search(&self.replica, &a.bot, input).await
         };
         answer(result.await)
     }

@@ -240,6 +240,19 @@ impl IntoResponse for Problem {
     }
 }
 
+/// A name in a path or a body (bot, session, id, role): UTF-8, not empty, no NUL, at most
+/// `max` bytes; the problem names `field`.
+pub(crate) fn check_name(field: &str, bytes: &[u8], max: usize) -> Result<(), Problem> {
+    let invalid = |detail: String| Err(Problem::invalid(field, None, detail));
+    match std::str::from_utf8(bytes) {
+        Err(_) => invalid("is not UTF-8".into()),
+        Ok("") => invalid("must not be empty".into()),
+        Ok(s) if s.contains('\0') => invalid("must not contain NUL".into()),
+        Ok(s) if s.len() > max => invalid(format!("is {} bytes, the limit is {max}", s.len())),
+        Ok(_) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

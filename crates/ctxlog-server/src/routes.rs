@@ -237,22 +237,11 @@ async fn check_path(State(r): Shared, request: Request, next: Next) -> Response 
             "session" => "session_id",
             other => other,
         };
-        if let Err(p) = check_name(field, &percent_decode(raw), max) {
+        if let Err(p) = crate::problem::check_name(field, &percent_decode(raw), max) {
             return p.into_response();
         }
     }
     next.run(request).await
-}
-
-pub(crate) fn check_name(field: &str, bytes: &[u8], max: usize) -> Result<(), Problem> {
-    let invalid = |detail: String| Err(Problem::invalid(field, None, detail));
-    match std::str::from_utf8(bytes) {
-        Err(_) => invalid("is not UTF-8".into()),
-        Ok("") => invalid("must not be empty".into()),
-        Ok(s) if s.contains('\0') => invalid("must not contain NUL".into()),
-        Ok(s) if s.len() > max => invalid(format!("is {} bytes, the limit is {max}", s.len())),
-        Ok(_) => Ok(()),
-    }
 }
 
 /// A path segment's bytes, `%XX` decoded (a `%` not followed by two hex digits stays).

@@ -31,10 +31,24 @@ pub(crate) const MAX_BODY_BYTES: usize = 64 << 10;
 /// Metadata keys a filter names at most.
 const MAX_METADATA_KEYS: usize = 16;
 
+/// Roles a filter names at most: the filter is checked for every scored doc, so its size is
+/// bounded like the query's (a search over MCP is not bound by this route's body limit).
+const MAX_ROLES: usize = 16;
+
 /// The replica's searcher: caught up by one search at a time, read by many at once.
 #[derive(Default)]
 pub(crate) struct Search {
     searcher: Arc<RwLock<Searcher>>,
+}
+
+/// What names one search for its cursors: the bot, the query as written and the filter (the
+/// roles as a set), hashed alike by every replica. `k` is not part of it: a page may be
+/// longer or shorter than the one before.
+fn binding(bot: &str, query: &str, f: &Filter) -> u64 {
+    let roles: std::collections::BTreeSet<&String> = f.roles.iter().collect();
+    let named = serde_json::json!([bot, query, f.session, roles, f.since_millis, f.until_millis, f.metadata]);
+    let hash = blake3::hash(named.to_string().as_bytes());
+    u64::from_le_bytes(hash.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 /// Milliseconds of the log's clock at an RFC 3339 time given in `field`.
@@ -51,6 +65,11 @@ fn millis(field: &'static str, t: Option<&str>) -> Result<Option<u64>, Problem> 
 impl Search {
     /// Catch the searcher up to `to` (nothing past what it holds is read twice).
     async fn catch_up(&self, r: &Replica, to: &Checkpoint) -> Result<(), Problem> {
+        // Holding all of `to` already: no exclusive lock, which would queue every other
+        // search behind the searches scoring now.
+        if to.first_beyond(self.searcher.read().await.position()).is_none() {
+            return Ok(());
+        }
         let mut s = self.searcher.write().await;
         s.catch_up(&*r.store, to).await.map_err(Problem::from)?;
         Ok(())
@@ -67,6 +86,20 @@ impl Search {
             n @ 1..=MAX_K => n,
             n => return Err(Problem::invalid("k", None, format!("{n}: from 1 to {MAX_K}"))),
         };
+        if input.roles.len() > MAX_ROLES {
+            return Err(Problem::invalid(
+                "roles",
+                None,
+                format!("{} roles; at most {MAX_ROLES}", input.roles.len()),
+            ));
+        }
+        let max_name = r.store.options().limits.max_id_bytes;
+        if let Some(s) = &input.session {
+            crate::problem::check_name("session", s.as_bytes(), max_name)?;
+        }
+        for role in &input.roles {
+            crate::problem::check_name("roles", role.as_bytes(), max_name)?;
+        }
         if input.metadata.len() > MAX_METADATA_KEYS {
             return Err(Problem::invalid(
                 "metadata",
@@ -74,11 +107,6 @@ impl Search {
                 format!("{} keys; at most {MAX_METADATA_KEYS}", input.metadata.len()),
             ));
         }
-        let after: Option<After> = input
-            .after
-            .as_deref()
-            .map(|c| cursor::parse_hit("after", c))
-            .transpose()?;
         let filter = Filter {
             session: input.session,
             roles: input.roles,
@@ -86,6 +114,12 @@ impl Search {
             until_millis: millis("until", input.until.as_deref())?,
             metadata: input.metadata,
         };
+        let binding = binding(bot, &input.query, &filter);
+        let after: Option<After> = input
+            .after
+            .as_deref()
+            .map(|c| cursor::parse_hit("after", c, binding))
+            .transpose()?;
         // Most of the catch-up without the view held (a first search reads the store), then
         // the rest up to a fresh view's position: every append acknowledged before (rule 1).
         let now = r.view.current().await.checkpoint();
@@ -101,10 +135,13 @@ impl Search {
                 .await
                 .map_err(|e| Problem::replica_unavailable(format!("a search failed: {e}"), ctxlog::Written::Nothing))?;
         let next = hits.last().filter(|_| more).map(|h| {
-            cursor::hit(&After {
-                score: h.score,
-                key: h.key,
-            })
+            cursor::hit(
+                binding,
+                &After {
+                    score: h.score,
+                    key: h.key,
+                },
+            )
         });
         // The hits' records from the view, which holds at least what the searcher read (it
         // was fresh at `at`; only a failed refresh since can have emptied it: then a fresh

@@ -13,6 +13,7 @@ mod object_store;
 pub(crate) mod probe;
 mod reclaim;
 pub(crate) mod restore;
+mod search;
 mod serve;
 mod stats;
 pub(crate) mod stores;
@@ -36,6 +37,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         BenchKind::Serve(a) => serve::run(&a),
         BenchKind::Context(a) => context::run(&a),
         BenchKind::Forks(a) => forks::run(&a),
+        BenchKind::Search(a) => search::run(&a),
     }
 }
 

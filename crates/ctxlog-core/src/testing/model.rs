@@ -504,6 +504,20 @@ pub fn search(
     query: &crate::search::Query,
     filter: &crate::search::Filter,
 ) -> Vec<(String, f64)> {
+    search_matched(entries, bot_id, query, filter)
+        .into_iter()
+        .map(|(id, score, _)| (id, score))
+        .collect()
+}
+
+/// [`search`] with each hit's matched terms: the terms of every scored sequence (a term, a
+/// phrase, a prefix's term) the doc holds, in code-point order.
+pub fn search_matched(
+    entries: &[Entry],
+    bot_id: &str,
+    query: &crate::search::Query,
+    filter: &crate::search::Filter,
+) -> Vec<(String, f64, Vec<String>)> {
     use crate::search::{B, Clause, K1, MAX_PREFIX_TERMS, tokens};
     let set = entry_set(entries);
     let docs: Vec<(&Entry, Vec<String>)> = by_id(&set)
@@ -541,16 +555,16 @@ pub fn search(
             ),
         }
     }
-    let mut hits: Vec<(&Entry, f64)> = Vec::new();
+    let mut hits: Vec<(&Entry, f64, BTreeSet<String>)> = Vec::new();
     for (e, doc) in &docs {
         let mut score = 0.0;
-        let mut matched = false;
+        let mut matched = BTreeSet::new();
         for terms in &scored {
             let tf = count(doc, terms) as f64;
             if tf == 0.0 {
                 continue;
             }
-            matched = true;
+            matched.extend(terms.iter().cloned());
             let df = docs.iter().filter(|(_, d)| count(d, terms) > 0).count() as f64;
             let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
             score += idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * doc.len() as f64 / avg));
@@ -565,12 +579,14 @@ pub fn search(
                 .metadata
                 .iter()
                 .all(|(k, v)| r.metadata.as_ref().and_then(|m| m.get(k)) == Some(v));
-        if matched && passes {
-            hits.push((e, score));
+        if !matched.is_empty() && passes {
+            hits.push((e, score, matched));
         }
     }
     hits.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.key().cmp(&b.0.key())));
-    hits.into_iter().map(|(e, s)| (e.record.id.clone(), s)).collect()
+    hits.into_iter()
+        .map(|(e, s, m)| (e.record.id.clone(), s, m.into_iter().collect()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,209 @@
+//! `ctxlog-bench search`: full-text search (rule 26) on a generated corpus, against SQLite
+//! FTS5 queried directly on the same texts (the floor, measured in the same process).
+//!
+//! The corpus: `records` records of 10 to 40 words drawn from a Zipf vocabulary (50,000
+//! words, exponent 1.07, as natural text roughly is) in 1,000 sessions of one bot, appended
+//! to a fresh store. What is measured:
+//! - the index: a [`Searcher`] catching up with the store from nothing (a replica's first
+//!   search: the store read and every entry fed), its time and the resident memory it adds,
+//!   against the raw text's bytes (an upper bound: what the read of the store leaves
+//!   allocated counts too);
+//! - queries of 1 to 3 words (drawn from the same vocabulary past its 50 most common words,
+//!   which a searcher rarely types — and which cost most here), with and without a session
+//!   filter, k = 10, each parsed and answered: p50 and p99;
+//! - the floor: the same texts in an FTS5 table in memory, built and then asked the same
+//!   queries (`MATCH` of the words joined by `OR`, ranked by its BM25, limit 10), and its
+//!   size. Its build inserts texts held in memory, where the index's reads them from the
+//!   store: the build ratio favours FTS5.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use ctxlog::search::{Filter, Query, Searcher};
+use ctxlog::{Checkpoint, Record, WriterId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde_json::{Value, json};
+
+const BOT: &str = "search-bench";
+const VOCABULARY: usize = 50_000;
+const SESSIONS: usize = 1_000;
+/// The most common words, never asked for.
+const STOP: usize = 50;
+
+/// Word `i` of the vocabulary: letters only, distinct per `i`.
+fn word(i: usize) -> String {
+    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+    let mut n = i + 26;
+    let mut w = Vec::new();
+    while n > 0 {
+        w.push(LETTERS[n % 26]);
+        n /= 26;
+    }
+    String::from_utf8(w).expect("ascii")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn summary(mut ms: Vec<f64>) -> Value {
+    ms.sort_by(f64::total_cmp);
+    json!({"p50_ms": percentile(&ms, 0.5), "p99_ms": percentile(&ms, 0.99)})
+}
+
+/// Resident memory now (kB), from `/proc/self/status`.
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// [`crate::Cmd::Search`].
+pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64) -> Result<Value> {
+    anyhow::ensure!(records > 0 && queries > 0, "--records and --queries must be at least 1");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let zipf = Zipf::new(VOCABULARY as f64, 1.07).context("a Zipf distribution")?;
+    let draw = |rng: &mut StdRng| word(zipf.sample(rng) as usize - 1);
+
+    // The corpus, appended to a fresh store.
+    let store = ctxlog::open(uri, crate::creating()).await?;
+    let mut shard = store.open_shard(&WriterId::new("search-bench")?).await?;
+    let mut to = Checkpoint::default();
+    let mut texts: Vec<(String, String)> = Vec::with_capacity(records);
+    let mut raw_bytes = 0usize;
+    for chunk in (0..records).collect::<Vec<_>>().chunks(1_000) {
+        let mut batch = Vec::with_capacity(chunk.len());
+        for &i in chunk {
+            let n = rng.random_range(10..=40);
+            let text = (0..n).map(|_| draw(&mut rng)).collect::<Vec<_>>().join(" ");
+            let session = format!("s{}", i % SESSIONS);
+            raw_bytes += text.len();
+            batch.push(Record::text(format!("r{i}"), BOT, &session, "user", &text));
+            texts.push((session, text));
+        }
+        let ack = shard.append(batch).await?;
+        to.0.insert(ack.shard, ack.last_seq);
+    }
+    shard.close().await?;
+
+    // The index, as a replica's first search builds it.
+    let before = rss_kb();
+    let started = Instant::now();
+    let mut searcher = Searcher::new();
+    let fed = searcher.catch_up(store.as_ref(), &to).await?;
+    let build_s = started.elapsed().as_secs_f64();
+    let index_kb = rss_kb().saturating_sub(before);
+    anyhow::ensure!(fed == records, "the searcher fed {fed} of {records} entries");
+
+    // The queries, drawn once, asked of both.
+    let asks: Vec<(Vec<String>, String)> = (0..queries)
+        .map(|_| {
+            let n = rng.random_range(1..=3);
+            let words = (0..n)
+                .map(|_| {
+                    loop {
+                        let rank = zipf.sample(&mut rng) as usize - 1;
+                        if rank >= STOP {
+                            break word(rank);
+                        }
+                    }
+                })
+                .collect();
+            (words, format!("s{}", rng.random_range(0..SESSIONS)))
+        })
+        .collect();
+    let index = searcher.index();
+    let mut ours = (Vec::new(), Vec::new());
+    let (mut hits, mut in_session) = (0usize, 0usize);
+    for (words, session) in &asks {
+        // The query's parse is timed too, as FTS5's is.
+        let started = Instant::now();
+        let q = Query::parse(&words.join(" "))?;
+        let (found, _) = index.search(BOT, &q, &Filter::default(), None, 10);
+        ours.0.push(started.elapsed().as_secs_f64() * 1e3);
+        hits += found.len();
+        let only = Filter {
+            session: Some(session.clone()),
+            ..Filter::default()
+        };
+        let started = Instant::now();
+        let q = Query::parse(&words.join(" "))?;
+        let (found, _) = index.search(BOT, &q, &only, None, 10);
+        ours.1.push(started.elapsed().as_secs_f64() * 1e3);
+        in_session += found.len();
+    }
+    drop(searcher);
+
+    // The floor: FTS5 on the same texts.
+    let db = rusqlite::Connection::open_in_memory()?;
+    db.execute_batch("CREATE VIRTUAL TABLE t USING fts5(body, session UNINDEXED);")?;
+    let started = Instant::now();
+    {
+        let tx = db.unchecked_transaction()?;
+        {
+            let mut insert = tx.prepare("INSERT INTO t (body, session) VALUES (?1, ?2)")?;
+            for (session, text) in &texts {
+                insert.execute((text, session))?;
+            }
+        }
+        tx.commit()?;
+    }
+    let fts_build_s = started.elapsed().as_secs_f64();
+    let fts_bytes: i64 = db.query_row(
+        "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut all = db.prepare("SELECT rowid FROM t WHERE t MATCH ?1 ORDER BY rank LIMIT 10")?;
+    let mut one = db.prepare("SELECT rowid FROM t WHERE t MATCH ?1 AND session = ?2 ORDER BY rank LIMIT 10")?;
+    let mut floor = (Vec::new(), Vec::new());
+    let (mut fts_hits, mut fts_in_session) = (0usize, 0usize);
+    for (words, session) in &asks {
+        let m = words
+            .iter()
+            .map(|w| format!("\"{w}\""))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let started = Instant::now();
+        fts_hits += all.query_map([&m], |r| r.get::<_, i64>(0))?.count();
+        floor.0.push(started.elapsed().as_secs_f64() * 1e3);
+        let started = Instant::now();
+        fts_in_session += one.query_map((&m, session), |r| r.get::<_, i64>(0))?.count();
+        floor.1.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    anyhow::ensure!(
+        (hits, in_session) == (fts_hits, fts_in_session),
+        "ctxlog found {hits} hits in all and {in_session} in sessions, FTS5 {fts_hits} and {fts_in_session}: not the same corpus or queries"
+    );
+    let p99 = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, 0.99)
+    };
+    Ok(json!({
+        "records": records,
+        "raw_text_bytes": raw_bytes,
+        "queries": queries,
+        "index": {"build_s": build_s, "rss_kb": index_kb, "rss_over_raw_text": index_kb as f64 * 1024.0 / raw_bytes as f64},
+        "query": summary(ours.0.clone()),
+        "query_in_session": summary(ours.1.clone()),
+        "fts5": {
+            "build_s": fts_build_s,
+            "bytes": fts_bytes,
+            "query": summary(floor.0.clone()),
+            "query_in_session": summary(floor.1.clone()),
+        },
+        "ratios": {
+            "query_p99_over_fts5": p99(&ours.0) / p99(&floor.0),
+            "query_in_session_p99_over_fts5": p99(&ours.1) / p99(&floor.1),
+            "build_over_fts5": build_s / fts_build_s,
+        },
+    }))
+}
