@@ -11,6 +11,11 @@
 //! - queries of 1 to 3 words (drawn from the same vocabulary past its 50 most common words,
 //!   which a searcher rarely types — and which cost most here), with and without a session
 //!   filter, k = 10, each parsed and answered: p50 and p99;
+//! - freshness: a record appended through one store handle (replica A's writer) and then
+//!   found by a search through a second handle of the same store (replica B: its projector
+//!   refreshed, the searcher caught up to its position, the query answered), from before
+//!   the append to the hit, up to [`FRESH_APPENDS`] times: p50 and p99 (what `serve` adds — HTTP,
+//!   the view's fresh read on the request path — is not in it);
 //! - the floor: the same texts in an FTS5 table in memory, built and then asked the same
 //!   queries (`MATCH` of the words joined by `OR`, ranked by its BM25, limit 10), and its
 //!   size. Its build inserts texts held in memory, where the index's reads them from the
@@ -139,6 +144,7 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
         ours.1.push(started.elapsed().as_secs_f64() * 1e3);
         in_session += found.len();
     }
+    let freshness = freshness(uri, &mut searcher, (records / 100).clamp(1, FRESH_APPENDS)).await?;
     drop(searcher);
 
     // The floor: FTS5 on the same texts.
@@ -192,6 +198,7 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
         "raw_text_bytes": raw_bytes,
         "queries": queries,
         "index": {"build_s": build_s, "rss_kb": index_kb, "rss_over_raw_text": index_kb as f64 * 1024.0 / raw_bytes as f64},
+        "freshness": freshness,
         "query": summary(ours.0.clone()),
         "query_in_session": summary(ours.1.clone()),
         "fts5": {
@@ -206,4 +213,48 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
             "build_over_fts5": build_s / fts_build_s,
         },
     }))
+}
+
+/// Appends the freshness figure times at most (one per 100 records below 20,000: the
+/// smoke test's small corpus pays little for it).
+const FRESH_APPENDS: usize = 200;
+
+/// `appends` times: append one record with a word of its own through a new writer
+/// on one handle of the store, then refresh a second handle's projector, catch `searcher`
+/// up to its position and search the word; the time from before the append to the hit.
+async fn freshness(uri: &str, searcher: &mut Searcher, appends: usize) -> Result<Value> {
+    let a = ctxlog::open(uri, crate::creating()).await?;
+    let b = ctxlog::open(uri, crate::creating()).await?;
+    let mut shard = a.open_shard(&WriterId::new("search-bench-fresh")?).await?;
+    let mut view = b.projector();
+    view.refresh().await?;
+    let mut ms = Vec::with_capacity(appends);
+    for i in 0..appends {
+        // Digits: never a word of the vocabulary (letters only), one doc each.
+        let word = format!("fresh{i:06}");
+        let started = Instant::now();
+        shard
+            .append(vec![Record::text(
+                format!("fresh-{i}"),
+                BOT,
+                "s0",
+                "user",
+                format!("news {word}"),
+            )])
+            .await?;
+        view.refresh().await?;
+        searcher.catch_up(b.as_ref(), &view.checkpoint()).await?;
+        let (found, _) = searcher
+            .index()
+            .search(BOT, &Query::parse(&word)?, &Filter::default(), None, 10);
+        ms.push(started.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(
+            found.len() == 1 && found[0].id == format!("fresh-{i}"),
+            "replica B's search after append {i} found {found:?}"
+        );
+    }
+    shard.close().await?;
+    let mut v = summary(ms);
+    v["appends"] = json!(appends);
+    Ok(v)
 }

@@ -182,9 +182,21 @@ async def exercise(c: Client, other_writer: Callable[[str], object]) -> None:
         )
     )
     assert wrong_session["written"] == "nothing" and wrong_session["field"] == "covers"
-    # Not the tool's shape: refused by the SDK's schema check or the server, nothing written.
-    shapeless = await c.call_tool("append_records", {"bot": "helpdesk", "session": "t-1"})
-    assert shapeless.is_error
+    # Not the tool's shape: a typed tool error naming the field by its path, nothing written.
+    shapeless = problem(await c.call_tool("append_records", {"bot": "helpdesk", "session": "t-1"}))
+    assert shapeless["field"] == "arguments" and shapeless["written"] == "nothing", shapeless
+    assert shapeless["type"] == "urn:ctxlog:problem:invalid-input", shapeless
+    wrong = {"bot": "helpdesk", "session": "t-1", "records": [{"role": 5, "text": "x"}]}
+    wrong_type = problem(await c.call_tool("append_records", wrong))
+    assert wrong_type["field"] == "records[0].role", wrong_type
+    assert wrong_type["written"] == "nothing", wrong_type
+    too_many = problem(await c.call_tool("search", {"bot": "helpdesk", "query": "x", "k": -1}))
+    assert too_many["field"] == "k", too_many
+    # serde quotes a value of the wrong type: not echoed back whole.
+    huge = problem(
+        await c.call_tool("search", {"bot": "helpdesk", "query": "x", "k": "q" * 100_000})
+    )
+    assert huge["field"] == "k" and len(huge["detail"]) < 1000, len(huge["detail"])
     now = result(
         await c.call_tool("read_records", {"bot": "helpdesk", "session": "t-1", "last": 100})
     )

@@ -258,6 +258,10 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
     ] {
         ensure!(r["ratios"][k].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
     }
+    ensure!(
+        r["freshness"]["appends"] == 20 && r["freshness"]["p99_ms"].as_f64().is_some_and(|v| v > 0.0),
+        "freshness missing in {r}"
+    );
     eprintln!(
         "xtask: bench smoke: harness end to end in {:.1} s",
         started.elapsed().as_secs_f64()

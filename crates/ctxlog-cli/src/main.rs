@@ -278,6 +278,9 @@ enum Command {
         /// Seconds that appends in flight at shutdown have to finish.
         #[arg(long, default_value = "10", value_parser = parse_timeout)]
         shutdown_grace: Duration,
+        /// Seconds a search may score before it gives up (504 `timeout`, nothing written).
+        #[arg(long, default_value = "10", value_parser = parse_timeout)]
+        search_timeout: Duration,
         /// On object storage: the longest seconds between two refreshes of an idle replica's
         /// view. Every refresh costs requests; a watcher hears of another replica's appends
         /// within it after a quiet spell.
@@ -459,6 +462,7 @@ async fn run(cli: Cli) -> ExitCode {
             idle_timeout,
             max_connections,
             shutdown_grace,
+            search_timeout,
             idle_poll,
             until_stdin_closes,
             owner_token,
@@ -482,6 +486,7 @@ async fn run(cli: Cli) -> ExitCode {
             serve.idle_timeout = *idle_timeout;
             serve.max_connections = *max_connections as usize;
             serve.shutdown_grace = *shutdown_grace;
+            serve.search_timeout = *search_timeout;
             serve.idle_poll_max = (*idle_poll).max(serve.poll_min);
             serve_replica(serve, *until_stdin_closes).await
         }

@@ -566,6 +566,32 @@ async fn responses_fit_the_openapi_document() -> anyhow::Result<()> {
     .await
 }
 
+/// A search that scores past `--search-timeout` answers a typed timeout (504 `timeout`,
+/// nothing written), never a partial list. One record holding a word 200,000 times: a
+/// phrase of it costs 400,000 position checks (scored, then matched), far above the 1 ms
+/// given; without the deadline it answers 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_past_its_deadline_is_a_typed_timeout() -> anyhow::Result<()> {
+    bounded(async {
+        let f = fixture(&["--search-timeout", "0.001"]).await?;
+        let a = f.server.client().with_token(&token_for(&f, "writer-a"));
+        let long = vec!["a"; 200_000].join(" ");
+        ensure!(a.append("a", "s", &[rec("long", &long)]).await?.status == StatusCode::OK);
+        let slow = a.post("/v1/bots/a/search", &json!({"query": "\"a a\""})).await?;
+        ensure!(
+            slow.status == StatusCode::GATEWAY_TIMEOUT
+                && slow.json["type"] == "urn:ctxlog:problem:timeout"
+                && slow.json["written"] == "nothing",
+            "{} {} {}",
+            slow.status,
+            slow.json["type"],
+            slow.json["hits"].as_array().map_or(0, Vec::len)
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// Rule 26 over HTTP: a search sees every acknowledged record of its bot and nothing of
 /// another bot's (not even in its scores), ranks as BM25 says (the order below is reasoned
 /// by hand), pages on with `next`, and never returns a tombstoned record.

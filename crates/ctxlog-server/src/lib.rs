@@ -135,6 +135,11 @@ pub struct ServeOptions {
     /// `written: unknown`); connections still open a second later are closed. Reads and
     /// uploads still sending their body are refused at once.
     pub shutdown_grace: Duration,
+    /// How long a search may score before it gives up (`Timeout`, nothing written): a costly
+    /// query holds a blocking thread and holds up the searcher's next catch-up (and the
+    /// searches behind it) meanwhile. Reading the store to catch up is bounded by the store's
+    /// own timeout.
+    pub search_timeout: Duration,
     /// How often the replica refreshes its view when nobody asks: the shortest interval
     /// (always, on SQLite), doubled while nothing changes up to `idle_poll_max` (on object
     /// storage, where every refresh costs requests).
@@ -163,6 +168,7 @@ impl ServeOptions {
             idle_timeout: Duration::from_secs(75),
             max_connections: 768,
             shutdown_grace: Duration::from_secs(10),
+            search_timeout: Duration::from_secs(10),
             poll_min: Duration::from_millis(10),
             idle_poll_max: Duration::from_secs(2),
         }

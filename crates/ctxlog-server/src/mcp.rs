@@ -11,7 +11,8 @@
 //!   token, as a route is. Over stdio (`ctxlog mcp`) it is whoever launched the process,
 //!   with every right on the bots it was started for.
 //!
-//! Errors are tool errors (`isError`), never protocol errors, so the model reads them: the
+//! Errors are tool errors (`isError`), never protocol errors, so the model reads them —
+//! object arguments not of the tool's shape too (`invalid-input`, the field by its path): the
 //! structured content is the route's problem (RFC 9457 fields: `type`, `written`, `field`,
 //! …). `written` says whether anything may have landed; a failed append also names the ids
 //! it used, so a retry with them counts once.
@@ -503,6 +504,53 @@ struct ResourceCursor {
     after: Option<String>,
 }
 
+/// Whether `args` have the shape of tool `name`'s arguments: if not, the problem (400
+/// `invalid-input`, nothing written) naming the field at fault by its path
+/// (`records[0].role`, an unknown key by its own name; `arguments` for a field missing at
+/// the top). rmcp's own check would answer a protocol error with neither, which a model does
+/// not read. An unknown tool passes: the router answers it. Arguments that are not a JSON
+/// object are refused by rmcp before this (a protocol error).
+fn shape(name: &str, args: Option<&rmcp::model::JsonObject>) -> Result<(), Problem> {
+    /// Bytes of a field's path or of serde's reason kept: serde quotes a value of the wrong
+    /// type whole, and the problem goes back twice (structured and as text).
+    const KEPT: usize = 256;
+    fn clip(mut s: String) -> String {
+        if s.len() > KEPT {
+            let mut end = KEPT;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+            s.push('…');
+        }
+        s
+    }
+    fn check<T: serde::de::DeserializeOwned>(args: Option<&rmcp::model::JsonObject>) -> Result<(), Problem> {
+        // A copy: the arguments are bounded by the request's body limit, and the router
+        // takes them after this.
+        let value = Value::Object(args.cloned().unwrap_or_default());
+        serde_path_to_error::deserialize::<_, T>(value).map(drop).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." {
+                "arguments".to_string()
+            } else {
+                clip(path)
+            };
+            Problem::invalid(field, None, clip(e.inner().to_string()))
+        })
+    }
+    match name {
+        "list_sessions" => check::<ListSessionsArgs>(args),
+        "read_context" => check::<SessionArgs>(args),
+        "read_records" => check::<ReadRecordsArgs>(args),
+        "append_records" => check::<AppendArgs>(args),
+        "write_summary" => check::<SummaryArgs>(args),
+        "search" => check::<SearchArgs>(args),
+        "get_record" | "forget_record" => check::<RecordArgs>(args),
+        _ => Ok(()),
+    }
+}
+
 fn problem_error(p: Problem) -> ErrorData {
     let data = serde_json::to_value(&p).ok();
     match p.status {
@@ -529,6 +577,9 @@ impl ServerHandler for Tools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Err(p) = shape(&request.name, request.arguments.as_ref()) {
+            return Ok(failed(&p, None).into());
+        }
         self.tool_router
             .call(ToolCallContext::new(self, request, context))
             .await

@@ -7,12 +7,13 @@
 //! other read). Scoring runs on a blocking thread under a shared lock; the hits' records are
 //! then read from a fresh view: a record tombstoned since the searcher read is left out
 //! (forgetting wins). The index is in memory, of every bot the store holds, built by the
-//! replica's first search.
+//! replica's first search. Scoring gives up after `search_timeout` (`Timeout`, nothing
+//! written).
 
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use ctxlog::search::{After, Filter, Query, Searcher, snippet};
+use ctxlog::search::{After, Deadline, Filter, Query, Searcher, snippet};
 use ctxlog::{Body, Checkpoint};
 use tokio::sync::RwLock;
 
@@ -130,10 +131,17 @@ impl Search {
         let searched = held.position().clone();
         let position = cursor::position(&searched);
         let owned = bot.to_string();
-        let (hits, more) =
-            tokio::task::spawn_blocking(move || held.index().search(&owned, &query, &filter, after.as_ref(), k))
-                .await
-                .map_err(|e| Problem::replica_unavailable(format!("a search failed: {e}"), ctxlog::Written::Nothing))?;
+        // A costly query over a large corpus gives up (a typed timeout, nothing written)
+        // rather than holding a blocking thread and the searcher's lock, behind which the
+        // next catch-up and its searches wait.
+        let deadline = Deadline::after(r.options.search_timeout);
+        let (hits, more) = tokio::task::spawn_blocking(move || {
+            held.index()
+                .search_by(&owned, &query, &filter, after.as_ref(), k, &deadline)
+        })
+        .await
+        .map_err(|e| Problem::replica_unavailable(format!("a search failed: {e}"), ctxlog::Written::Nothing))?
+        .map_err(Problem::from)?;
         let next = hits.last().filter(|_| more).map(|h| {
             cursor::hit(
                 binding,

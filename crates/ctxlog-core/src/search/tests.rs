@@ -454,3 +454,63 @@ fn a_snippet_starts_a_few_words_before_the_first_match() {
     );
     assert_eq!(snippet(" ,. ", &["x".into()]), "");
 }
+
+/// Where a search's looks at its deadline are, counted by hand. A deadline passed at the
+/// last look gives up with a typed timeout, nothing written; one passed only at the look
+/// after changes nothing. A loop without its look leaves the search short of looks, and it
+/// answers where it must not.
+fn looks_exactly(ix: &TextIndex, q: &str, looks: usize) {
+    let q = Query::parse(q).unwrap();
+    match ix.search_by("bot", &q, &all(), None, 10, &Deadline::at_look(looks)) {
+        Err(Error::Timeout {
+            op: "search",
+            shard: None,
+            written: Written::Nothing,
+            ..
+        }) => {}
+        other => panic!("{q:?} at look {looks}: {other:?}"),
+    }
+    let whole = ix.search("bot", &q, &all(), None, 10);
+    let late = ix
+        .search_by("bot", &q, &all(), None, 10, &Deadline::at_look(looks + 1))
+        .unwrap();
+    assert_eq!(whole, late, "{q:?}");
+    assert!(!late.0.is_empty(), "{q:?}");
+}
+
+/// The looks of a search: one before each clause, then one every CHECK_EVERY ticks — a tick
+/// per posting of a term (or of a prefix's terms), per doc and per start position of a
+/// phrase, per scored doc, and per start position of a phrase again for the page's matched
+/// terms. With 3 × CHECK_EVERY docs holding `common word` once: a term or prefix 1 + 3
+/// (postings) + 3 (scored docs) = 7; the phrase 1 + 6 (a doc and a start each) + 3 = 10.
+#[test]
+fn a_search_past_its_deadline_gives_up_in_every_long_loop() {
+    let n = 3 * CHECK_EVERY as u64;
+    let entries: Vec<Entry> = (1..=n)
+        .map(|i| put(i, &format!("r{i}"), "s", "a common word"))
+        .collect();
+    let ix = index(&entries);
+    looks_exactly(&ix, "common", 7);
+    looks_exactly(&ix, "comm*", 7);
+    looks_exactly(&ix, "\"common word\"", 10);
+    let q = Query::parse("word").unwrap();
+    assert!(
+        ix.search_by("bot", &q, &all(), None, 10, &Deadline::after(Duration::from_secs(3600)))
+            .is_ok()
+    );
+    assert!(matches!(
+        ix.search_by("bot", &q, &all(), None, 10, &Deadline::after(Duration::ZERO)),
+        Err(Error::Timeout { .. })
+    ));
+}
+
+/// One doc holding a word 5,000 times: a phrase of it costs per start position, not per
+/// doc, both to score and to tell the page's matched terms. 1 look before the clause; the
+/// doc and its 5,000 starts (5,001 ticks: 4 looks, 905 over); the scored doc (906); the
+/// 5,000 starts again for matched (5,906: 5 looks) — 10.
+#[test]
+fn a_phrase_looks_at_its_deadline_per_position_of_a_long_doc() {
+    let text = vec!["a"; 5_000].join(" ");
+    let ix = index(&[put(1, "long", "s", &text)]);
+    looks_exactly(&ix, "\"a a\"", 10);
+}
