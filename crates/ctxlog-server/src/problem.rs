@@ -223,6 +223,12 @@ impl From<Error> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
+        // A failure to answer (a storage error, a deadline missed) is logged, as an MCP
+        // tool's is; a refusal under load or while not ready (503) is counted by the
+        // metrics, not logged per request, which would flood the log when it matters.
+        if self.status >= 500 && self.status != 503 {
+            tracing::warn!(kind = self.kind, status = self.status, detail = %self.detail, "a request failed");
+        }
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_GATEWAY);
         let mut response = (status, axum::Json(&self)).into_response();
         let headers = response.headers_mut();
