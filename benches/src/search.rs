@@ -144,7 +144,13 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
         ours.1.push(started.elapsed().as_secs_f64() * 1e3);
         in_session += found.len();
     }
-    let freshness = freshness(uri, &mut searcher, (records / 100).clamp(1, FRESH_APPENDS)).await?;
+    let freshness = freshness(
+        store.as_ref(),
+        uri,
+        &mut searcher,
+        (records / 100).clamp(1, FRESH_APPENDS),
+    )
+    .await?;
     drop(searcher);
 
     // The floor: FTS5 on the same texts.
@@ -219,11 +225,11 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
 /// smoke test's small corpus pays little for it).
 const FRESH_APPENDS: usize = 200;
 
-/// `appends` times: append one record with a word of its own through a new writer
-/// on one handle of the store, then refresh a second handle's projector, catch `searcher`
-/// up to its position and search the word; the time from before the append to the hit.
-async fn freshness(uri: &str, searcher: &mut Searcher, appends: usize) -> Result<Value> {
-    let a = ctxlog::open(uri, crate::creating()).await?;
+/// `appends` times: append one record with a word of its own through a new writer on
+/// handle `a` of the store (the one the corpus was written through), then refresh a second
+/// handle's projector, catch `searcher` up to its position and search the word; the time
+/// from before the append to the hit.
+async fn freshness(a: &dyn ctxlog::Store, uri: &str, searcher: &mut Searcher, appends: usize) -> Result<Value> {
     let b = ctxlog::open(uri, crate::creating()).await?;
     let mut shard = a.open_shard(&WriterId::new("search-bench-fresh")?).await?;
     let mut view = b.projector();

@@ -263,6 +263,8 @@ pub struct Faults {
     announce: bool,
     /// No fault once this file exists ([`UNTIL_ENV`]).
     until: Option<std::path::PathBuf>,
+    /// The file was seen: no more looks for it (a look is a syscall on every request).
+    over: std::sync::atomic::AtomicBool,
     rules: Mutex<Vec<Armed>>,
     rng: Mutex<StdRng>,
     injected: Mutex<BTreeMap<(Op, &'static str), u64>>,
@@ -300,6 +302,7 @@ impl Faults {
             seed,
             announce: false,
             until: None,
+            over: std::sync::atomic::AtomicBool::new(false),
             rules: Mutex::new(Vec::new()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: Mutex::new(BTreeMap::new()),
@@ -367,6 +370,19 @@ impl Faults {
         }))
     }
 
+    /// Whether the [`UNTIL_ENV`] file has appeared (it is never taken back).
+    fn storm_over(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.over.load(Ordering::Relaxed) {
+            return true;
+        }
+        let seen = self.until.as_ref().is_some_and(|p| p.exists());
+        if seen {
+            self.over.store(true, Ordering::Relaxed);
+        }
+        seen
+    }
+
     /// Add a rule; it applies to requests from now on.
     pub fn add(&self, rule: Rule) -> RuleId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -413,7 +429,7 @@ impl Faults {
     /// the first that fires wins.
     pub fn decide(&self, op: Op, path: &str) -> Option<Action> {
         *self.requests.lock().expect("not poisoned").entry(op).or_default() += 1;
-        if self.until.as_ref().is_some_and(|p| p.exists()) {
+        if self.storm_over() {
             return None;
         }
         let mut rules = self.rules.lock().expect("not poisoned");

@@ -80,7 +80,8 @@ impl Deadline {
 
     /// Passed from the `n`th look on (the first is 1): a deterministic clock for tests,
     /// which says where a search looks.
-    pub fn at_look(n: usize) -> Self {
+    #[cfg(test)]
+    pub(crate) fn at_look(n: usize) -> Self {
         let looks = std::sync::atomic::AtomicUsize::new(0);
         Deadline {
             passed: Box::new(move || looks.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= n),
@@ -663,17 +664,16 @@ impl BotText {
         self.release(d.role);
     }
 
-    /// The live docs of term `t` and its postings there.
-    fn live<'a>(&'a self, t: &str) -> Option<(&'a Postings, impl Iterator<Item = (u64, &'a Positions)> + 'a)> {
+    /// The live docs of term `t` and its positions there.
+    fn live<'a>(&'a self, t: &str) -> Option<impl Iterator<Item = (u64, &'a Positions)> + 'a> {
         let p = &self.postings[*self.dict.get(t)? as usize];
         let docs = &self.docs;
-        Some((
-            p,
+        Some(
             p.docs
                 .iter()
                 .filter(move |(d, _)| docs.contains_key(d))
                 .map(|(d, ps)| (*d, ps)),
-        ))
+        )
     }
 
     fn score_term(&self, t: &str, n: f64, avg: f64, scores: &mut DocMap<f64>, clock: &Clock) -> Result<()> {
@@ -695,7 +695,7 @@ impl BotText {
         let Some((first, rest)) = terms.split_first() else {
             return Ok(Vec::new());
         };
-        let Some((_, docs)) = self.live(first) else {
+        let Some(docs) = self.live(first) else {
             return Ok(Vec::new());
         };
         let Some(rest) = self.lists(rest) else {
