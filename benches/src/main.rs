@@ -147,6 +147,9 @@ enum Cmd {
         queries: usize,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Dimensions of each record's vector (0: none).
+        #[arg(long, default_value_t = 0)]
+        dims: usize,
     },
     /// How long a writer takes to learn that a successor fenced it: writer A appends
     /// `batches` batches and goes on appending while writer B (another handle, the same
@@ -278,7 +281,12 @@ async fn run(cli: Cli) -> Result<Value> {
         Cmd::ContextRead { full } => context_read(&cli.store, &location, full).await?,
         Cmd::Forks { records, small, runs } => forks(&cli.store, records, small, runs).await?,
         #[cfg(feature = "sqlite")]
-        Cmd::Search { records, queries, seed } => search::search(&cli.store, records, queries, seed).await?,
+        Cmd::Search {
+            records,
+            queries,
+            seed,
+            dims,
+        } => search::search(&cli.store, records, queries, seed, dims).await?,
         Cmd::Copy { .. } | Cmd::Upload { .. } | Cmd::StoreKey(_) => unreachable!("handled above"),
     };
     out["requests"] = measured::requests();

@@ -16,6 +16,12 @@
 //!   refreshed, the searcher caught up to its position, the query answered), from before
 //!   the append to the hit, up to [`FRESH_APPENDS`] times: p50 and p99 (what `serve` adds — HTTP,
 //!   the view's fresh read on the request path — is not in it);
+//! - vectors (rule 27, with `dims` > 0): each record embedded in its own batch (a
+//!   `dims`-dimension cosine vector near one of 256 topic centres), k = 10 nearest of a
+//!   query near a topic centre (at most 100 queries): p50 and p99; a hybrid query (words and a vector); the floor,
+//!   exact brute force over the same vectors in one flat `f32` array (norms precomputed,
+//!   top 10 by partial selection), and the recall@10 of the index's answer against it; the
+//!   index's resident memory against the raw vector bytes;
 //! - the floor: the same texts in an FTS5 table in memory, built and then asked the same
 //!   queries (`MATCH` of the words joined by `OR`, ranked by its BM25, limit 10), and its
 //!   size. Its build inserts texts held in memory, where the index's reads them from the
@@ -24,11 +30,11 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use ctxlog::search::{Filter, Query, Searcher};
-use ctxlog::{Checkpoint, Record, WriterId};
+use ctxlog::search::{Ask, Deadline, Filter, Nearest, Query, Searcher};
+use ctxlog::{Checkpoint, Metric, Record, WriterId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution, Zipf};
+use rand_distr::{Distribution, Normal, Zipf};
 use serde_json::{Value, json};
 
 const BOT: &str = "search-bench";
@@ -71,11 +77,14 @@ fn rss_kb() -> u64 {
 }
 
 /// [`crate::Cmd::Search`].
-pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64) -> Result<Value> {
+pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64, dims: usize) -> Result<Value> {
     anyhow::ensure!(records > 0 && queries > 0, "--records and --queries must be at least 1");
     let mut rng = StdRng::seed_from_u64(seed);
     let zipf = Zipf::new(VOCABULARY as f64, 1.07).context("a Zipf distribution")?;
     let draw = |rng: &mut StdRng| word(zipf.sample(rng) as usize - 1);
+    let topics = Topics::new(&mut rng, dims)?;
+    // Every record's vector, one flat array (the floor's, and the embeddings' source).
+    let mut flat: Vec<f32> = Vec::with_capacity(records * dims);
 
     // The corpus, appended to a fresh store.
     let store = ctxlog::open(uri, crate::creating()).await?;
@@ -91,6 +100,19 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
             let session = format!("s{}", i % SESSIONS);
             raw_bytes += text.len();
             batch.push(Record::text(format!("r{i}"), BOT, &session, "user", &text));
+            if dims > 0 {
+                let topic = rng.random_range(0..TOPICS);
+                let v = topics.near(&mut rng, topic);
+                batch.push(Record::embedding(
+                    format!("r{i}"),
+                    BOT,
+                    &session,
+                    MODEL,
+                    Metric::Cosine,
+                    &v,
+                ));
+                flat.extend_from_slice(&v);
+            }
             texts.push((session, text));
         }
         let ack = shard.append(batch).await?;
@@ -105,7 +127,8 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
     let fed = searcher.catch_up(store.as_ref(), &to).await?;
     let build_s = started.elapsed().as_secs_f64();
     let index_kb = rss_kb().saturating_sub(before);
-    anyhow::ensure!(fed == records, "the searcher fed {fed} of {records} entries");
+    let entries = records * (1 + usize::from(dims > 0));
+    anyhow::ensure!(fed == entries, "the searcher fed {fed} of {entries} entries");
 
     // The queries, drawn once, asked of both.
     let asks: Vec<(Vec<String>, String)> = (0..queries)
@@ -144,6 +167,11 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
         ours.1.push(started.elapsed().as_secs_f64() * 1e3);
         in_session += found.len();
     }
+    let vectors = if dims > 0 {
+        vectors(index, &topics, &flat, &asks, &mut rng)?
+    } else {
+        Value::Null
+    };
     let freshness = freshness(
         store.as_ref(),
         uri,
@@ -203,7 +231,14 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
         "records": records,
         "raw_text_bytes": raw_bytes,
         "queries": queries,
-        "index": {"build_s": build_s, "rss_kb": index_kb, "rss_over_raw_text": index_kb as f64 * 1024.0 / raw_bytes as f64},
+        "raw_vector_bytes": flat.len() * 4,
+        "index": {
+            "build_s": build_s,
+            "rss_kb": index_kb,
+            "rss_over_raw_text": index_kb as f64 * 1024.0 / raw_bytes as f64,
+            "rss_over_raw_vectors": if flat.is_empty() { Value::Null } else { json!(index_kb as f64 * 1024.0 / (flat.len() * 4) as f64) },
+        },
+        "vectors": vectors,
         "freshness": freshness,
         "query": summary(ours.0.clone()),
         "query_in_session": summary(ours.1.clone()),
@@ -218,6 +253,141 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64)
             "query_in_session_p99_over_fts5": p99(&ours.1) / p99(&floor.1),
             "build_over_fts5": build_s / fts_build_s,
         },
+    }))
+}
+
+/// The embedding model of the corpus.
+const MODEL: &str = "bench-topics";
+/// Vector and hybrid queries at most (of the text queries' words, each with a vector).
+const VECTOR_QUERIES: usize = 100;
+/// Topic centres the vectors lie near.
+const TOPICS: usize = 256;
+
+/// Topic centres: unit vectors of `dims` Gaussian components; a vector near one is the
+/// centre plus Gaussian noise of a third of its length.
+struct Topics {
+    centres: Vec<Vec<f32>>,
+    noise: Option<Normal<f32>>,
+    dims: usize,
+}
+
+impl Topics {
+    fn new(rng: &mut StdRng, dims: usize) -> Result<Topics> {
+        if dims == 0 {
+            return Ok(Topics {
+                centres: Vec::new(),
+                noise: None,
+                dims,
+            });
+        }
+        let unit = Normal::new(0.0f32, 1.0).context("a normal distribution")?;
+        let centres = (0..TOPICS)
+            .map(|_| {
+                let v: Vec<f32> = (0..dims).map(|_| unit.sample(rng)).collect();
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                v.into_iter().map(|x| x / norm).collect()
+            })
+            .collect();
+        let noise = Normal::new(0.0f32, 1.0 / (3.0 * (dims as f32).sqrt())).context("a normal distribution")?;
+        Ok(Topics {
+            centres,
+            noise: Some(noise),
+            dims,
+        })
+    }
+
+    fn near(&self, rng: &mut StdRng, topic: usize) -> Vec<f32> {
+        let noise = self.noise.expect("vectors asked of a corpus with dimensions");
+        (0..self.dims)
+            .map(|d| self.centres[topic][d] + noise.sample(rng))
+            .collect()
+    }
+}
+
+/// The exact top 10 of `q` among `flat`'s vectors by cosine in `f32` (the floor): record
+/// numbers, best first.
+fn exact_top10(flat: &[f32], norms: &[f32], q: &[f32]) -> Vec<usize> {
+    let dims = q.len();
+    let qn = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let mut scored: Vec<(f32, usize)> = flat
+        .chunks_exact(dims)
+        .enumerate()
+        .map(|(i, v)| (v.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() / (norms[i] * qn), i))
+        .collect();
+    let k = 10.min(scored.len());
+    let order = |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    if scored.len() > k {
+        scored.select_nth_unstable_by(k, order);
+        scored.truncate(k);
+    }
+    scored.sort_by(order);
+    scored.into_iter().map(|(_, i)| i).collect()
+}
+
+/// Vector and hybrid queries of the index against the exact floor (see the module's doc).
+fn vectors(
+    index: &ctxlog::search::TextIndex,
+    topics: &Topics,
+    flat: &[f32],
+    asks: &[(Vec<String>, String)],
+    rng: &mut StdRng,
+) -> Result<Value> {
+    let dims = topics.dims;
+    let norms: Vec<f32> = flat
+        .chunks_exact(dims)
+        .map(|v| v.iter().map(|x| x * x).sum::<f32>().sqrt())
+        .collect();
+    let (mut ours, mut floor, mut hybrid) = (Vec::new(), Vec::new(), Vec::new());
+    let mut recall = 0.0;
+    // At most VECTOR_QUERIES: an exact search at 1M vectors takes most of a second.
+    for (words, _) in asks.iter().take(VECTOR_QUERIES) {
+        let near = Nearest {
+            model: MODEL.into(),
+            vector: {
+                let topic = rng.random_range(0..TOPICS);
+                topics.near(rng, topic)
+            },
+        };
+        let started = Instant::now();
+        let (found, _) = index.find_by(
+            BOT,
+            Ask::Vector(&near),
+            &Filter::default(),
+            None,
+            10,
+            &Deadline::never(),
+        )?;
+        ours.push(started.elapsed().as_secs_f64() * 1e3);
+        let started = Instant::now();
+        let exact = exact_top10(flat, &norms, &near.vector);
+        floor.push(started.elapsed().as_secs_f64() * 1e3);
+        let exact: std::collections::HashSet<String> = exact.into_iter().map(|i| format!("r{i}")).collect();
+        recall += found.iter().filter(|h| exact.contains(&h.id)).count() as f64 / exact.len().max(1) as f64;
+        let started = Instant::now();
+        let q = Query::parse(&words.join(" "))?;
+        index.find_by(
+            BOT,
+            Ask::Hybrid(&q, &near),
+            &Filter::default(),
+            None,
+            10,
+            &Deadline::never(),
+        )?;
+        hybrid.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    let p99 = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, 0.99)
+    };
+    Ok(json!({
+        "dims": dims,
+        "query": summary(ours.clone()),
+        "floor": summary(floor.clone()),
+        "hybrid": summary(hybrid),
+        "query_p99_over_floor": p99(&ours) / p99(&floor),
+        "queries": ours.len(),
+        "recall_at_10": recall / ours.len() as f64,
     }))
 }
 

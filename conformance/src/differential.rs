@@ -1,5 +1,5 @@
 //! The differential property test: random histories of puts, duplicates, divergent puts,
-//! tombstones, reopens, observations, projection snapshots and compaction with gc over
+//! tombstones, embeddings, reopens, observations, projection snapshots and compaction with gc over
 //! several writers, written through the public API, must read back exactly as written and
 //! give the same canonical projection, session views and conflict list as the reference
 //! model — from a full scan and from the newest snapshot plus what came after it; and the
@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, ensure};
+use ctxlog_core::search::Deadline;
 use ctxlog_core::testing::model;
 use ctxlog_core::{AppendAck, Checkpoint, Projector, Record, Shard, Store};
 use proptest::prelude::*;
@@ -37,6 +38,19 @@ pub enum Step {
     Observe {
         /// Which of the writers.
         writer: u8,
+    },
+    /// The writer appends an embedding of an id (rule 27), after a put of it or not.
+    Embed {
+        /// Which of the writers.
+        writer: u8,
+        /// The id embedded.
+        id: u8,
+        /// Model `n` (else `m`).
+        model: bool,
+        /// Which vector.
+        value: u8,
+        /// With a put of the id (this variant) in the same batch.
+        with_put: Option<u8>,
     },
     /// The observer saves a projection snapshot (rule 17).
     Snapshot,
@@ -86,6 +100,26 @@ pub enum Step {
     },
 }
 
+/// An embedding (rule 27) of `id{id}` in its session: under model `m` (cosine, 2
+/// dimensions, sometimes 3: a vector its model's declaration leaves out) or `n` (L2), of few
+/// values (equal similarities tie), appended alone or in one batch with a put of the id.
+fn embedding(id: u8, model: bool, value: u8) -> Record {
+    let v = [f32::from(value % 4), f32::from(value / 4 % 4) - 1.5, 1.0];
+    let (name, metric, dims) = match (model, value % 7) {
+        (false, 0) => ("m", ctxlog_core::Metric::Cosine, 3),
+        (false, _) => ("m", ctxlog_core::Metric::Cosine, 2),
+        (true, _) => ("n", ctxlog_core::Metric::L2, 3),
+    };
+    Record::embedding(
+        format!("id{id}"),
+        "bot",
+        format!("s{}", id % 3),
+        name,
+        metric,
+        &v[..dims],
+    )
+}
+
 /// Record ids of links (rule 25): `id20..id25`, each in session `s{id % 3}` (two per
 /// session, so that a session can hold a fork and a hide).
 const LINK_IDS: std::ops::Range<u8> = 20..26;
@@ -105,6 +139,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..WRITERS).prop_map(|writer| Step::Observe { writer }),
         1 => Just(Step::Snapshot),
         1 => Just(Step::Maintain),
+        3 => (0..WRITERS, 0u8..IDS, any::<bool>(), any::<u8>(), prop_oneof![2 => Just(None), 1 => (0u8..3).prop_map(Some)])
+            .prop_map(|(writer, id, model, value, with_put)| Step::Embed { writer, id, model, value, with_put }),
         4 => (
             (0..WRITERS, prop_oneof![3 => IDS..IDS + SUMMARY_IDS, 1 => 0..IDS]),
             (prop_oneof![1 => Just(None), 1 => any::<u8>().prop_map(Some)], prop_oneof![3 => Just(true), 1 => Just(false)]),
@@ -285,6 +321,20 @@ pub async fn write_history(
                     acked.push((ack, vec![tomb]));
                 }
             }
+            Step::Embed {
+                writer,
+                id,
+                model,
+                value,
+                with_put,
+            } => {
+                let i = *writer as usize;
+                let mut batch: Vec<Record> = with_put.iter().map(|&v| record(*id, Some(v), n)).collect();
+                batch.push(embedding(*id, *model, *value));
+                let ack = shards[i].append(batch.clone()).await?;
+                newest[i] = Some((ack.shard, ack.first_seq + batch.len() as u64 - 1));
+                acked.push((ack, batch));
+            }
             Step::Snapshot => {
                 observer.refresh().await?;
                 views[0].push((observer.checkpoint(), observer.max_hlc()));
@@ -389,6 +439,37 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
         let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
         let want = model::search(&entries, "bot", &query, &filter);
         ensure!(got == want, "search `{q}`: {got:?}, the model {want:?}");
+    }
+    // Rule 27: vector and hybrid searches likewise, whatever the embeddings' order, models,
+    // replacements, tombstones and purges.
+    let variant = ctxlog_core::search::Query::parse("variant 1")?;
+    for (model, v) in [
+        ("m", vec![1.0f32, 0.5]),
+        ("n", vec![0.0, 1.0, 1.0]),
+        ("m", vec![1.0, 0.0, 0.0]),
+    ] {
+        let near = ctxlog_core::search::Nearest {
+            model: model.into(),
+            vector: v,
+        };
+        for ask in [
+            ctxlog_core::search::Ask::Vector(&near),
+            ctxlog_core::search::Ask::Hybrid(&variant, &near),
+        ] {
+            let text = matches!(ask, ctxlog_core::search::Ask::Hybrid(..)).then_some(&variant);
+            let want = model::find(&entries, "bot", text, Some(&near), &Default::default());
+            let got = searcher
+                .index()
+                .find_by("bot", ask, &Default::default(), None, usize::MAX, &Deadline::never());
+            match (got, want) {
+                (Ok((hits, _)), Some(want)) => {
+                    let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+                    ensure!(got == want, "{ask:?}: {got:?}, the model {want:?}");
+                }
+                (Err(ctxlog_core::Error::InvalidInput { field: "vector", .. }), None) => {}
+                (got, want) => anyhow::bail!("{ask:?}: {got:?}, the model {want:?}"),
+            }
+        }
     }
     let sessions: BTreeSet<String> = entries.iter().map(|e| e.record.session_id.clone()).collect();
     for s in sessions {

@@ -603,9 +603,54 @@ def test_search_finds_live_records_of_its_bot_best_first(server: Server) -> None
         assert e.value.field == "query"
 
 
+def test_vectors_are_the_callers_and_rank_by_their_models_metric(server: Server) -> None:
+    """Contract rule 27 through the client: embeddings in a record's batch and later, a
+    cosine ranking worked out by hand, embedding again replaces, a hybrid fused by
+    reciprocal rank, a wrong dimension refused by field, embeddings in no view, and a
+    forgotten record's vector gone."""
+    with ctxlog.Client(server.url) as c:
+        s = c.session("vectors", "s")
+        s.append(
+            [
+                {"id": "a", "role": "user", "text": "refund my order"},
+                ctxlog.embedding("a", "mini", [1.0, 0.0]),
+                {"id": "b", "role": "user", "text": "refund refund order"},
+                ctxlog.embedding("b", "mini", [0.6, 0.8]),
+            ]
+        )
+        s.append([ctxlog.embedding("b", "mini", [0.0, 1.0])])  # replaces b's vector
+        near = c.search("vectors", vector=[1.0, 0.0], model="mini")
+        assert [(h.record.id, h.score) for h in near.hits] == [("a", 1.0), ("b", 0.0)]
+        assert [r.id for r in s.iter_records()] == ["a", "b"], "embeddings are in no view"
+        # Text ranks b (two `refund`s), a; vectors a, b: a = b = 1/61 + 1/62, the tie in
+        # the log's order.
+        both = c.search("vectors", "refund", vector=[1.0, 0.0], model="mini")
+        assert [h.record.id for h in both.hits] == ["a", "b"]
+        assert both.hits[0].score == 1 / 61 + 1 / 62 and both.hits[0].matched == ["refund"]
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            c.search("vectors", vector=[1.0, 0.0, 0.0], model="mini")
+        assert e.value.field == "vector" and e.value.written == "nothing"
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            s.append([ctxlog.embedding("a", "mini", [1.0], metric="manhattan")])
+        assert e.value.field == "metric"
+        with pytest.raises(TypeError):
+            c.search("vectors")
+        with pytest.raises(ctxlog.InvalidInput) as e:
+            c.search("vectors", vector=[float("nan"), 0.0], model="mini")
+        assert e.value.field == "vector" and e.value.written == "nothing"
+        s.delete("a")
+        assert [h.record.id for h in c.search("vectors", vector=[1.0, 0.0], model="mini").hits] == [
+            "b"
+        ]
+
+
 async def test_search_async_twin(server: Server) -> None:
     async with ctxlog.AsyncClient(server.url) as c:
         await c.session("searcher-2", "s").append([{"role": "user", "text": "where is my parcel"}])
         page = await c.search("searcher-2", "parc*")
         assert [h.record.text for h in page.hits] == ["where is my parcel"]
         assert page.hits[0].matched == ["parcel"]
+        parcel = page.hits[0].record.id
+        await c.session("searcher-2", "s").append([ctxlog.embedding(parcel, "m", [3.0, 4.0])])
+        near = await c.search("searcher-2", vector=[0.0, 1.0], model="m")
+        assert [(h.record.id, h.score) for h in near.hits] == [(parcel, 0.8)]

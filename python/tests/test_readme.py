@@ -16,19 +16,20 @@ from conftest import Server
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def examples() -> list[str]:
+def examples(heading: str = "## Use it from Python") -> list[str]:
     text = README.read_text()
-    section = text.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_the_readme_has_four_python_examples() -> None:
+def test_the_readme_has_four_python_examples_and_one_of_search() -> None:
     assert len(examples()) == 4
+    assert len(examples("## Search")) == 1
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_a_readme_example_runs(server: Server, index: int) -> None:
-    code = examples()[index].replace("http://127.0.0.1:7070", server.url)
+    code = (examples() + examples("## Search"))[index].replace("http://127.0.0.1:7070", server.url)
     # A module of its own, as a script would be: frameworks resolve type hints through
     # `sys.modules[cls.__module__]`.
     module = types.ModuleType(f"readme_example_{index + 1}")

@@ -143,6 +143,9 @@ pub(crate) struct SearchArgs {
     /// Corpus sizes in records: 10k, 100k, 1m.
     #[arg(long, value_delimiter = ',', default_value = "100k,1m")]
     pub sizes: Vec<String>,
+    /// Dimensions of each record's vector (rule 27; 0: no vectors).
+    #[arg(long, default_value_t = 384)]
+    pub dims: usize,
     /// Queries per figure.
     #[arg(long, default_value_t = 500)]
     pub queries: usize,

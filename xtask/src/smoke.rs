@@ -246,6 +246,7 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
             sizes: vec!["2k".into()],
             queries: 50,
             seed: 7,
+            dims: 32,
         }),
     })?;
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("search-latest.json"))?)?;
@@ -261,6 +262,15 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
     ensure!(
         r["freshness"]["appends"] == 20 && r["freshness"]["p99_ms"].as_f64().is_some_and(|v| v > 0.0),
         "freshness missing in {r}"
+    );
+    // The index's vector search is exact: it finds what brute force finds (ties of f32 and
+    // f64 arithmetic aside).
+    let v = &r["vectors"];
+    ensure!(
+        v["dims"] == 32
+            && v["recall_at_10"].as_f64().is_some_and(|x| x >= 0.99)
+            && v["query_p99_over_floor"].as_f64().is_some_and(|x| x > 0.0),
+        "vectors missing in {r}"
     );
     eprintln!(
         "xtask: bench smoke: harness end to end in {:.1} s",

@@ -29,11 +29,10 @@ use crate::store::Shared;
 pub const FORMAT: &str = "3";
 
 /// Every format this build opens.
-pub const READS: [&str; 4] = ["1", "2", "3", "4"];
+pub const READS: [&str; 5] = ["1", "2", "3", "4", "5"];
 
-/// The format that holds links (forks and hides, rule 25): where the first link takes a
-/// store of format 3.
-pub(crate) const FORKS: u32 = 4;
+/// The format whose ids are scoped by bot: what links and embeddings need first.
+pub(crate) const IDS_BY_BOT: u32 = 3;
 
 fn path(base: &Path) -> Path {
     Path::from(format!("{base}/_ctxlog/format"))
@@ -133,37 +132,63 @@ async fn number_within(shared: &Shared) -> Result<u32> {
     .await
 }
 
-/// Record format 4 before the first link is written through this handle (rule 25), if the
-/// store is at 3; a store of format 1 or 2 is refused (its ids are grouped across bots:
-/// `ctxlog upgrade` first), nothing written.
-pub(crate) async fn upgrade_for_links(shared: &Shared) -> Result<()> {
-    if shared.links_allowed.load(Ordering::Relaxed) {
+/// The newest format: where the first link or embedding takes a store of format 3.
+const NEWEST: u32 = 5;
+
+/// Make the store's format hold a batch that needs format `needs` (4: links, rule 25; 5:
+/// embeddings, rule 27) before it is written through this handle; a store of format 1 or 2
+/// is refused (its ids are grouped across bots: `ctxlog upgrade` first), nothing written.
+/// The marker is overwritten without a condition (a local store has none), so every move
+/// writes the same value, [`NEWEST`]: two processes moving it at once — one for a link, one
+/// for an embedding — can never leave it below what either wrote. A store of format 3 thus
+/// moves to 5 with its first link; one of format 4 with its first embedding.
+pub(crate) async fn upgrade_scoped(shared: &Shared, needs: u32) -> Result<()> {
+    if shared.scoped_format.load(Ordering::Relaxed) >= needs {
         return Ok(());
     }
-    let now = number_within(shared).await?;
-    if now < 3 {
-        return Err(Error::invalid(
-            "kind",
-            None,
-            format!(
-                "a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {now}: run `ctxlog upgrade` first"
-            ),
-        ));
+    let mut at = number_within(shared).await?;
+    if at < IDS_BY_BOT {
+        return Err(ctxlog_core::needs_ids_by_bot(at));
     }
-    if now < FORKS {
-        match set(shared, now, FORKS).await {
-            Ok(()) => {}
-            // Another process moved it first: fine if it is where links may be.
+    // Twice at most: a process moving the marker between this one's read and its write
+    // (another of this release to 5, or one of an earlier release from 3 to 4) fails the
+    // first move; the second starts from where that process left it.
+    for attempt in 0..2 {
+        if at >= needs {
+            break;
+        }
+        match set(shared, at, NEWEST).await {
+            Ok(()) => at = NEWEST,
             Err(e) => {
-                let again = number_within(shared).await?;
-                if again < FORKS {
+                at = number_within(shared).await?;
+                if at < needs && attempt == 1 {
                     return Err(e);
                 }
             }
         }
     }
-    shared.links_allowed.store(true, Ordering::Relaxed);
+    shared.scoped_format.fetch_max(at, Ordering::Relaxed);
     Ok(())
+}
+
+/// What a fence check does with the format it read (`found`): a marker below what this
+/// handle moved it to or saw was moved down by a process of an earlier release (its moves
+/// overwrite without a condition, as ours do), while the store may hold entries that need
+/// the higher format (rule 22): it is moved up again, once a second at most (the fence
+/// check's interval) — the window in which a reader of that release may meet them.
+pub(crate) async fn keep_floor(shared: &Shared, found: &str) -> Result<()> {
+    let floor = shared.scoped_format.load(Ordering::Relaxed);
+    let Ok(now) = found.parse::<u32>() else { return Ok(()) };
+    if now >= floor || floor == 0 {
+        return Ok(());
+    }
+    tracing::warn!(
+        found = now,
+        floor,
+        "the store's format marker was moved down (a process of an earlier release?): moving it back up"
+    );
+    shared.scoped_format.store(0, Ordering::Relaxed);
+    upgrade_scoped(shared, floor).await
 }
 
 /// Move the store from format `from` to `to` (`ctxlog upgrade`), if it is at `from`.

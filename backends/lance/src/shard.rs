@@ -353,9 +353,10 @@ impl Shard for LanceShard {
         {
             crate::format::upgrade_for_summaries(&self.shared).await?;
         }
-        // The first link likewise needs the format that holds links (rule 25).
-        if staged.entries.iter().any(|e| e.record.kind.is_link()) {
-            crate::format::upgrade_for_links(&self.shared).await?;
+        // The first link or embedding likewise needs the format that holds it (rules 25, 27).
+        let needs = staged.needs_format();
+        if needs > crate::format::IDS_BY_BOT {
+            crate::format::upgrade_scoped(&self.shared, needs).await?;
         }
         // From here until an outcome is known the handle counts as poisoned: if the caller
         // drops this future after the batch reached the memtable, the batch still becomes
@@ -459,7 +460,8 @@ impl LanceShard {
         match format {
             Ok(Err(e @ Error::NotAStore { .. })) => return Err(e),
             Ok(Err(e)) => tracing::debug!(%shard, error = %e, "reading the store format failed"),
-            Ok(Ok(_)) | Err(_) => {}
+            Ok(Ok(found)) => crate::format::keep_floor(&self.shared, &found).await?,
+            Err(_) => {}
         }
         match epoch {
             Ok(Ok(now)) if now > self.state.epoch() => {

@@ -30,8 +30,9 @@ pub(crate) struct Shared {
     live: std::sync::Mutex<Vec<Weak<ShardWriter>>>,
     /// Whether the store is known to be of the format that holds summaries (`format`).
     pub(crate) summaries_allowed: std::sync::atomic::AtomicBool,
-    /// Whether the store's format holds links (rule 25): 4 or later, seen by this handle.
-    pub(crate) links_allowed: std::sync::atomic::AtomicBool,
+    /// The newest format this handle saw the store at or moved it to, once 4 or later (links,
+    /// rule 25; 5: embeddings, rule 27); 0 before.
+    pub(crate) scoped_format: std::sync::atomic::AtomicU32,
     /// What shard reads learned of the sources they read: the base table at a version, each
     /// generation (see `entries::read_shard`).
     pub(crate) source_tops: crate::bounds::SourceTops,
@@ -55,7 +56,7 @@ impl Shared {
             tuning,
             live: std::sync::Mutex::new(Vec::new()),
             summaries_allowed: std::sync::atomic::AtomicBool::new(false),
-            links_allowed: std::sync::atomic::AtomicBool::new(false),
+            scoped_format: std::sync::atomic::AtomicU32::new(0),
             source_tops: Default::default(),
         }
     }

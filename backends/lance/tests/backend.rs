@@ -573,3 +573,40 @@ fn a_refresh_racing_the_writer_never_skips_a_wal_entry() {
         })
     });
 }
+
+/// Rule 22 across releases: a process of an earlier release (which reads formats up to 4)
+/// moves the marker from 3 to 4 without a condition, as Lance's moves are, after this
+/// release moved it to 5 and wrote embeddings. This handle's next fence check finds the
+/// marker below what it moved it to and moves it back up; an append with an embedding
+/// through a fresh handle then finds it at 5, never at 4.
+#[test]
+fn a_format_marker_moved_down_by_an_earlier_release_is_moved_back_up() {
+    run(
+        "a_format_marker_moved_down_by_an_earlier_release_is_moved_back_up",
+        |ctx| {
+            Box::pin(async move {
+                let tuning = WriterTuning {
+                    fence_check_interval: Duration::ZERO,
+                    ..WriterTuning::default()
+                };
+                let marker = std::path::Path::new(&ctx.uri).join("_ctxlog/format");
+                let s = store(&ctx, tuning).await?;
+                let mut a = s.open_shard(&w("w1")).await?;
+                a.append(recs("plain", "s", 1)).await?;
+                ensure!(std::fs::read_to_string(&marker)? == "3");
+                let vector =
+                    ctxlog_core::Record::embedding("plain-0", "bot", "s", "m", ctxlog_core::Metric::Dot, &[1.0]);
+                a.append(vec![vector]).await?;
+                ensure!(std::fs::read_to_string(&marker)? == "5");
+                // An earlier release's link writer, which read 3 before this one moved it.
+                std::fs::write(&marker, "4")?;
+                a.append(recs("later", "s", 1)).await?;
+                ensure!(
+                    std::fs::read_to_string(&marker)? == "5",
+                    "the marker stays below the entries the store holds"
+                );
+                Ok(())
+            })
+        },
+    );
+}

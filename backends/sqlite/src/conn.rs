@@ -183,20 +183,8 @@ pub(crate) fn format_error(
     match e {
         crate::schema::FormatError::Sql(e) => sql_error(op, shard, Written::Nothing, e),
         crate::schema::FormatError::Unknown(f) => refuse(path, Holds::OtherFormat(f)),
-        crate::schema::FormatError::TooOld(f) => too_old_for_links(&f),
+        crate::schema::FormatError::TooOld(f) => ctxlog_core::needs_ids_by_bot(f),
     }
-}
-
-/// A fork or hide refused by a store whose ids are grouped across bots (rule 25 needs
-/// format 3's ids by bot): nothing written.
-pub(crate) fn too_old_for_links(format: &str) -> Error {
-    Error::invalid(
-        "kind",
-        None,
-        format!(
-            "a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {format}: run `ctxlog upgrade` first"
-        ),
-    )
 }
 
 fn not_found(path: &Path) -> Error {

@@ -39,7 +39,7 @@ use crate::read::{SqliteHistory, SqliteIndex, read_shard};
 pub const FORMAT: &str = schema::FORMAT;
 
 /// Every store format this build opens.
-pub const READS_FORMATS: [&str; 4] = schema::READS;
+pub const READS_FORMATS: [&str; 5] = schema::READS;
 
 /// The schema this build creates. A change of it that [`FORMAT`] does not mark (a
 /// compatible one, another index) still changes what a generated benchmark store holds, so

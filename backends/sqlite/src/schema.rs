@@ -13,12 +13,9 @@ use ctxlog_core::{Body, ContentHash, Epoch, Hlc, Record, Seq};
 pub(crate) const FORMAT: &str = "3";
 
 /// Every format this build opens: 1 (before summaries) and 2 (summaries), both with record
-/// ids grouped across the whole store, written by earlier releases; 3; and 4 (forks).
-pub(crate) const READS: [&str; 4] = ["1", "2", "3", "4"];
-
-/// The format that holds links (forks and hides, rule 25): where the first link takes a
-/// store of format 3. Only from 3: a store of format 1 or 2 moves to 3 by `ctxlog upgrade`.
-pub(crate) const FORKS: &str = "4";
+/// ids grouped across the whole store, written by earlier releases; 3; 4 (forks); and 5
+/// (embeddings).
+pub(crate) const READS: [&str; 5] = ["1", "2", "3", "4", "5"];
 
 /// The format that holds summaries with ids grouped across the store: where the first
 /// summary takes a store of format 1.
@@ -34,10 +31,14 @@ pub(crate) const SUMMARIES: &str = "2";
 /// (`upgrade_to_ids_by_bot`), since it changes views where one id is under two bots.
 /// 3 → 4: links (`kind` 3 and 4) are rows like any other, a fork's position framed in its
 /// body as a summary's is: only the number changes, with the first link.
-const MIGRATIONS: [(&str, &str, &str); 3] = [
+/// 4 → 5: embeddings (`kind` 5) are rows like any other, their vector in `body_bytes`: only
+/// the number changes, with the first embedding (a release that reads 4 must not misread
+/// kind 5).
+const MIGRATIONS: [(&str, &str, &str); 4] = [
     ("1", "2", "UPDATE ctxlog_meta SET value = '2' WHERE key = 'format'"),
     ("2", "3", "UPDATE ctxlog_meta SET value = '3' WHERE key = 'format'"),
     ("3", "4", "UPDATE ctxlog_meta SET value = '4' WHERE key = 'format'"),
+    ("4", "5", "UPDATE ctxlog_meta SET value = '5' WHERE key = 'format'"),
 ];
 
 /// The store's format as `tx` sees it, refused (definite) when this build does not read it:
@@ -85,18 +86,19 @@ pub(crate) enum FormatError {
     Sql(rusqlite::Error),
     /// A format this build does not read (a newer release wrote it).
     Unknown(String),
-    /// A format that cannot hold what the batch holds (links in a store whose ids are
-    /// grouped across bots): the store's format.
+    /// A format that cannot hold what the batch holds (links or embeddings in a store whose
+    /// ids are grouped across bots): the store's format.
     TooOld(String),
 }
 
-/// Bring the store to the format that holds links (rule 25) inside `tx`: from 3 only.
-pub(crate) fn upgrade_for_links(tx: &rusqlite::Transaction<'_>) -> std::result::Result<(), FormatError> {
+/// Bring the store to format `to` (4 for links, rule 25; 5 for embeddings, rule 27) inside
+/// `tx`: from 3 only (what needs it needs ids scoped by bot).
+pub(crate) fn upgrade_scoped(tx: &rusqlite::Transaction<'_>, to: u32) -> std::result::Result<(), FormatError> {
     let now = format_in(tx)?;
     if now.parse::<u32>().ok() < Some(3) {
         return Err(FormatError::TooOld(now));
     }
-    upgrade(tx, FORKS)
+    upgrade(tx, &to.to_string())
 }
 
 impl From<rusqlite::Error> for FormatError {

@@ -249,20 +249,14 @@ impl AppendTx {
             });
         }
         // The store's format, in this transaction: a store another release moved on is
-        // never written (rule 22). The first summary needs the format that holds summaries:
-        // upgraded here, so the batch and the format number land together or not at all.
-        let summary = staged
-            .entries
-            .iter()
-            .any(|e| e.record.kind == ctxlog_core::Kind::Summary);
-        // The first link needs the format that holds links (rule 25), likewise.
-        let link = staged.entries.iter().any(|e| e.record.kind.is_link());
-        let upgraded = if link {
-            crate::schema::upgrade_for_links(&tx)
-        } else if summary {
-            crate::schema::upgrade(&tx, crate::schema::SUMMARIES)
-        } else {
-            crate::schema::format_in(&tx).map(|_| ())
+        // never written (rule 22). The first summary, link or embedding needs the format that
+        // holds it: upgraded here, so the batch and the format number land together or not
+        // at all.
+        let needs = staged.needs_format();
+        let upgraded = match needs {
+            1 => crate::schema::format_in(&tx).map(|_| ()),
+            2 => crate::schema::upgrade(&tx, crate::schema::SUMMARIES),
+            to => crate::schema::upgrade_scoped(&tx, to),
         };
         upgraded.map_err(|e| crate::conn::format_error(e, "append", Some(shard), &self.path))?;
         let mut new_sessions = Vec::new();

@@ -554,10 +554,10 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
         c.execute("UPDATE ctxlog_meta SET value = ?1 WHERE key = 'format'", [f])
             .unwrap();
     };
-    set("5");
+    set("6");
     match shard.append(recs("late", 1)).await {
         Err(e @ Error::NotAStore { .. }) => assert_eq!(e.written(), ctxlog_core::Written::Nothing),
-        other => panic!("a writer wrote into a store of format 5: {other:?}"),
+        other => panic!("a writer wrote into a store of format 6: {other:?}"),
     }
     set("2");
     shard.close().await.unwrap();
@@ -567,7 +567,7 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
     outside::copy_file(&path, &newer).unwrap();
     {
         let c = Connection::open(&newer).unwrap();
-        c.execute("UPDATE ctxlog_meta SET value = '5' WHERE key = 'format'", [])
+        c.execute("UPDATE ctxlog_meta SET value = '6' WHERE key = 'format'", [])
             .unwrap();
     }
     // The database file itself: SQLite's read-only check of a WAL-mode file may leave its
@@ -576,7 +576,10 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
     let refused = SqliteStore::open(newer.to_str().unwrap(), options(Duration::from_secs(10))).await;
     match refused {
         Err(Error::NotAStore { reason, .. }) => {
-            assert!(reason.contains("format 5") && reason.contains("1, 2, 3, 4"), "{reason}")
+            assert!(
+                reason.contains("format 6") && reason.contains("1, 2, 3, 4, 5"),
+                "{reason}"
+            )
         }
         other => panic!("a format-4 store was not refused: {:?}", other.map(|_| ())),
     }

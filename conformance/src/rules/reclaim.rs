@@ -311,8 +311,8 @@ fn files_containing(dir: &std::path::Path, needle: &str) -> anyhow::Result<Vec<s
 }
 
 /// The auditor's test of rule 16: a record whose text and metadata carry a unique secret
-/// (once short, once in a body larger than a page, once as the last append of a writer that
-/// then closes) is tombstoned; after compaction, purge and gc (no grace period) the secret is
+/// (once short, with an embedding whose vector's bytes are the secret; once in a body larger
+/// than a page; once as the last append of a writer that then closes) is tombstoned; after compaction, purge and gc (no grace period) the secret is
 /// nowhere the store keeps it:
 ///
 /// - on a local disk ([`Backend::files_in_root`]), no byte sequence of any file under the
@@ -364,7 +364,15 @@ pub async fn a_purged_secret_is_in_no_byte_of_any_file(ctx: Ctx) -> anyhow::Resu
     let mut short = rec("secret-1", "s", format!("my secret is {secret}"));
     short.metadata = Some(serde_json::json!({"note": secret}));
     let long = rec("secret-2", "s", format!("{secret} ").repeat(2000));
-    shard.append(vec![short, long]).await?;
+    // An embedding of the record (rule 27) whose vector's bytes are the secret: an id's
+    // vectors are erased with it. (Four ASCII bytes are always a finite little-endian f32.)
+    let bytes = format!("{secret} ").into_bytes();
+    let vector: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("four bytes")))
+        .collect();
+    let embedded = Record::embedding("secret-1", "bot", "s", "m", ctxlog_core::Metric::Dot, &vector);
+    shard.append(vec![short, embedded, long]).await?;
     shard.append(recs("after", "s", 20)).await?;
     // A writer whose last append before it closes is a secret: on a backend with a
     // write-ahead log, the entry its closing flush covers last.

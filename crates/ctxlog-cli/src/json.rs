@@ -11,6 +11,43 @@ use ctxlog::{
 };
 use serde_json::{Map, Value, json};
 
+/// An embedding's line (rule 27): `id`, `bot_id`, `session_id`, `model`, `metric` and
+/// `vector` (a JSON array of numbers), as over HTTP; nothing else.
+fn parse_embedding(mut obj: Map<String, Value>, body: Body) -> Result<Record> {
+    if body != Body::default() {
+        return Err(Error::invalid(
+            "vector",
+            None,
+            "an embedding's vector is `vector`, not a body",
+        ));
+    }
+    let model = take_string(&mut obj, "model")?.unwrap_or_default();
+    let metric = take_string(&mut obj, "metric")?.unwrap_or_default();
+    let metric = ctxlog::Metric::of_name(&metric)
+        .ok_or_else(|| Error::invalid("metric", None, "is not one of cosine, dot, l2"))?;
+    let vector: Vec<f32> = match obj.remove("vector") {
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| Error::invalid("vector", None, format!("not an array of numbers: {e}")))?,
+        None => return Err(Error::invalid("vector", None, "an embedding holds a vector")),
+    };
+    let record = Record::embedding(
+        take_string(&mut obj, "id")?.unwrap_or_default(),
+        take_string(&mut obj, "bot_id")?.unwrap_or_default(),
+        take_string(&mut obj, "session_id")?.unwrap_or_default(),
+        model,
+        metric,
+        &vector,
+    );
+    if let Some(unknown) = obj.keys().next() {
+        return Err(Error::invalid(
+            "record",
+            None,
+            format!("unknown field `{unknown}` of an embedding"),
+        ));
+    }
+    Ok(record)
+}
+
 /// Parse one input line into a record. Every problem names its field.
 pub(crate) fn parse_record(line: &str) -> Result<Record> {
     let value: Value =
@@ -41,11 +78,12 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
         Some("summary") => Kind::Summary,
         Some("fork") => Kind::Fork,
         Some("hide") => Kind::Hide,
+        Some("embedding") => Kind::Embedding,
         Some(other) => {
             return Err(Error::invalid(
                 "kind",
                 None,
-                format!("`{other}` is not `put`, `tombstone`, `summary`, `fork` or `hide`"),
+                format!("`{other}` is not `put`, `tombstone`, `summary`, `fork`, `hide` or `embedding`"),
             ));
         }
     };
@@ -62,6 +100,14 @@ pub(crate) fn parse_record(line: &str) -> Result<Record> {
                 .with_timezone(&Utc),
         ),
     };
+    if kind == Kind::Embedding {
+        for (field, given) in [("covers", covers.is_some()), ("created_at", created_at.is_some())] {
+            if given {
+                return Err(Error::invalid(field, None, "an embedding has none"));
+            }
+        }
+        return parse_embedding(obj, body);
+    }
     let record = Record {
         id: take_string(&mut obj, "id")?.unwrap_or_default(),
         bot_id: take_string(&mut obj, "bot_id")?.unwrap_or_default(),
@@ -187,6 +233,7 @@ pub(crate) fn entry_json(e: &Entry) -> Value {
             Kind::Summary => "summary",
             Kind::Fork => "fork",
             Kind::Hide => "hide",
+            Kind::Embedding => "embedding",
         }),
     );
     if let Some(c) = &r.covers {

@@ -149,15 +149,22 @@ enum Command {
         #[arg(long)]
         at: Option<String>,
     },
-    /// Full-text search of a bot's live records (rule 26): words, "phrases" and prefix*es,
-    /// BM25-ranked; print the hits best first, one JSON object per line (`score`,
+    /// Search a bot's live records: full text (rule 26: words, "phrases" and prefix*es,
+    /// BM25-ranked), a vector (rule 27: `--model` and `--vector`), or both (fused by
+    /// reciprocal rank); print the hits best first, one JSON object per line (`score`,
     /// `matched`, `snippet`, `record`).
     Search {
         #[arg(long)]
         bot: String,
         /// The query.
-        #[arg(long)]
-        query: String,
+        #[arg(long, required_unless_present = "vector")]
+        query: Option<String>,
+        /// The model `--vector` was made by.
+        #[arg(long, requires = "vector")]
+        model: Option<String>,
+        /// A query vector, a JSON array of numbers (of the model's dimension).
+        #[arg(long, requires = "model")]
+        vector: Option<String>,
         /// Only this session's records.
         #[arg(long)]
         session: Option<String>,
@@ -970,9 +977,38 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
                 print(json::session_json(&s));
             }
         }
-        Command::Search { bot, query, session, k } => {
-            use ctxlog::search::{Filter, Query, Searcher, snippet};
-            let query = Query::parse(query)?;
+        Command::Search {
+            bot,
+            query,
+            model,
+            vector,
+            session,
+            k,
+        } => {
+            use ctxlog::search::{Ask, Deadline, Filter, Nearest, Query, Searcher, snippet};
+            let query = query.as_deref().map(Query::parse).transpose()?;
+            let near = match (model, vector) {
+                (Some(model), Some(v)) => {
+                    ctxlog::search::check_model(model).map_err(|why| ctxlog::Error::invalid("model", None, why))?;
+                    let vector: Vec<f32> = serde_json::from_str(v).map_err(|e| {
+                        ctxlog::Error::invalid("vector", None, format!("not a JSON array of numbers: {e}"))
+                    })?;
+                    if let Some(at) = vector.iter().position(|x| !x.is_finite()) {
+                        return Err(ctxlog::Error::invalid("vector", None, format!("value {at} is not finite")).into());
+                    }
+                    Some(Nearest {
+                        model: model.clone(),
+                        vector,
+                    })
+                }
+                _ => None,
+            };
+            let ask = match (&query, &near) {
+                (Some(q), Some(n)) => Ask::Hybrid(q, n),
+                (Some(q), None) => Ask::Text(q),
+                (None, Some(n)) => Ask::Vector(n),
+                (None, None) => unreachable!("clap requires a query or a vector"),
+            };
             let mut p = store.projector();
             p.refresh().await?;
             let mut searcher = Searcher::new();
@@ -981,7 +1017,9 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
                 session: session.clone(),
                 ..Filter::default()
             };
-            let (hits, _) = searcher.index().search(bot, &query, &filter, None, usize::from(*k));
+            let (hits, _) = searcher
+                .index()
+                .find_by(bot, ask, &filter, None, usize::from(*k), &Deadline::never())?;
             for h in hits {
                 // The projector holds what the searcher read: the hit's record.
                 let Some(e) = p.get(bot, &h.id).await? else { continue };

@@ -585,11 +585,11 @@ async fn a_format_1_store_opens_byte_identical_and_upgrades_with_its_first_summa
         if ext == "lance" {
             assert_eq!(std::fs::read_to_string(path.join("_ctxlog/format")).unwrap(), "3");
             // A format from a later release: refused by name, never read.
-            std::fs::write(path.join("_ctxlog/format"), "5").unwrap();
+            std::fs::write(path.join("_ctxlog/format"), "6").unwrap();
             let out = ctxlog(&store, &["session", "--bot", "support", "--session", "ticket-1"], "").await;
             assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
             let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains("format 5") && err.contains("1, 2, 3, 4"), "{err}");
+            assert!(err.contains("format 6") && err.contains("1, 2, 3, 4, 5"), "{err}");
         }
     }
 }

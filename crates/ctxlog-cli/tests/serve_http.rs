@@ -678,7 +678,46 @@ async fn search_ranks_a_bots_live_records_and_nothing_else() -> anyhow::Result<(
         ensure!(a.delete("/v1/bots/a/records/a-short").await?.status == StatusCode::OK);
         let after_delete = search(&a, "a", json!({"query": "refund"})).await?;
         ensure!(ids(&after_delete) == ["a-long"], "{}", after_delete.text);
+        // Rule 27: an embedding of a-long, a vector search, a hybrid's cursor bound to its
+        // vector, and another bot's token refused.
+        let emb = |v: Value| json!({"id": "a-long", "kind": "embedding", "model": "m", "metric": "dot", "vector": v});
+        ensure!(a.append("a", "s", &[emb(json!([1.0, 2.0]))]).await?.status == StatusCode::OK);
+        let near = search(&a, "a", json!({"vector": [1.0, 0.0], "model": "m"})).await?;
+        ensure!(
+            ids(&near) == ["a-long"] && near.json["hits"][0]["score"] == 1.0,
+            "{}",
+            near.text
+        );
+        ensure!(a.append("a", "t", &[rec("a-other", "refund")]).await?.status == StatusCode::OK);
+        let hybrid = json!({"query": "refund", "vector": [1.0, 0.0], "model": "m", "k": 1});
+        let first = search(&a, "a", hybrid.clone()).await?;
+        let next = first.json["next"].as_str().context("a hybrid's next page")?.to_string();
+        let mut moved = hybrid.clone();
+        moved["vector"] = json!([1.0, 0.5]);
+        moved["after"] = json!(next);
+        let refused = search(&a, "a", moved).await?;
+        ensure!(refused.json["field"] == "after", "{}", refused.text);
+        let foreign = search(&b, "a", json!({"vector": [1.0, 0.0], "model": "m"})).await?;
+        ensure!(foreign.status == StatusCode::FORBIDDEN, "{}", foreign.text);
+        let with_role = a
+            .append("a", "s", &[json!({"id": "a-long", "kind": "embedding", "role": "user", "model": "m", "metric": "dot", "vector": [1.0]})])
+            .await?;
+        ensure!(with_role.json["field"] == "role", "{}", with_role.text);
+        let bad_model = a
+            .append("a", "s", &[json!({"id": "a-long", "kind": "embedding", "model": "mini lm", "metric": "dot", "vector": [1.0]})])
+            .await?;
+        ensure!(
+            bad_model.json["field"] == "model" && bad_model.json["written"] == "nothing",
+            "{}",
+            bad_model.text
+        );
         for (body, field) in [
+            (json!({}), "query"),
+            (json!({"vector": [1.0]}), "model"),
+            (json!({"model": "m"}), "vector"),
+            (json!({"vector": [], "model": "m"}), "vector"),
+            (json!({"vector": [1.0, 2.0, 3.0], "model": "m"}), "vector"),
+            (json!({"vector": [1.0], "model": "no spaces"}), "model"),
             (json!({"query": "refund", "k": 101}), "k"),
             (json!({"query": "  "}), "query"),
             (json!({"query": "x", "since": "yesterday"}), "since"),
@@ -698,8 +737,9 @@ async fn search_ranks_a_bots_live_records_and_nothing_else() -> anyhow::Result<(
                 refused.text
             );
         }
-        // A search asks, it writes nothing: its body is small (64 KiB), whatever a write may send.
-        let big = search(&a, "a", json!({"query": "x", "metadata": {"k": "v".repeat(70_000)}})).await?;
+        // A search asks, it writes nothing: its body is small (128 KiB: a vector of 4,096
+        // dimensions fits), whatever a write may send.
+        let big = search(&a, "a", json!({"query": "x", "metadata": {"k": "v".repeat(140_000)}})).await?;
         ensure!(big.status == StatusCode::PAYLOAD_TOO_LARGE, "{}", big.text);
         Ok(())
     })

@@ -43,9 +43,9 @@ pub use options::{
     RetainReport, SnapshotReport, StoreOptions,
 };
 pub use projection::{Conflict, ConflictKind, LiveRecord, Projection, ProjectionStats, TombstonedId, conflicts_json};
-pub use record::{Body, Kind, Record};
+pub use record::{Body, Kind, Metric, Record};
 pub use redact::redact_uri;
 pub use retain::{MAINTENANCE_WRITER, retain};
 pub use traits::{ConflictDiscovery, Projector, Shard, Store};
-pub use upgrade::{IDS_BY_BOT, SharedId, UpgradeReport, upgrade_ids_by_bot};
+pub use upgrade::{IDS_BY_BOT, SharedId, UpgradeReport, needs_ids_by_bot, upgrade_ids_by_bot};
 pub use validate::Limits;

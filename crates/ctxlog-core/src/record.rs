@@ -9,7 +9,10 @@ use crate::ids::Checkpoint;
 /// entries it stands for; or a link of its session to another (rule 25): the session
 /// continuing another as of a position (`Fork`), or leaving out a record it inherits
 /// (`Hide`). Links are values of their own ids (retried, tombstoned and purged like puts)
-/// that shape their session's view instead of appearing in it.
+/// that shape their session's view instead of appearing in it. An `Embedding` is none of
+/// these: a vector the caller computed for the record of its id under a named model (rule
+/// 27), kept under that id's identity so that the id's tombstone ends it and `purge` erases
+/// it with the rest of the record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// A value for the id.
@@ -25,10 +28,14 @@ pub enum Kind {
     /// The session leaves out the record whose id is the body (rule 25), wherever in the
     /// sessions it continues that record lies; the record itself is untouched.
     Hide,
+    /// A vector of the record of the same id (rule 27): the role names the model, the
+    /// content type the metric ([`Metric`]), the body holds little-endian `f32`s. Not a value:
+    /// it neither wins its id nor diverges from its put, and it is in no view.
+    Embedding,
 }
 
 impl Kind {
-    /// The stored code (0 put, 1 tombstone, 2 summary, 3 fork, 4 hide).
+    /// The stored code (0 put, 1 tombstone, 2 summary, 3 fork, 4 hide, 5 embedding).
     pub fn as_u8(self) -> u8 {
         match self {
             Kind::Put => 0,
@@ -36,18 +43,32 @@ impl Kind {
             Kind::Summary => 2,
             Kind::Fork => 3,
             Kind::Hide => 4,
+            Kind::Embedding => 5,
         }
     }
 
-    /// Whether the record gives its id a value (every kind but a tombstone): what rule 6
-    /// calls a put.
+    /// Whether the record gives its id a value (every kind but a tombstone and an
+    /// embedding): what rule 6 calls a put.
     pub fn is_value(self) -> bool {
-        !matches!(self, Kind::Tombstone)
+        !matches!(self, Kind::Tombstone | Kind::Embedding)
     }
 
     /// Whether the record is a link (rule 25): it shapes its session's view and is not in it.
     pub fn is_link(self) -> bool {
         matches!(self, Kind::Fork | Kind::Hide)
+    }
+
+    /// The store format a record of this kind needs (rule 22): 1 for a put or tombstone, 2
+    /// for a summary, 4 for a link (rule 25), 5 for an embedding (rule 27). A store moves to
+    /// 2 with its first summary, and from 3 on with the first record that needs more; a
+    /// link or embedding needs ids scoped by bot (3) first.
+    pub fn needs_format(self) -> u32 {
+        match self {
+            Kind::Put | Kind::Tombstone => 1,
+            Kind::Summary => 2,
+            Kind::Fork | Kind::Hide => 4,
+            Kind::Embedding => 5,
+        }
     }
 
     /// Whether the record names a position in `covers` (a summary or a fork).
@@ -63,8 +84,55 @@ impl Kind {
             2 => Some(Kind::Summary),
             3 => Some(Kind::Fork),
             4 => Some(Kind::Hide),
+            5 => Some(Kind::Embedding),
             _ => None,
         }
+    }
+}
+
+/// How an embedding's model compares vectors (rule 27): the similarity a vector search
+/// ranks by, higher first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    /// The cosine of the angle: `a·b / (|a| |b|)`.
+    Cosine,
+    /// The dot product `a·b`.
+    Dot,
+    /// The negated Euclidean distance `−|a − b|`.
+    L2,
+}
+
+impl Metric {
+    /// Every metric.
+    pub const ALL: [Metric; 3] = [Metric::Cosine, Metric::Dot, Metric::L2];
+
+    /// The content type of an embedding under this metric.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Metric::Cosine => "application/vnd.ctxlog.vector; metric=cosine",
+            Metric::Dot => "application/vnd.ctxlog.vector; metric=dot",
+            Metric::L2 => "application/vnd.ctxlog.vector; metric=l2",
+        }
+    }
+
+    /// Its name: `cosine`, `dot` or `l2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Cosine => "cosine",
+            Metric::Dot => "dot",
+            Metric::L2 => "l2",
+        }
+    }
+
+    /// The metric named `name`.
+    pub fn of_name(name: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The metric an embedding's content type names (exactly one of
+    /// [`Metric::content_type`]).
+    pub fn of_content_type(ct: &str) -> Option<Metric> {
+        Metric::ALL.into_iter().find(|m| m.content_type() == ct)
     }
 }
 
@@ -117,7 +185,7 @@ pub struct Record {
     pub metadata: Option<serde_json::Value>,
     /// Caller's timestamp; stored but not covered by the content hash.
     pub created_at: Option<DateTime<Utc>>,
-    /// Put, tombstone, summary, fork or hide.
+    /// Put, tombstone, summary, fork, hide or embedding.
     pub kind: Kind,
     /// What a summary covers: per shard, the last seq of the view its writer summarised
     /// (rule 21); for a fork, the position of the view it continues (rule 25). `Some`
@@ -202,6 +270,42 @@ impl Record {
             (Kind::Fork | Kind::Hide, Body::Text(t)) if !t.is_empty() => Some(t),
             _ => None,
         }
+    }
+
+    /// A vector of record `id` under `model` (rule 27), compared by `metric`: what an
+    /// indexer appends once it embedded the record (or a caller beside the record, in its
+    /// batch). A later embedding of the id under the same model replaces it.
+    pub fn embedding(
+        id: impl Into<String>,
+        bot_id: impl Into<String>,
+        session_id: impl Into<String>,
+        model: impl Into<String>,
+        metric: Metric,
+        vector: &[f32],
+    ) -> Self {
+        Record {
+            kind: Kind::Embedding,
+            content_type: metric.content_type().into(),
+            body: Body::Bytes(vector.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            ..Record::text(id, bot_id, session_id, model, "")
+        }
+    }
+
+    /// An embedding's model, metric and vector; `None` for another kind, or an embedding
+    /// whose body is not a whole vector (purged: empty) or whose content type names no metric.
+    pub fn vector(&self) -> Option<(&str, Metric, Vec<f32>)> {
+        let (Kind::Embedding, Body::Bytes(b)) = (self.kind, &self.body) else {
+            return None;
+        };
+        let metric = Metric::of_content_type(&self.content_type)?;
+        if b.is_empty() || b.len() % 4 != 0 {
+            return None;
+        }
+        let v = b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("four bytes")))
+            .collect();
+        Some((&self.role, metric, v))
     }
 
     /// A tombstone for `id`.
@@ -303,10 +407,40 @@ mod tests {
     /// The stored kind codes (0 put, 1 tombstone) read back; any other code is refused.
     #[test]
     fn kinds_read_back_from_their_stored_codes() {
-        for k in [Kind::Put, Kind::Tombstone, Kind::Summary, Kind::Fork, Kind::Hide] {
+        for k in [
+            Kind::Put,
+            Kind::Tombstone,
+            Kind::Summary,
+            Kind::Fork,
+            Kind::Hide,
+            Kind::Embedding,
+        ] {
             assert_eq!(Kind::from_u8(k.as_u8()), Some(k));
         }
-        assert_eq!(Kind::from_u8(5), None);
+        assert_eq!(Kind::from_u8(6), None);
+    }
+
+    /// An embedding's vector reads back bit for bit; a purged (empty) or torn body and an
+    /// unknown content type read as no vector.
+    #[test]
+    fn an_embedding_reads_back_its_model_metric_and_vector() {
+        let v = [1.5f32, -0.0, f32::MIN_POSITIVE, 3.0e38];
+        let mut r = Record::embedding("m1", "bot", "s", "minilm", Metric::Dot, &v);
+        let (model, metric, back) = r.vector().expect("a vector");
+        assert_eq!((model, metric), ("minilm", Metric::Dot));
+        assert_eq!(
+            back.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+            v.map(f32::to_bits).to_vec()
+        );
+        assert!(!r.kind.is_value() && !r.kind.is_link());
+        r.body = Body::Bytes(vec![0; 7]);
+        assert_eq!(r.vector(), None);
+        r.body = Body::Bytes(Vec::new());
+        assert_eq!(r.vector(), None);
+        r.body = Body::Bytes(vec![0; 4]);
+        r.content_type = "application/vnd.ctxlog.vector".into();
+        assert_eq!(r.vector(), None);
+        assert_eq!(Record::text("m1", "b", "s", "user", "x").vector(), None);
     }
 
     /// A summary's frame reads back as the coverage and body it was made of; a damaged

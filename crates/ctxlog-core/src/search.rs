@@ -10,7 +10,11 @@
 //!   tokens; *postings* hold, per bot and term, the docs holding it and at which token
 //!   positions;
 //! - a *query* is clauses ([`Query::parse`]): terms, `"phrases"` and `prefix*`es; a *hit* is
-//!   a doc that matches a clause and passes the [`Filter`], with its score.
+//!   a doc that matches a clause and passes the [`Filter`], with its score;
+//! - a doc's *vector* under a model is the newest embedding (rule 27) of its id under that
+//!   model; a model's *declaration* (dimension and metric) is its earliest vector of a doc,
+//!   and only vectors that agree with it are searched ([`Nearest`]); a *hybrid* search ranks
+//!   both ways and fuses the two rankings ([`RRF_K`]).
 //!
 //! Statistics (docs, lengths, document frequencies) are per bot and over the bot's whole
 //! live corpus, never filtered: a doc's score does not depend on the filter (a filtered
@@ -26,8 +30,9 @@ use unicode_segmentation::UnicodeSegmentation;
 
 use crate::entry::{Checkpoint, Entry, OrderKey};
 use crate::error::{Error, Result, Written};
-use crate::record::{Body, Kind};
+use crate::record::{Body, Kind, Metric};
 use crate::traits::Store;
+pub use crate::validate::{MAX_DIMENSIONS, check_model};
 
 /// BM25's term-frequency saturation.
 pub const K1: f64 = 1.2;
@@ -44,6 +49,10 @@ pub const MAX_PREFIXES: usize = 4;
 /// Bytes of a query at most (what a search may cost is bounded by the clauses above, and
 /// they by this).
 pub const MAX_QUERY_BYTES: usize = 1024;
+
+/// Reciprocal rank fusion's constant: a hybrid search scores a doc `Σ 1/(RRF_K + rank)` over
+/// the text and vector rankings it is in (ranks from 1).
+pub const RRF_K: f64 = 60.0;
 
 /// Postings, scored docs or phrase positions a search visits between two looks at its
 /// [`Deadline`].
@@ -260,7 +269,8 @@ pub struct Hit {
     pub key: OrderKey,
     /// Its record id.
     pub id: String,
-    /// Its BM25 score (higher first).
+    /// Its score, higher first: BM25 (text), the model's similarity (vector), or reciprocal
+    /// rank fusion (hybrid).
     pub score: f64,
     /// The query's terms the doc holds (a prefix's, the terms it stood for), sorted.
     pub matched: Vec<String>,
@@ -374,10 +384,75 @@ impl Postings {
     }
 }
 
+/// One embedding held: its model's declaration and vector, and its entry's key (the newest
+/// of an id and model replaces the others).
+#[derive(Clone, Debug)]
+struct Embedded {
+    key: OrderKey,
+    decl: Declaration,
+    vector: Box<[f32]>,
+}
+
+/// What an embedding declares of its model: its dimension and metric.
+type Declaration = (usize, Metric);
+
+/// A model's declarations by the key of the embedding that made each, with its record id.
+type Declarations = BTreeMap<OrderKey, (Declaration, Box<str>)>;
+
+/// A vector search: the `k` docs nearest `vector` under `model`, by the metric the model
+/// declares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nearest {
+    /// The model the vector was made by (an embedding's role).
+    pub model: String,
+    /// The query's vector: of the model's dimension.
+    pub vector: Vec<f32>,
+}
+
+/// What a search asks: words, a vector, or both (a hybrid search).
+#[derive(Clone, Copy, Debug)]
+pub enum Ask<'a> {
+    /// A full-text query.
+    Text(&'a Query),
+    /// A vector query.
+    Vector(&'a Nearest),
+    /// Both, fused by reciprocal rank ([`RRF_K`]).
+    Hybrid(&'a Query, &'a Nearest),
+}
+
+/// The similarity of `q` and `v` under `metric` (higher is nearer), in `f64` summed in index
+/// order, so that every replica computes it to the bit: cosine `q·v / (|q| |v|)` (0 when
+/// either is all zeros), dot `q·v`, L2 `−|q − v|`.
+pub fn similarity(metric: Metric, q: &[f32], v: &[f32]) -> f64 {
+    let pairs = q.iter().zip(v).map(|(&a, &b)| (f64::from(a), f64::from(b)));
+    match metric {
+        Metric::Cosine => {
+            let (mut dot, mut qq, mut vv) = (0.0f64, 0.0f64, 0.0f64);
+            for (a, b) in pairs {
+                dot += a * b;
+                qq += a * a;
+                vv += b * b;
+            }
+            if qq == 0.0 || vv == 0.0 {
+                0.0
+            } else {
+                dot / (qq.sqrt() * vv.sqrt())
+            }
+        }
+        Metric::Dot => pairs.fold(0.0, |dot, (a, b)| dot + a * b),
+        Metric::L2 => -pairs.fold(0.0, |dd, (a, b)| dd + (a - b) * (a - b)).sqrt(),
+    }
+}
+
 /// One bot's part of the index.
 #[derive(Clone, Debug, Default)]
 struct BotText {
     ids: HashMap<Box<str>, IdState>,
+    /// Per record id not dead, its newest embedding per model.
+    vectors: HashMap<Box<str>, BTreeMap<Arc<str>, Embedded>>,
+    /// Per model, the declarations of the embeddings held, by key, with their ids: the
+    /// earliest of an id with a live doc governs.
+    models: HashMap<Arc<str>, Declarations>,
     docs: DocMap<Doc>,
     next_doc: u64,
     /// The terms some live doc holds, in code-point order (for prefixes), to their numbers.
@@ -412,6 +487,19 @@ impl TextIndex {
         if r.kind == Kind::Tombstone {
             if let Some(IdState::Live { doc: Some(doc), .. }) = bot.ids.insert(r.id.as_str().into(), IdState::Dead) {
                 bot.remove(doc);
+            }
+            // Its vectors go with it, for good (rule 27).
+            for (model, held) in bot.vectors.remove(r.id.as_str()).unwrap_or_default() {
+                bot.undeclare(&model, &held.key);
+            }
+            return;
+        }
+        if r.kind == Kind::Embedding {
+            if !matches!(bot.ids.get(r.id.as_str()), Some(IdState::Dead))
+                && !e.purged
+                && let Some((model, metric, vector)) = r.vector()
+            {
+                bot.embed(e.key(), model, (vector.len(), metric), vector.into_boxed_slice(), &r.id);
             }
             return;
         }
@@ -471,6 +559,24 @@ impl TextIndex {
         k: usize,
         deadline: &Deadline,
     ) -> Result<(Vec<Hit>, bool)> {
+        self.find_by(bot, Ask::Text(query), filter, after, k, deadline)
+    }
+
+    /// The hits of `ask` in `bot` that pass `filter`, best first (ties in the contract's
+    /// order), past `after`, at most `k`; and whether more follow. A text search scores by
+    /// BM25, a vector search by the model's similarity, a hybrid one by reciprocal rank
+    /// fusion of both rankings — each ranking over the bot's docs unfiltered, so that a
+    /// filter only leaves docs out. Given up at `deadline` ([`Error::Timeout`], nothing
+    /// written).
+    pub fn find_by(
+        &self,
+        bot: &str,
+        ask: Ask<'_>,
+        filter: &Filter,
+        after: Option<&After>,
+        k: usize,
+        deadline: &Deadline,
+    ) -> Result<(Vec<Hit>, bool)> {
         let clock = Clock {
             deadline,
             visits: Cell::new(0),
@@ -478,44 +584,27 @@ impl TextIndex {
         let Some(b) = self.bots.get(bot) else {
             return Ok((Vec::new(), false));
         };
-        let n = b.docs.len() as f64;
-        if n == 0.0 {
-            return Ok((Vec::new(), false));
-        }
-        let avg = b.total_len as f64 / n;
-        // Per doc, its score so far (summed in clause order, as the reference sums). Which
-        // terms a doc matched is worked out for the page's hits only.
-        let mut scores: DocMap<f64> = DocMap::default();
+        // No early answer for a bot without docs: a query vector of the wrong dimension is
+        // refused all the same.
         let mut terms: Vec<&str> = Vec::new();
         let mut phrases: Vec<&[String]> = Vec::new();
-        for clause in &query.clauses {
-            clock.look()?;
-            match clause {
-                Clause::Term(t) => {
-                    b.score_term(t, n, avg, &mut scores, &clock)?;
-                    terms.push(t);
-                }
-                Clause::Prefix(p) => {
-                    let expanded = b
-                        .dict
-                        .range::<str, _>((std::ops::Bound::Included(p.as_str()), std::ops::Bound::Unbounded))
-                        .take_while(|(t, _)| t.starts_with(p.as_str()))
-                        .take(MAX_PREFIX_TERMS);
-                    for (t, _) in expanded {
-                        b.score_term(t, n, avg, &mut scores, &clock)?;
-                        terms.push(t);
+        let scores = match ask {
+            Ask::Text(query) => b.text_scores(query, &mut terms, &mut phrases, &clock)?,
+            Ask::Vector(q) => b.nearest(q, &clock)?,
+            Ask::Hybrid(query, q) => {
+                let text = b.text_scores(query, &mut terms, &mut phrases, &clock)?;
+                let near = b.nearest(q, &clock)?;
+                let mut fused: DocMap<f64> = DocMap::default();
+                // Text first, then vectors: each doc's sum is added in the same order on
+                // every replica.
+                for ranked in [b.ranked(text, &clock)?, b.ranked(near, &clock)?] {
+                    for (rank, doc) in ranked.into_iter().enumerate() {
+                        *fused.entry(doc).or_default() += 1.0 / (RRF_K + (rank + 1) as f64);
                     }
                 }
-                Clause::Phrase(words) => {
-                    let found = b.phrase(words, &clock)?;
-                    let df = found.len() as f64;
-                    for (doc, tf) in found {
-                        *scores.entry(doc).or_default() += bm25(tf as f64, df, n, b.docs[&doc].len as f64, avg);
-                    }
-                    phrases.push(words);
-                }
+                fused
             }
-        }
+        };
         let mut hits: Vec<(f64, OrderKey, u64)> = Vec::new();
         for (doc, score) in scores {
             clock.tick()?;
@@ -544,6 +633,15 @@ impl TextIndex {
             })
             .collect::<Result<_>>()?;
         Ok((hits, more))
+    }
+
+    /// Whether `bot` holds a vector of record `id` under `model` (what a test of forgetting
+    /// asks: a tombstoned id's vectors are gone from the index).
+    pub fn has_vector(&self, bot: &str, id: &str, model: &str) -> bool {
+        self.bots
+            .get(bot)
+            .and_then(|b| b.vectors.get(id))
+            .is_some_and(|v| v.contains_key(model))
     }
 }
 
@@ -606,6 +704,135 @@ impl BotText {
             },
         );
         doc
+    }
+
+    /// Hold `vector` as id's embedding under `model` unless a newer one is held (the newest
+    /// replaces: rule 27).
+    fn embed(&mut self, key: OrderKey, model: &str, decl: Declaration, vector: Box<[f32]>, id: &str) {
+        let model: Arc<str> = match self.models.get_key_value(model) {
+            Some((m, _)) => m.clone(),
+            None => model.into(),
+        };
+        let held = self.vectors.entry(id.into()).or_default();
+        match held.get(&model) {
+            Some(h) if h.key >= key => return,
+            Some(h) => {
+                let old = h.key;
+                self.undeclare(&model, &old);
+            }
+            None => {}
+        }
+        self.vectors
+            .get_mut(id)
+            .expect("held above")
+            .insert(model.clone(), Embedded { key, decl, vector });
+        self.models.entry(model).or_default().insert(key, (decl, id.into()));
+    }
+
+    /// Forget the declaration of the embedding `key` of `model` (replaced or dead).
+    fn undeclare(&mut self, model: &str, key: &OrderKey) {
+        if let Some(decls) = self.models.get_mut(model) {
+            decls.remove(key);
+            if decls.is_empty() {
+                self.models.remove(model);
+            }
+        }
+    }
+
+    /// Per live doc holding a vector under `q.model` that agrees with the model's declaration
+    /// (that of its earliest vector of a live doc: a vector of an id without one — not yet
+    /// put, or a bytes body — declares nothing), its similarity to `q.vector`. A query vector
+    /// of another dimension than the model's is refused (field `vector`); a model no doc
+    /// holds a vector of finds nothing.
+    fn nearest(&self, q: &Nearest, clock: &Clock) -> Result<DocMap<f64>> {
+        let mut scores = DocMap::default();
+        let mut declared = None;
+        for (decl, id) in self.models.get(q.model.as_str()).into_iter().flat_map(|d| d.values()) {
+            clock.tick()?;
+            if matches!(self.ids.get(id), Some(IdState::Live { doc: Some(_), .. })) {
+                declared = Some(*decl);
+                break;
+            }
+        }
+        let Some((dim, metric)) = declared else {
+            return Ok(scores);
+        };
+        if q.vector.len() != dim {
+            return Err(Error::invalid(
+                "vector",
+                None,
+                format!(
+                    "has {} dimensions; model `{}` has {dim} (declared by its earliest embedding)",
+                    q.vector.len(),
+                    q.model
+                ),
+            ));
+        }
+        for (id, held) in &self.vectors {
+            clock.tick()?;
+            let Some(v) = held.get(q.model.as_str()).filter(|v| v.decl == (dim, metric)) else {
+                continue;
+            };
+            if let Some(IdState::Live { doc: Some(doc), .. }) = self.ids.get(id) {
+                scores.insert(*doc, similarity(metric, &q.vector, &v.vector));
+            }
+        }
+        Ok(scores)
+    }
+
+    /// Per doc holding a clause of `query`, its BM25 score summed in clause order; the terms
+    /// and phrases looked for (for the page's matched terms).
+    fn text_scores<'q>(
+        &'q self,
+        query: &'q Query,
+        terms: &mut Vec<&'q str>,
+        phrases: &mut Vec<&'q [String]>,
+        clock: &Clock,
+    ) -> Result<DocMap<f64>> {
+        let n = self.docs.len() as f64;
+        let avg = self.total_len as f64 / n;
+        let mut scores: DocMap<f64> = DocMap::default();
+        for clause in &query.clauses {
+            clock.look()?;
+            match clause {
+                Clause::Term(t) => {
+                    self.score_term(t, n, avg, &mut scores, clock)?;
+                    terms.push(t);
+                }
+                Clause::Prefix(p) => {
+                    let expanded = self
+                        .dict
+                        .range::<str, _>((std::ops::Bound::Included(p.as_str()), std::ops::Bound::Unbounded))
+                        .take_while(|(t, _)| t.starts_with(p.as_str()))
+                        .take(MAX_PREFIX_TERMS);
+                    for (t, _) in expanded {
+                        self.score_term(t, n, avg, &mut scores, clock)?;
+                        terms.push(t);
+                    }
+                }
+                Clause::Phrase(words) => {
+                    let found = self.phrase(words, clock)?;
+                    let df = found.len() as f64;
+                    for (doc, tf) in found {
+                        *scores.entry(doc).or_default() += bm25(tf as f64, df, n, self.docs[&doc].len as f64, avg);
+                    }
+                    phrases.push(words);
+                }
+            }
+        }
+        Ok(scores)
+    }
+
+    /// Docs by score, best first, ties in the contract's order (one ranking of a hybrid
+    /// search).
+    fn ranked(&self, scores: DocMap<f64>, clock: &Clock) -> Result<Vec<u64>> {
+        let mut all = Vec::with_capacity(scores.len());
+        for (doc, score) in scores {
+            clock.tick()?;
+            all.push((score, self.docs[&doc].key, doc));
+        }
+        all.sort_unstable_by(|x, y| before((x.0, &x.1), (y.0, &y.1)));
+        Ok(all.into_iter().map(|(_, _, doc)| doc).collect())
     }
 
     /// The number of term `t`, given one if it has none.

@@ -15,6 +15,18 @@ use crate::traits::Store;
 /// The format whose record ids are scoped by bot.
 pub const IDS_BY_BOT: u32 = 3;
 
+/// The refusal of a link or embedding by a store whose ids are grouped across bots (format 1
+/// or 2): both belong to an id of one bot (rules 25, 27). Nothing written.
+pub fn needs_ids_by_bot(format: impl std::fmt::Display) -> crate::Error {
+    crate::Error::invalid(
+        "kind",
+        None,
+        format!(
+            "a fork, hide or embedding needs a store of format 3 or later (ids scoped by bot); this store is at format {format}: run `ctxlog upgrade` first"
+        ),
+    )
+}
+
 /// Entries read per call while listing ids.
 const READ_PAGE: usize = 2_000;
 

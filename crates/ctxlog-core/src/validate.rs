@@ -98,9 +98,14 @@ impl Limits {
         }
         // One id of one bot twice with different content contradicts itself: the first would
         // win and the second be a divergent put the caller cannot see (rule 6). Refused.
-        let mut seen: std::collections::HashMap<(&str, &str), (usize, &Record)> = std::collections::HashMap::new();
+        // Embeddings are not values (rule 27): one of an id beside its put is what a caller
+        // appending a record with its vector sends; two of one id and model that differ are
+        // refused as two values would be.
+        type Key<'a> = (&'a str, &'a str, Option<&'a str>);
+        let mut seen: std::collections::HashMap<Key<'_>, (usize, &Record)> = std::collections::HashMap::new();
         for (i, r) in records.iter().enumerate() {
-            if let Some((first, earlier)) = seen.insert((&r.bot_id, &r.id), (i, r))
+            let model = (r.kind == Kind::Embedding).then_some(r.role.as_str());
+            if let Some((first, earlier)) = seen.insert((&r.bot_id, &r.id, model), (i, r))
                 && !same_content(earlier, r)
             {
                 return Err(Error::invalid(
@@ -168,6 +173,7 @@ impl Limits {
         }
         let coverage_bytes = check_covers(r)?;
         self.check_link(r)?;
+        check_embedding(r)?;
         let size = [&r.id, &r.bot_id, &r.session_id, &r.role, &r.content_type]
             .iter()
             .map(|s| s.len())
@@ -276,6 +282,80 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// Longest model name, in bytes.
+pub const MAX_MODEL_BYTES: usize = 128;
+
+/// A model's name (rule 27): 1 to [`MAX_MODEL_BYTES`] printable ASCII characters, no space
+/// (`text-embedding-3-small`, `sentence-transformers/all-MiniLM-L6-v2`, `nomic:v1.5`);
+/// why not, otherwise.
+pub fn check_model(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.len() > MAX_MODEL_BYTES {
+        return Err(format!("is {} bytes: 1 to {MAX_MODEL_BYTES}", name.len()));
+    }
+    match name.bytes().position(|c| !c.is_ascii_graphic()) {
+        Some(at) => Err(format!("holds a character other than printable ASCII at byte {at}")),
+        None => Ok(()),
+    }
+}
+
+/// Most dimensions of an embedding (rule 27).
+pub const MAX_DIMENSIONS: usize = 4096;
+
+/// An embedding names its model as its role, its metric as its content type, and holds a
+/// whole vector of finite values (rule 27); nothing but an embedding names a vector's metric.
+fn check_embedding(r: &Record) -> Result<()> {
+    let metric = crate::record::Metric::of_content_type(&r.content_type);
+    if r.kind != Kind::Embedding {
+        return match metric {
+            Some(_) => Err(Error::invalid(
+                "content_type",
+                None,
+                "is an embedding's: only a record of kind embedding holds a vector",
+            )),
+            None => Ok(()),
+        };
+    }
+    if metric.is_none() {
+        return Err(Error::invalid(
+            "content_type",
+            None,
+            "an embedding's is `application/vnd.ctxlog.vector; metric=` and one of cosine, dot, l2",
+        ));
+    }
+    check_model(&r.role).map_err(|why| Error::invalid("role", None, format!("the model {why}")))?;
+    if r.metadata.is_some() {
+        return Err(Error::invalid("metadata", None, "an embedding carries none"));
+    }
+    let crate::record::Body::Bytes(b) = &r.body else {
+        return Err(Error::invalid(
+            "body",
+            None,
+            "an embedding's vector is bytes (little-endian f32s)",
+        ));
+    };
+    if b.is_empty() || b.len() % 4 != 0 || b.len() / 4 > MAX_DIMENSIONS {
+        return Err(Error::invalid(
+            "body",
+            None,
+            format!(
+                "is {} bytes: a vector is 1 to {MAX_DIMENSIONS} little-endian f32s (4 bytes each)",
+                b.len()
+            ),
+        ));
+    }
+    if let Some(at) = b
+        .chunks_exact(4)
+        .position(|c| !f32::from_le_bytes(c.try_into().expect("four bytes")).is_finite())
+    {
+        return Err(Error::invalid(
+            "body",
+            None,
+            format!("value {at} of the vector is not finite"),
+        ));
+    }
+    Ok(())
 }
 
 /// Most shards one summary's coverage may name (24 bytes each as stored).
@@ -480,6 +560,47 @@ mod tests {
         assert_eq!(
             json_len(&serde_json::json!({"a": [1, 2]}), 1000),
             r#"{"a":[1,2]}"#.len()
+        );
+    }
+
+    /// An embedding is checked whole (rule 27): its model, metric, vector and no metadata;
+    /// beside its own put in one batch it is no divergent write, two of one model that
+    /// differ are; nothing but an embedding names a vector's metric.
+    #[test]
+    fn an_embedding_names_a_model_and_metric_and_holds_a_finite_vector() {
+        use crate::record::Metric;
+        let l = Limits::default();
+        let ok = Record::embedding("a", "b", "s", "minilm/v2", Metric::Cosine, &[1.0, 0.5]);
+        l.validate(&ok).unwrap();
+        let bad = |f: &dyn Fn(&mut Record)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            field_of(l.validate(&r).unwrap_err()).0
+        };
+        assert_eq!(bad(&|r| r.role = "mini lm".into()), "role");
+        assert_eq!(bad(&|r| r.role = "m".repeat(MAX_MODEL_BYTES + 1)), "role");
+        assert_eq!(
+            bad(&|r| r.content_type = "application/vnd.ctxlog.vector".into()),
+            "content_type"
+        );
+        assert_eq!(bad(&|r| r.metadata = Some(serde_json::json!({}))), "metadata");
+        assert_eq!(bad(&|r| r.body = Body::Text("1.0".into())), "body");
+        assert_eq!(bad(&|r| r.body = Body::Bytes(vec![0; 6])), "body");
+        assert_eq!(bad(&|r| r.body = Body::Bytes(Vec::new())), "body");
+        assert_eq!(
+            bad(&|r| r.body = Body::Bytes(vec![0; 4 * (MAX_DIMENSIONS + 1)])),
+            "body"
+        );
+        assert_eq!(bad(&|r| r.body = Body::Bytes(f32::NAN.to_le_bytes().to_vec())), "body");
+        assert_eq!(bad(&|r| r.kind = Kind::Put), "content_type");
+        let put = Record::text("a", "b", "s", "user", "x");
+        l.validate_batch(&[put.clone(), ok.clone()]).unwrap();
+        let other_model = Record::embedding("a", "b", "s", "e5", Metric::L2, &[2.0]);
+        l.validate_batch(&[put.clone(), ok.clone(), other_model]).unwrap();
+        let again = Record::embedding("a", "b", "s", "minilm/v2", Metric::Cosine, &[0.0, 1.0]);
+        assert_eq!(
+            field_of(l.validate_batch(&[put, ok.clone(), again]).unwrap_err()),
+            ("id", Some(2))
         );
     }
 }

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use crate::problem::Problem;
 
-/// Put (the default), tombstone, summary, fork or hide.
+/// Put (the default), tombstone, summary, fork, hide or embedding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KindJson {
@@ -27,6 +27,9 @@ pub enum KindJson {
     Fork,
     /// The session leaves out the inherited record whose id is its `text` (rule 25).
     Hide,
+    /// A vector of the record of the same id under `model`, compared by `metric` (rule 27);
+    /// a later one of the id and model replaces it. In no view; the id's tombstone ends it.
+    Embedding,
 }
 
 /// A fork: continue session `from` of the route's bot as the route's session, as of a
@@ -65,11 +68,22 @@ pub struct ForkOut {
 pub struct RecordIn {
     /// Caller-chosen; the idempotency key: a retry with the same id counts once.
     pub id: String,
-    /// Who speaks: `user`, `assistant`, `tool`, ….
+    /// Who speaks: `user`, `assistant`, `tool`, …. Required for a put, summary or link;
+    /// none for an embedding (its `model` is its role as stored) or a tombstone.
+    #[serde(default)]
     pub role: String,
-    /// The body's media type (default `text/plain`).
+    /// The body's media type (default `text/plain`; an embedding's is set by its `metric`).
     #[serde(default)]
     pub content_type: Option<String>,
+    /// An embedding's model (rule 27): 1 to 128 printable ASCII characters, no space.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// An embedding's metric: `cosine`, `dot` or `l2` (rule 27).
+    #[serde(default)]
+    pub metric: Option<String>,
+    /// An embedding's vector: 1 to 4096 finite numbers (stored as `f32`).
+    #[serde(default)]
+    pub vector: Option<Vec<f32>>,
     /// A text body.
     #[serde(default)]
     pub text: Option<String>,
@@ -115,6 +129,18 @@ impl RecordIn {
                 Some(index),
                 "differs from the route's session",
             ));
+        }
+        if self.kind == KindJson::Embedding {
+            return self.into_embedding(bot, session, index);
+        }
+        for (field, given) in [
+            ("model", self.model.is_some()),
+            ("metric", self.metric.is_some()),
+            ("vector", self.vector.is_some()),
+        ] {
+            if given {
+                return Err(Problem::invalid(field, Some(index), "only an embedding has one"));
+            }
         }
         let body = match (self.text, self.bytes_b64) {
             (Some(_), Some(_)) => {
@@ -187,8 +213,52 @@ impl RecordIn {
                 KindJson::Summary => Kind::Summary,
                 KindJson::Fork => Kind::Fork,
                 KindJson::Hide => Kind::Hide,
+                KindJson::Embedding => unreachable!("an embedding is made above"),
             },
         })
+    }
+
+    /// An embedding of record `self.id` (rule 27): `model`, `metric` and `vector`, nothing of
+    /// a put's.
+    fn into_embedding(self, bot: &str, session: &str, index: usize) -> Result<Record, Problem> {
+        let invalid = |field: &str, detail: &str| Err(Problem::invalid(field, Some(index), detail.to_string()));
+        for (field, given) in [
+            ("role", !self.role.is_empty()),
+            ("content_type", self.content_type.is_some()),
+            ("text", self.text.is_some()),
+            ("bytes_b64", self.bytes_b64.is_some()),
+            ("metadata", self.metadata.as_ref().is_some_and(|m| !m.is_null())),
+            ("covers", self.covers.is_some()),
+            ("created_at", self.created_at.is_some()),
+        ] {
+            if given {
+                return invalid(field, "an embedding has none: give `model`, `metric` and `vector`");
+            }
+        }
+        let Some(model) = self.model else {
+            return invalid("model", "an embedding names the model that made it");
+        };
+        let Some(metric) = self.metric else {
+            return invalid("metric", "an embedding names its metric: cosine, dot or l2");
+        };
+        let Some(metric) = ctxlog::Metric::of_name(&metric) else {
+            return invalid("metric", "is not one of cosine, dot, l2");
+        };
+        let Some(vector) = self.vector else {
+            return invalid("vector", "an embedding holds a vector");
+        };
+        if let Err(why) = ctxlog::search::check_model(&model) {
+            return invalid("model", &why);
+        }
+        let r = Record::embedding(self.id, bot, session, model, metric, &vector);
+        // The core checks the vector as the record's body; the caller gave it as `vector`.
+        if let Err(ctxlog::Error::InvalidInput {
+            field: "body", reason, ..
+        }) = ctxlog::Limits::default().validate(&r)
+        {
+            return invalid("vector", &reason);
+        }
+        Ok(r)
     }
 }
 
@@ -286,6 +356,7 @@ impl From<&Entry> for EntryOut {
                 Kind::Summary => KindJson::Summary,
                 Kind::Fork => KindJson::Fork,
                 Kind::Hide => KindJson::Hide,
+                Kind::Embedding => KindJson::Embedding,
             },
             covers: r.covers.as_ref().map(crate::cursor::position),
             purged: e.purged,
@@ -441,13 +512,22 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Pr
     })
 }
 
-/// A full-text search of a bot's live records (rule 26).
+/// A search of a bot's live records: words (rule 26), a vector (rule 27), or both.
 #[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchIn {
     /// Words, `"phrases"` and `prefix*`es (rule 26: a word of several terms is a phrase); a
     /// record holding any of them is a hit. At most 1024 bytes, 32 clauses, 4 prefixes.
-    pub query: String,
+    /// With `vector` too, a hybrid search (rule 27).
+    #[serde(default)]
+    pub query: Option<String>,
+    /// A vector search (rule 27): the records nearest this vector among those embedded by
+    /// `model`, by the metric the model declares. Of the model's dimension.
+    #[serde(default)]
+    pub vector: Option<Vec<f32>>,
+    /// The model `vector` was made by (required with it).
+    #[serde(default)]
+    pub model: Option<String>,
     /// At most this many hits (1 to 100, default 10).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100)]
@@ -480,7 +560,9 @@ pub struct SearchIn {
 pub struct HitOut {
     /// The record.
     pub record: EntryOut,
-    /// Its BM25 score (higher first; equal scores in the contract's order).
+    /// Its score, higher first (equal scores in the contract's order): BM25 for a text
+    /// search, the model's similarity for a vector search (cosine, dot, or the negated L2
+    /// distance), the reciprocal rank fusion of both for a hybrid one.
     pub score: f64,
     /// The query's terms it holds.
     pub matched: Vec<String>,

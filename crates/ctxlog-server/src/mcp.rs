@@ -438,7 +438,9 @@ impl Tools {
         let result = async {
             self.grant_for(&ext, &a.bot, Right::Read)?;
             let input = crate::api::SearchIn {
-                query: a.query,
+                query: Some(a.query),
+                vector: None,
+                model: None,
                 k: a.k,
                 after: a.after,
                 session: a.session,

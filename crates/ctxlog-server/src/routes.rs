@@ -559,18 +559,13 @@ async fn write(r: Arc<Replica>, records: Vec<Record>) -> Result<axum::Json<AckOu
 /// One batch through the replica's writer (the routes' and the MCP tools').
 pub(crate) async fn append_records(r: Arc<Replica>, records: Vec<Record>) -> Result<AckOut, Problem> {
     r.metrics.append_records.observe(records.len() as f64);
-    // Links need a store whose ids are scoped by bot (rule 25): refused here, before the
-    // batch joins a group commit whose other batches the refusal would fail too.
-    if records.iter().any(|rec| rec.kind.is_link()) {
+    // Links and embeddings need a store whose ids are scoped by bot (rules 25, 27): refused
+    // here, before the batch joins a group commit whose other batches the refusal would
+    // fail too.
+    if records.iter().any(|rec| rec.kind.needs_format() > ctxlog::IDS_BY_BOT) {
         let format = r.store.format().await.map_err(Problem::from)?;
         if format < ctxlog::IDS_BY_BOT {
-            return Err(Problem::invalid(
-                "kind",
-                None,
-                format!(
-                    "a fork or hide needs a store of format 3 or later (ids scoped by bot); this store is at format {format}: run `ctxlog upgrade` first"
-                ),
-            ));
+            return Err(Problem::from(ctxlog::needs_ids_by_bot(format)));
         }
     }
     let mut after = ctxlog::Hlc::ZERO;
@@ -881,8 +876,9 @@ pub(crate) async fn context_view(
     })
 }
 
-/// Full-text search of a bot's live records (rule 26): BM25 over the bot's records, best
-/// first, equal scores in the contract's order; sees every append acknowledged before it.
+/// Search a bot's live records: by words (rule 26, BM25), by a vector among those embedded
+/// by a model (rule 27), or both (reciprocal rank fusion); best first, equal scores in the
+/// contract's order; sees every append acknowledged before it.
 #[utoipa::path(post, path = "/v1/bots/{bot}/search",
     params(("bot" = String, Path)),
     request_body = SearchIn,
@@ -966,6 +962,9 @@ pub(crate) async fn forget(r: Arc<Replica>, bot: &str, id: &str) -> Result<AckOu
         kind: KindJson::Tombstone,
         covers: None,
         session_id: None,
+        model: None,
+        metric: None,
+        vector: None,
     }
     .into_record(bot, &entry.record.session_id, 0)?;
     let ack = detached(async move { r.writer.append(vec![tombstone], ctxlog::Hlc::ZERO).await }).await?;

@@ -1,4 +1,4 @@
-//! Full-text search on a replica (rule 26): the replica's one [`Searcher`], caught up with
+//! Search on a replica (rules 26, 27: text, vectors, both): the replica's one [`Searcher`], caught up with
 //! the store to the position of a fresh view before each search, so that a search sees
 //! every append acknowledged before it (rule 1), on any replica.
 //!
@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use ctxlog::search::{After, Deadline, Filter, Query, Searcher, snippet};
+use ctxlog::search::{After, Ask, Deadline, Filter, Nearest, Query, Searcher, snippet};
 use ctxlog::{Body, Checkpoint};
 use tokio::sync::RwLock;
 
@@ -26,8 +26,9 @@ use crate::problem::Problem;
 const DEFAULT_K: usize = 10;
 const MAX_K: usize = 100;
 
-/// A search request's body at most: a query is at most 1 KiB, its filter small.
-pub(crate) const MAX_BODY_BYTES: usize = 64 << 10;
+/// A search request's body at most: a query is at most 1 KiB, a vector of 4,096
+/// dimensions about 50 KiB of JSON, the filter small.
+pub(crate) const MAX_BODY_BYTES: usize = 128 << 10;
 
 /// Metadata keys a filter names at most.
 const MAX_METADATA_KEYS: usize = 16;
@@ -45,9 +46,20 @@ pub(crate) struct Search {
 /// What names one search for its cursors: the bot, the query as written and the filter (the
 /// roles as a set), hashed alike by every replica. `k` is not part of it: a page may be
 /// longer or shorter than the one before.
-fn binding(bot: &str, query: &str, f: &Filter) -> u64 {
+fn binding(bot: &str, query: Option<&str>, near: Option<&Nearest>, f: &Filter) -> u64 {
     let roles: std::collections::BTreeSet<&String> = f.roles.iter().collect();
-    let named = serde_json::json!([bot, query, f.session, roles, f.since_millis, f.until_millis, f.metadata]);
+    // A vector by its values' bits: JSON's decimal form of an `f32` is not one per value.
+    let near = near.map(|n| (&n.model, n.vector.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()));
+    let named = serde_json::json!([
+        bot,
+        query,
+        near,
+        f.session,
+        roles,
+        f.since_millis,
+        f.until_millis,
+        f.metadata
+    ]);
     let hash = blake3::hash(named.to_string().as_bytes());
     u64::from_le_bytes(hash.as_bytes()[..8].try_into().expect("8 bytes"))
 }
@@ -82,7 +94,42 @@ impl Search {
     /// records: scoring runs on a blocking thread under a shared lock of the searcher, so one
     /// tenant's costly query holds up no other tenant's reads (other searches share it).
     pub(crate) async fn search(&self, r: &Replica, bot: &str, input: SearchIn) -> Result<SearchOut, Problem> {
-        let query = Query::parse(&input.query).map_err(Problem::from)?;
+        let query = input
+            .query
+            .as_deref()
+            .map(Query::parse)
+            .transpose()
+            .map_err(Problem::from)?;
+        let near = match (input.vector, input.model) {
+            (None, None) => None,
+            (Some(_), None) => return Err(Problem::invalid("model", None, "a vector search names its model")),
+            (None, Some(_)) => return Err(Problem::invalid("vector", None, "a model without a vector to search")),
+            (Some(vector), Some(model)) => {
+                ctxlog::search::check_model(&model).map_err(|why| Problem::invalid("model", None, why))?;
+                if vector.is_empty() || vector.len() > ctxlog::search::MAX_DIMENSIONS {
+                    return Err(Problem::invalid(
+                        "vector",
+                        None,
+                        format!(
+                            "{} dimensions: from 1 to {}",
+                            vector.len(),
+                            ctxlog::search::MAX_DIMENSIONS
+                        ),
+                    ));
+                }
+                if let Some(at) = vector.iter().position(|v| !v.is_finite()) {
+                    return Err(Problem::invalid("vector", None, format!("value {at} is not finite")));
+                }
+                Some(Nearest { model, vector })
+            }
+        };
+        if query.is_none() && near.is_none() {
+            return Err(Problem::invalid(
+                "query",
+                None,
+                "a search needs a `query`, a `vector` (with its `model`), or both",
+            ));
+        }
         let k = match input.k.unwrap_or(DEFAULT_K) {
             n @ 1..=MAX_K => n,
             n => return Err(Problem::invalid("k", None, format!("{n}: from 1 to {MAX_K}"))),
@@ -115,7 +162,7 @@ impl Search {
             until_millis: millis("until", input.until.as_deref())?,
             metadata: input.metadata,
         };
-        let binding = binding(bot, &input.query, &filter);
+        let binding = binding(bot, input.query.as_deref(), near.as_ref(), &filter);
         let after: Option<After> = input
             .after
             .as_deref()
@@ -136,8 +183,13 @@ impl Search {
         // next catch-up and its searches wait.
         let deadline = Deadline::after(r.options.search_timeout);
         let (hits, more) = tokio::task::spawn_blocking(move || {
-            held.index()
-                .search_by(&owned, &query, &filter, after.as_ref(), k, &deadline)
+            let ask = match (&query, &near) {
+                (Some(q), Some(n)) => Ask::Hybrid(q, n),
+                (Some(q), None) => Ask::Text(q),
+                (None, Some(n)) => Ask::Vector(n),
+                (None, None) => unreachable!("refused above"),
+            };
+            held.index().find_by(&owned, ask, &filter, after.as_ref(), k, &deadline)
         })
         .await
         .map_err(|e| Problem::replica_unavailable(format!("a search failed: {e}"), ctxlog::Written::Nothing))?

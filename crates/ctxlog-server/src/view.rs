@@ -356,6 +356,8 @@ fn shown(p: &dyn Projector, entry: Entry) -> Event {
             p.live_key(&entry.record.bot_id, &entry.record.id) == Some(entry.key())
         }
         Kind::Tombstone => true,
+        // In no view (rule 27): a watcher sees the record, not its vectors.
+        Kind::Embedding => false,
     };
     Event { entry, shown }
 }

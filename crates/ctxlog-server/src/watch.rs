@@ -438,6 +438,7 @@ fn event(scope: &Scope, ev: &Event, through: &Checkpoint) -> Option<Out> {
         Kind::Tombstone => "tombstone",
         // A fork or hide of the session: its view changed shape (rule 25).
         Kind::Fork | Kind::Hide => "link",
+        Kind::Embedding => return None,
     };
     Some(Out::Entry {
         kind,

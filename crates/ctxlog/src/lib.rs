@@ -51,14 +51,14 @@ use std::sync::Arc;
 pub use ctxlog_core::{
     AppendAck, Body, Checkpoint, CompactOptions, CompactReport, Conflict, ConflictDiscovery, ConflictKind, ContentHash,
     ContextView, Entry, Epoch, Error, GcOptions, GcReport, Hlc, IDS_BY_BOT, IdScope, Kind, Limits, LiveRecord,
-    MAINTENANCE_WRITER, OrderKey, PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions, PurgeReport,
-    Record, RefreshReport, Result, RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId, ShardInfo,
-    SharedId, SnapshotReport, Store, StoreOptions, SystemClock, TombstonedId, Unavailability, UpgradeReport, WriterId,
-    Written, check_covers_held, conflicts_json, redact_uri, retain, upgrade_ids_by_bot,
+    MAINTENANCE_WRITER, Metric, OrderKey, PhysicalClock, Projection, ProjectionStats, Projector, PurgeOptions,
+    PurgeReport, Record, RefreshReport, Result, RetainOptions, RetainReport, Seq, SessionSummary, Shard, ShardId,
+    ShardInfo, SharedId, SnapshotReport, Store, StoreOptions, SystemClock, TombstonedId, Unavailability, UpgradeReport,
+    WriterId, Written, check_covers_held, conflicts_json, needs_ids_by_bot, redact_uri, retain, upgrade_ids_by_bot,
 };
 
-/// Full-text search over a bot's live records (rule 26): the query language, the index, and
-/// a `Searcher` that follows a store.
+/// Search over a bot's live records — full text (rule 26), vectors and hybrid (rule 27): the
+/// query language, the index, and a `Searcher` that follows a store.
 pub use ctxlog_core::search;
 
 /// Test doubles for applications' own tests (feature `testing`): the reference store

@@ -8,6 +8,7 @@ child of this process: a single-process app needs no separate server."""
 
 from ._async_client import AsyncClient, AsyncSession
 from ._client import Client, Session
+from ._core import embedding
 from ._errors import (
     BinaryNotFound,
     CtxlogError,
@@ -66,6 +67,7 @@ __all__ = [
     "WatchEnded",
     "WriterInUse",
     "WriterRequired",
+    "embedding",
     "new_id",
     "serve",
 ]

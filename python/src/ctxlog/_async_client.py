@@ -6,7 +6,7 @@ import asyncio
 import os
 import ssl
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -194,8 +194,10 @@ class AsyncClient:
     async def search(
         self,
         bot: str,
-        query: str,
+        query: str | None = None,
         *,
+        vector: Sequence[float] | None = None,
+        model: str | None = None,
         k: int | None = None,
         after: str | None = None,
         session: str | None = None,
@@ -204,13 +206,17 @@ class AsyncClient:
         until: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> SearchPage:
-        """Full-text search of `bot`'s live records (contract rule 26): words, `"phrases"`
-        and `prefix*`es, BM25-ranked, best first; at most `k` (default 10, up to 100), the
-        next page with `after=page.next`. Filters: one `session`, `roles`, `since`/`until`
+        """Search `bot`'s live records, best first: full text (contract rule 26: words,
+        `"phrases"` and `prefix*`es, BM25-ranked), the records nearest `vector` among those
+        embedded by `model` (rule 27: by the metric the model declares; see `embedding`),
+        or both (reciprocal rank fusion). At most `k` (default 10, up to 100), the next
+        page with `after=page.next`. Filters: one `session`, `roles`, `since`/`until`
         (RFC 3339, the log's clock), `metadata` keys with exactly these values. Sees every
         append acknowledged before the call; never a forgotten record."""
         body = _core.search_body(
             query,
+            vector=vector,
+            model=model,
             k=k,
             after=after,
             session=session,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import ssl
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -141,8 +141,10 @@ class Client:
     def search(
         self,
         bot: str,
-        query: str,
+        query: str | None = None,
         *,
+        vector: Sequence[float] | None = None,
+        model: str | None = None,
         k: int | None = None,
         after: str | None = None,
         session: str | None = None,
@@ -151,13 +153,17 @@ class Client:
         until: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> SearchPage:
-        """Full-text search of `bot`'s live records (contract rule 26): words, `"phrases"`
-        and `prefix*`es, BM25-ranked, best first; at most `k` (default 10, up to 100), the
-        next page with `after=page.next`. Filters: one `session`, `roles`, `since`/`until`
+        """Search `bot`'s live records, best first: full text (contract rule 26: words,
+        `"phrases"` and `prefix*`es, BM25-ranked), the records nearest `vector` among those
+        embedded by `model` (rule 27: by the metric the model declares; see `embedding`),
+        or both (reciprocal rank fusion). At most `k` (default 10, up to 100), the next
+        page with `after=page.next`. Filters: one `session`, `roles`, `since`/`until`
         (RFC 3339, the log's clock), `metadata` keys with exactly these values. Sees every
         append acknowledged before the call; never a forgotten record."""
         body = _core.search_body(
             query,
+            vector=vector,
+            model=model,
             k=k,
             after=after,
             session=session,

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from ._errors import CtxlogError, Indeterminate, ReplicaUnavailable, WatchEnded, from_problem
+from ._errors import (
+    CtxlogError,
+    Indeterminate,
+    InvalidInput,
+    ReplicaUnavailable,
+    WatchEnded,
+    from_problem,
+)
 from ._ids import new_id
 from ._types import Ack, Context, Event, Hit, Page, Record, SearchPage, SessionInfo
 
@@ -31,6 +39,49 @@ def encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def finite_vector(vector: Sequence[float]) -> list[float]:
+    """`vector` as JSON numbers; a value that is not finite (JSON has no NaN) refused here,
+    naming the field, nothing sent."""
+    out = [float(x) for x in vector]
+    for i, x in enumerate(out):
+        if not math.isfinite(x):
+            raise InvalidInput(
+                f"vector: value {i} is not finite",
+                problem={
+                    "field": "vector",
+                    "written": "nothing",
+                    "detail": f"value {i} is not finite",
+                },
+            )
+    return out
+
+
+def embedding(
+    record_id: str,
+    model: str,
+    vector: Sequence[float],
+    *,
+    metric: str = "cosine",
+    session_id: str | None = None,
+) -> dict[str, Any]:
+    """An embedding to append (contract rule 27): the vector that `model` (the caller's:
+    ctxlog never calls one) made of record `record_id`, compared by `metric` (`cosine`,
+    `dot` or `l2`). Append it in the record's own batch or later, to the record's session
+    (`session_id` for a bot-wide append); a later one of the same record and model replaces
+    it, and forgetting the record forgets its vectors. Search it with
+    `search(bot, vector=…, model=model)`."""
+    out: dict[str, Any] = {
+        "id": record_id,
+        "kind": "embedding",
+        "model": model,
+        "metric": metric,
+        "vector": finite_vector(vector),
+    }
+    if session_id is not None:
+        out["session_id"] = session_id
+    return out
+
+
 def records_body(records: Iterable[RecordInput]) -> dict[str, Any]:
     """The append body: every record with an id (made here when missing, once)."""
     out = []
@@ -39,6 +90,9 @@ def records_body(records: Iterable[RecordInput]) -> dict[str, Any]:
         if "bytes" in item:
             item["bytes_b64"] = base64.b64encode(item.pop("bytes")).decode()
         if "id" not in item:
+            if item.get("kind") == "embedding":
+                # An embedding's id is the id of the record it embeds (rule 27).
+                raise TypeError("an embedding names the id of the record it embeds")
             item["id"] = new_id()
         out.append(item)
     return {"records": out}
@@ -98,8 +152,10 @@ def page(v: dict[str, Any]) -> Page:
 
 
 def search_body(
-    query: str,
+    query: str | None,
     *,
+    vector: Sequence[float] | None,
+    model: str | None,
     k: int | None,
     after: str | None,
     session: str | None,
@@ -108,8 +164,16 @@ def search_body(
     until: str | None,
     metadata: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"query": query}
+    if query is None and vector is None:
+        raise TypeError("a search needs a query, a vector (with its model), or both")
+    if (vector is None) != (model is None):
+        raise TypeError("a vector search needs both `vector` and `model`")
+    body: dict[str, Any] = {}
+    if vector is not None:
+        body["vector"] = finite_vector(vector)
     for name, value in (
+        ("query", query),
+        ("model", model),
         ("k", k),
         ("after", after),
         ("session", session),

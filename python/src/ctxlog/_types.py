@@ -84,8 +84,9 @@ class Fork:
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result (contract rule 26): the record, its BM25 score, the query's terms
-    it holds, and a short part of its text around the first of them."""
+    """One search result (contract rules 26, 27): the record; its score (BM25 for words, the
+    model's similarity for a vector, reciprocal rank fusion for both); the query's terms it
+    holds, and a short part of its text around the first of them."""
 
     record: Record
     score: float

@@ -11,9 +11,10 @@
 //! | arena | `arena` bytes | every id's UTF-8 bytes, ids sorted, back to back |
 //! | offsets | `(ids + 1) × 4` | where each id starts in the arena, then the arena's end |
 //! | winners | `ids × put` | each id's earliest put (`session = u32::MAX`: none) |
-//! | extras | `extras × 20` | `(id, others start, others count, tombstones start, count)`, ids ascending |
+//! | extras | `extras × 28` | `(id, others start, others count, tombstones start, count, embeddings start, count)`, ids ascending |
 //! | others | `others × put` | the other puts, per id in the order `extras` lists them |
 //! | tombstones | `tombstones × 28` | the tombstones' order keys, likewise |
+//! | embeddings | `embeddings × 28` | the embeddings' order keys (rule 27), likewise |
 //! | session starts | `(sessions + 1) × 4` | where each session's list starts in the next section |
 //! | session ids | `session_ids × 4` | per session, the ids with a put in it |
 //!
@@ -34,7 +35,7 @@ use crate::hlc::Hlc;
 use crate::ids::ShardId;
 
 const KEY: usize = 28;
-const EXTRA: usize = 20;
+const EXTRA: usize = 28;
 const NO_SESSION: u32 = u32::MAX;
 
 /// The counts that place a snapshot's sections, and the small tables beside them.
@@ -48,6 +49,9 @@ pub(crate) struct Shape {
     pub(crate) extras: u64,
     pub(crate) others: u64,
     pub(crate) tombstones: u64,
+    /// Embedding entries (rule 27): held by their ids like tombstones.
+    #[serde(default)]
+    pub(crate) embeddings: u64,
     pub(crate) session_ids: u64,
     /// Whether puts carry their row location (16 bytes more each).
     pub(crate) with_at: bool,
@@ -72,6 +76,7 @@ struct Layout {
     extras: usize,
     others: usize,
     tombstones: usize,
+    embeddings: usize,
     session_starts: usize,
     session_ids: usize,
     end: usize,
@@ -93,6 +98,7 @@ impl Layout {
             extras: next(shape.extras.checked_mul(EXTRA as u64)?)?,
             others: next(shape.others.checked_mul(put)?)?,
             tombstones: next(shape.tombstones.checked_mul(KEY as u64)?)?,
+            embeddings: next(shape.embeddings.checked_mul(KEY as u64)?)?,
             session_starts: next((shape.sessions.len() as u64 + 1).checked_mul(4)?)?,
             session_ids: next(shape.session_ids.checked_mul(4)?)?,
             end: 0,
@@ -223,11 +229,13 @@ impl Frozen {
             let e = self.at.extras + EXTRA * r;
             let (os, on) = (self.u32(e + 4) as usize, self.u32(e + 8) as usize);
             let (ts, tn) = (self.u32(e + 12) as usize, self.u32(e + 16) as usize);
+            let (es, en) = (self.u32(e + 20) as usize, self.u32(e + 24) as usize);
             Box::new(Extra {
                 others: (os..os + on)
                     .map(|o| self.put_at(self.at.others + self.put * o).expect("checked when loaded"))
                     .collect(),
                 tombstones: (ts..ts + tn).map(|t| self.key(self.at.tombstones + KEY * t)).collect(),
+                embeddings: (es..es + en).map(|t| self.key(self.at.embeddings + KEY * t)).collect(),
             })
         });
         IdState {
@@ -331,9 +339,9 @@ impl Frozen {
                 return Err(format!("id {i}: a shard or session number out of range"));
             }
         }
-        // Extras: ascending ids, each id's others and tombstones right after the previous
-        // id's (so every one belongs to exactly one id), each put with a session.
-        let (mut others, mut tombs, mut entries) = (0usize, 0usize, 0u64);
+        // Extras: ascending ids, each id's others, tombstones and embeddings right after the
+        // previous id's (so every one belongs to exactly one id), each put with a session.
+        let (mut others, mut tombs, mut embeds, mut entries) = (0usize, 0usize, 0usize, 0u64);
         for r in 0..self.extras {
             let e = self.at.extras + EXTRA * r;
             let id = self.extra_id(r).expect("a row below the count");
@@ -342,7 +350,8 @@ impl Frozen {
             }
             let (os, on) = (self.u32(e + 4) as usize, self.u32(e + 8) as usize);
             let (ts, tn) = (self.u32(e + 12) as usize, self.u32(e + 16) as usize);
-            if os != others || ts != tombs || on + tn == 0 {
+            let (es, en) = (self.u32(e + 20) as usize, self.u32(e + 24) as usize);
+            if os != others || ts != tombs || es != embeds || on + tn + en == 0 {
                 return Err(format!("extras row {r}: ranges not contiguous or empty"));
             }
             if on > 0 && !self.has_winner(id) {
@@ -350,10 +359,11 @@ impl Frozen {
             }
             others += on;
             tombs += tn;
-            entries += (on + tn) as u64;
+            embeds += en;
+            entries += (on + tn + en) as u64;
         }
-        if others as u64 != shape.others || tombs as u64 != shape.tombstones {
-            return Err("the extras do not cover the other puts and tombstones".into());
+        if others as u64 != shape.others || tombs as u64 != shape.tombstones || embeds as u64 != shape.embeddings {
+            return Err("the extras do not cover the other puts, tombstones and embeddings".into());
         }
         for o in 0..others {
             let at = self.at.others + self.put * o;
@@ -364,6 +374,11 @@ impl Frozen {
         for t in 0..tombs {
             if !shard_ok(self.at.tombstones + KEY * t) {
                 return Err(format!("tombstone {t}: shard number out of range"));
+            }
+        }
+        for t in 0..embeds {
+            if !shard_ok(self.at.embeddings + KEY * t) {
+                return Err(format!("embedding {t}: shard number out of range"));
             }
         }
         // Every id holds an entry: a winner, or (checked above) an extras row.
@@ -466,17 +481,21 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
     let mut arena = Vec::new();
     let mut offsets = Vec::with_capacity(4 * (t.ids.len() + 1));
     let mut winners = Vec::with_capacity(put_width(with_at) * t.ids.len());
-    let (mut extras, mut others, mut tombs) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut n_others, mut n_tombs) = (0u32, 0u32);
+    let (mut extras, mut others, mut tombs, mut embeds) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut n_others, mut n_tombs, mut n_embeds) = (0u32, 0u32, 0u32);
     let mut lists: Vec<Vec<u32>> = vec![Vec::new(); t.sessions.len()];
     offsets.extend_from_slice(&0u32.to_le_bytes());
     for (no, (id, state)) in t.ids.iter().enumerate() {
         arena.extend_from_slice(id.as_bytes());
         offsets.extend_from_slice(&(arena.len() as u32).to_le_bytes());
         shards.put(&mut winners, state.winner.as_ref(), with_at);
-        if !state.others().is_empty() || !state.tombstones().is_empty() {
-            let (on, tn) = (state.others().len() as u32, state.tombstones().len() as u32);
-            for v in [no as u32, n_others, on, n_tombs, tn] {
+        if !state.others().is_empty() || !state.tombstones().is_empty() || !state.embeddings().is_empty() {
+            let (on, tn, en) = (
+                state.others().len() as u32,
+                state.tombstones().len() as u32,
+                state.embeddings().len() as u32,
+            );
+            for v in [no as u32, n_others, on, n_tombs, tn, n_embeds, en] {
                 extras.extend_from_slice(&v.to_le_bytes());
             }
             for p in state.others() {
@@ -485,8 +504,12 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
             for k in state.tombstones() {
                 shards.key(&mut tombs, k);
             }
+            for k in state.embeddings() {
+                shards.key(&mut embeds, k);
+            }
             n_others += on;
             n_tombs += tn;
+            n_embeds += en;
         }
         let mut sessions: Vec<u32> = state.sessions().collect();
         sessions.sort_unstable();
@@ -513,6 +536,7 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
         extras: (extras.len() / EXTRA) as u64,
         others: u64::from(n_others),
         tombstones: u64::from(n_tombs),
+        embeddings: u64::from(n_embeds),
         session_ids: u64::from(listed),
         with_at,
         ids_by_bot: t.scope == crate::ids::IdScope::Bot,
@@ -532,7 +556,7 @@ pub(crate) fn write(t: Tables<'_>) -> (Shape, Vec<u8>) {
             .collect(),
     };
     let mut out = arena;
-    for section in [offsets, winners, extras, others, tombs, starts, ids] {
+    for section in [offsets, winners, extras, others, tombs, embeds, starts, ids] {
         out.extend_from_slice(&section);
     }
     (shape, out)
@@ -550,6 +574,7 @@ impl Frozen {
             "extras" => l.extras,
             "others" => l.others,
             "tombstones" => l.tombstones,
+            "embeddings" => l.embeddings,
             "session_starts" => l.session_starts,
             "session_ids" => l.session_ids,
             _ => panic!("no section {name}"),

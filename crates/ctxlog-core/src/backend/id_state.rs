@@ -66,6 +66,9 @@ pub(super) struct Extra {
     pub(super) others: Vec<Put>,
     /// Every `Tombstone`.
     pub(super) tombstones: Vec<OrderKey>,
+    /// Every `Embedding` (rule 27): neither a put nor a tombstone, held so that the history
+    /// checks see every entry.
+    pub(super) embeddings: Vec<OrderKey>,
 }
 
 impl IdState {
@@ -75,6 +78,10 @@ impl IdState {
 
     pub(super) fn tombstones(&self) -> &[OrderKey] {
         self.extra.as_ref().map_or(&[], |e| &e.tombstones)
+    }
+
+    pub(super) fn embeddings(&self) -> &[OrderKey] {
+        self.extra.as_ref().map_or(&[], |e| &e.embeddings)
     }
 
     pub(super) fn extra(&mut self) -> &mut Extra {
@@ -121,6 +128,7 @@ impl IdState {
         self.winner.as_ref().is_some_and(|w| w.key == *key)
             || self.others().iter().any(|p| p.key == *key)
             || self.tombstones().contains(key)
+            || self.embeddings().contains(key)
     }
 
     pub(super) fn sessions(&self) -> impl Iterator<Item = u32> + '_ {

@@ -20,9 +20,10 @@ pub const MAGIC: &[u8; 8] = b"CTXLOGPS";
 
 /// The snapshot format this build writes and reads (1: the index decoded whole, postcard;
 /// 2: the ids in fixed-width records, read in place; 3: and the summary entries; 4: ids
-/// keyed in their namespace, with the index's id scope; 5: and the link entries, rule 25).
-/// A reader skips a snapshot of another format and scans in full (rule 17).
-pub const FORMAT: u32 = 5;
+/// keyed in their namespace, with the index's id scope; 5: and the link entries, rule 25;
+/// 6: and each id's embedding entries, rule 27). A reader skips a snapshot of another format
+/// and scans in full (rule 17).
+pub const FORMAT: u32 = 6;
 
 /// How many snapshots a store keeps: a reader still loading the older one finishes.
 pub const KEEP: usize = 2;
@@ -515,28 +516,32 @@ mod tests {
     #[test]
     fn crafted_extras_and_session_lists_are_refused() {
         use crate::record::Kind;
-        // Ids a, b, c (numbers 0, 1, 2); extras rows: a (one other put), b (one tombstone);
-        // sessions s0 and s1.
+        // Ids a, b, c (numbers 0, 1, 2); extras rows: a (one other put), b (one tombstone),
+        // c (one embedding); sessions s0 and s1.
         let entries = [
             stored(1, "a", "s0", "x", Kind::Put),
             stored(2, "a", "s0", "y", Kind::Put),
             stored(3, "b", "s0", "x", Kind::Put),
             stored(4, "b", "s0", "", Kind::Tombstone),
             stored(5, "c", "s1", "x", Kind::Put),
+            stored(6, "c", "s1", "", Kind::Embedding),
         ];
         let u = |v: u32| v.to_le_bytes().to_vec();
         refuses_crafted(
             &entries,
             &[
-                ("extras rows out of order", "extras", 20, u(0)),
-                ("an extras row past the ids", "extras", 20, u(3)),
+                ("extras rows out of order", "extras", 28, u(0)),
+                ("an extras row past the ids", "extras", 28, u(3)),
                 ("other puts not following each other", "extras", 4, u(1)),
-                ("tombstones not following each other", "extras", 32, u(1)),
+                ("tombstones not following each other", "extras", 28 + 12, u(1)),
+                ("embeddings not following each other", "extras", 56 + 20, u(1)),
+                ("an embedding counted twice", "extras", 56 + 24, u(2)),
                 ("an extras row with nothing", "extras", 8, u(0)),
                 ("an other put without a session", "others", 28, u(u32::MAX)),
                 ("an other put's session out of range", "others", 28, u(2)),
                 ("an other put's shard out of range", "others", 8, u(1)),
                 ("a tombstone's shard out of range", "tombstones", 8, u(1)),
+                ("an embedding's shard out of range", "embeddings", 8, u(1)),
                 ("session starts not from zero", "session_starts", 0, u(1)),
                 ("session lists out of order", "session_starts", 4, u(4)),
                 ("a session list past the ids", "session_ids", 0, u(3)),

@@ -97,6 +97,16 @@ impl std::ops::Deref for InFlight {
 }
 
 impl Staged {
+    /// The store format the batch needs (rule 22): the most any of its records needs
+    /// ([`crate::Kind::needs_format`]).
+    pub fn needs_format(&self) -> u32 {
+        self.entries
+            .iter()
+            .map(|e| e.record.kind.needs_format())
+            .max()
+            .unwrap_or(1)
+    }
+
     /// The first seq of the batch.
     pub fn first_seq(&self) -> Seq {
         self.entries.first().map_or(0, |e| e.seq)

@@ -313,14 +313,15 @@ fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
         0..3usize,
         0..2usize,
         prop::collection::vec(0..WORDS.len(), 0..6),
-        0..10u8,
+        0..14u8,
+        prop::collection::vec(-3i8..4, 3),
     );
     prop::collection::vec(one, 1..40).prop_map(|specs| {
         let mut seqs = [0u64; 3];
         specs
             .into_iter()
             .enumerate()
-            .map(|(i, (w, id, session, bot, words, what))| {
+            .map(|(i, (w, id, session, bot, words, what, v))| {
                 seqs[w] += 1;
                 let text: Vec<&str> = words.iter().map(|&k| WORDS[k]).collect();
                 let (bot, session, id) = (["bot", "other"][bot], format!("s{session}"), format!("r{id}"));
@@ -332,6 +333,28 @@ fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
                         r
                     }
                     2 => Record::summary(id, bot, session, text.join(" "), Default::default()),
+                    // Embeddings under two models, one of them sometimes of another
+                    // dimension than its declaration (not searched), few distinct values
+                    // (equal similarities tie).
+                    10 | 11 => {
+                        let v: Vec<f32> = v.iter().map(|&x| f32::from(x)).collect();
+                        Record::embedding(
+                            id,
+                            bot,
+                            session,
+                            "m",
+                            Metric::Cosine,
+                            &v[..2 + usize::from(what == 11 && i % 3 == 0)],
+                        )
+                    }
+                    12 => {
+                        let v: Vec<f32> = v.iter().map(|&x| f32::from(x) / 2.0).collect();
+                        Record::embedding(id, bot, session, "n", Metric::L2, &v)
+                    }
+                    13 => {
+                        let v: Vec<f32> = v.iter().map(|&x| f32::from(x)).collect();
+                        Record::embedding(id, bot, session, "n", Metric::Dot, &v)
+                    }
                     _ => Record::text(id, bot, session, ["user", "tool"][i % 2], text.join(" ")),
                 };
                 // Few clock values: equal scores tie on the clock too, and the contract's
@@ -340,6 +363,19 @@ fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
             })
             .collect()
     })
+}
+
+/// `entries` in an order drawn from `seed`.
+fn shuffle(entries: &[Entry], seed: u64) -> Vec<Entry> {
+    let mut shuffled = entries.to_vec();
+    let mut state = seed;
+    for i in (1..shuffled.len()).rev() {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        shuffled.swap(i, (state >> 33) as usize % (i + 1));
+    }
+    shuffled
 }
 
 proptest! {
@@ -357,12 +393,7 @@ proptest! {
         let query = Query::parse(q).unwrap();
         let filter = Filter { session: session.map(|s| format!("s{s}")), ..Filter::default() };
         let want = model::search_matched(&entries, "bot", &query, &filter);
-        let mut shuffled = entries.clone();
-        let mut state = seed;
-        for i in (1..shuffled.len()).rev() {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            shuffled.swap(i, (state >> 33) as usize % (i + 1));
-        }
+        let shuffled = shuffle(&entries, seed);
         // Every entry twice, the second time after the rest: feeding is idempotent.
         let twice: Vec<Entry> = shuffled.iter().chain(&entries).cloned().collect();
         for order in [&entries, &shuffled, &twice] {
@@ -386,6 +417,205 @@ proptest! {
         }
         prop_assert_eq!(&paged, &want);
     }
+
+    /// Vector and hybrid searches answer what the reference answers — ids and scores to the
+    /// bit, a query of a model's wrong dimension refused alike — in any order of the entries,
+    /// and pages of them are the whole list.
+    #[test]
+    fn vectors_and_hybrids_are_the_reference_in_any_order(
+        entries in arb_entries(),
+        seed in any::<u64>(),
+        model in prop::sample::select(vec!["m", "n", "none"]),
+        dim in 2..4usize,
+        q in prop::option::of(prop::sample::select(vec!["refund", "refund order", "sh*"])),
+        session in prop::option::of(0..3usize),
+    ) {
+        let near = Nearest { model: model.into(), vector: [1.0, -2.0, 0.5][..dim].to_vec() };
+        let query = q.map(|q| Query::parse(q).unwrap());
+        let ask = match &query {
+            Some(t) => Ask::Hybrid(t, &near),
+            None => Ask::Vector(&near),
+        };
+        let filter = Filter { session: session.map(|s| format!("s{s}")), ..Filter::default() };
+        let want = model::find(&entries, "bot", query.as_ref(), Some(&near), &filter);
+        let shuffled = shuffle(&entries, seed);
+        let twice: Vec<Entry> = shuffled.iter().chain(&entries).cloned().collect();
+        for order in [&entries, &shuffled, &twice] {
+            let got = index(order).find_by("bot", ask, &filter, None, 1000, &Deadline::never());
+            match (&want, got) {
+                (None, Err(e)) => prop_assert!(matches!(e, Error::InvalidInput { field: "vector", .. }), "{e}"),
+                (Some(want), Ok((hits, more))) => {
+                    prop_assert!(!more);
+                    let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+                    prop_assert_eq!(&got, want);
+                }
+                (want, got) => prop_assert!(false, "reference {want:?}, index {got:?}"),
+            }
+        }
+        if let Some(want) = want {
+            let ix = index(&shuffled);
+            let k = 1 + (seed % 3) as usize;
+            let (mut paged, mut after) = (Vec::new(), None);
+            loop {
+                let (page, more) = ix.find_by("bot", ask, &filter, after.as_ref(), k, &Deadline::never()).unwrap();
+                after = page.last().map(|h| After { score: h.score, key: h.key });
+                paged.extend(page.into_iter().map(|h| (h.id, h.score)));
+                if !more {
+                    break;
+                }
+            }
+            prop_assert_eq!(&paged, &want);
+        }
+    }
+}
+
+fn emb(seq: u64, id: &str, model: &str, metric: Metric, v: &[f32]) -> Entry {
+    entry(
+        "w",
+        seq,
+        1_000 + seq,
+        Record::embedding(id, "bot", "s", model, metric, v),
+    )
+}
+
+fn nearest(ix: &TextIndex, model: &str, v: &[f32]) -> Vec<(String, f64)> {
+    let near = Nearest {
+        model: model.into(),
+        vector: v.to_vec(),
+    };
+    let (hits, _) = ix
+        .find_by("bot", Ask::Vector(&near), &all(), None, 100, &Deadline::never())
+        .unwrap();
+    hits.into_iter().map(|h| (h.id, h.score)).collect()
+}
+
+/// Vectors rank by their model's metric, as worked out by hand: cosine by angle, dot by
+/// projection, L2 by distance; a record embedded again ranks by its newest vector, the same
+/// vector the same on every metric's terms; a record without a text body, or without a
+/// vector of the model, is not found.
+#[test]
+fn vectors_rank_by_the_metric_their_model_declares() {
+    let mut entries = vec![
+        put(1, "a", "s", "alpha"),
+        put(2, "b", "s", "beta"),
+        put(3, "c", "s", "gamma"),
+        emb(4, "a", "cos", Metric::Cosine, &[1.0, 0.0]),
+        emb(5, "b", "cos", Metric::Cosine, &[3.0, 4.0]),
+        emb(6, "c", "cos", Metric::Cosine, &[0.0, -2.0]),
+        emb(7, "a", "dot", Metric::Dot, &[1.0, 0.0]),
+        emb(8, "b", "dot", Metric::Dot, &[3.0, 4.0]),
+        emb(9, "c", "dot", Metric::Dot, &[0.0, -2.0]),
+        emb(10, "a", "l2", Metric::L2, &[1.0, 0.0]),
+        emb(11, "b", "l2", Metric::L2, &[3.0, 4.0]),
+        emb(12, "c", "l2", Metric::L2, &[0.0, -2.0]),
+    ];
+    let ix = index(&entries);
+    // q = (1, 1): cos(a) = 1/√2 ≈ 0.707, cos(b) = 7/(5√2) ≈ 0.990, cos(c) = −1/√2.
+    let cos = nearest(&ix, "cos", &[1.0, 1.0]);
+    assert_eq!(cos.iter().map(|h| h.0.as_str()).collect::<Vec<_>>(), ["b", "a", "c"]);
+    assert!((cos[0].1 - 7.0 / (5.0 * 2f64.sqrt())).abs() < 1e-12);
+    // Dot: a 1, b 7, c −2. Against (0, −1): a 0, b −4, c 2.
+    let dot = nearest(&ix, "dot", &[0.0, -1.0]);
+    assert_eq!(dot, [("c".into(), 2.0), ("a".into(), 0.0), ("b".into(), -4.0)]);
+    // L2 from (0, 0): a 1, c 2, b 5 (nearest first, negated).
+    assert_eq!(
+        nearest(&ix, "l2", &[0.0, 0.0]),
+        [("a".into(), -1.0), ("c".into(), -2.0), ("b".into(), -5.0)]
+    );
+    // `a` embedded again, nearer (2, 0) → distance 0 from the query; an older vector fed
+    // later changes nothing.
+    entries.push(emb(13, "a", "l2", Metric::L2, &[6.0, 8.0]));
+    entries.push(emb(14, "b", "l2", Metric::L2, &[0.5, 0.0]));
+    let mut ix = index(&entries);
+    ix.apply(&emb(3, "b", "l2", Metric::L2, &[100.0, 100.0]));
+    assert_eq!(
+        nearest(&ix, "l2", &[0.0, 0.0]),
+        [("b".into(), -0.5), ("c".into(), -2.0), ("a".into(), -10.0)]
+    );
+    // Sums go over the dimensions in order, in f64 (rule 27): 1 + 1e20 is 1e20 there, then
+    // − 1e20 is 0; summed from the end (or the last two first) it would be 1.
+    let big = index(&[
+        put(20, "x", "s", "x"),
+        emb(21, "x", "order", Metric::Dot, &[1.0, 1e20, -1e20]),
+    ]);
+    assert_eq!(nearest(&big, "order", &[1.0, 1.0, 1.0]), [("x".into(), 0.0)]);
+    // Unknown model: nothing; wrong dimension: refused, naming the field.
+    assert!(nearest(&ix, "e5", &[1.0]).is_empty());
+    let near = Nearest {
+        model: "cos".into(),
+        vector: vec![1.0, 0.0, 0.0],
+    };
+    let err = ix
+        .find_by("bot", Ask::Vector(&near), &all(), None, 10, &Deadline::never())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { field: "vector", .. }), "{err}");
+}
+
+/// A model is what its earliest vector of a doc declares: a later one of another dimension
+/// or metric is not searched until the earlier ones are gone, and a vector of an id without
+/// a doc declares nothing; a tombstone takes an id's vectors out for good (and a vector fed
+/// after it is not held).
+#[test]
+fn a_models_earliest_embedding_declares_it_and_a_tombstone_ends_its_vectors() {
+    let entries = vec![
+        emb(0, "orphan", "m", Metric::L2, &[5.0]),
+        put(1, "a", "s", "alpha"),
+        put(2, "b", "s", "beta"),
+        emb(3, "a", "m", Metric::Cosine, &[1.0, 0.0]),
+        emb(4, "b", "m", Metric::Cosine, &[1.0, 0.0, 0.0]),
+    ];
+    let mut ix = index(&entries);
+    assert_eq!(nearest(&ix, "m", &[1.0, 0.0]), [("a".into(), 1.0)]);
+    ix.apply(&entry("w", 5, 1_005, Record::tombstone("a", "bot", "s")));
+    assert!(!ix.has_vector("bot", "a", "m"));
+    // `a`'s gone: `b`'s declaration governs now.
+    assert_eq!(nearest(&ix, "m", &[0.0, 0.0, 2.0]), [("b".into(), 0.0)]);
+    ix.apply(&emb(6, "a", "m", Metric::Cosine, &[0.0, 0.0, 1.0]));
+    assert!(
+        !ix.has_vector("bot", "a", "m"),
+        "a vector of a tombstoned id is not held"
+    );
+}
+
+/// A hybrid search fuses the two rankings by reciprocal rank, worked out by hand: text
+/// ranks x 1st, y 2nd; vectors rank y 1st, z 2nd, x 3rd. RRF: y = 1/62 + 1/61, x = 1/61 +
+/// 1/63, z = 1/62. A filter leaves docs out and moves no score.
+#[test]
+fn a_hybrid_search_fuses_both_rankings_by_reciprocal_rank() {
+    let entries = vec![
+        put(1, "x", "s", "refund refund please"),
+        put(2, "y", "s", "refund of the order that was late and long and slow"),
+        entry("w", 3, 1_003, Record::text("z", "bot", "t", "user", "weather")),
+        emb(4, "x", "m", Metric::Dot, &[1.0]),
+        emb(5, "y", "m", Metric::Dot, &[3.0]),
+        emb(6, "z", "m", Metric::Dot, &[2.0]),
+    ];
+    let ix = index(&entries);
+    let q = Query::parse("refund").unwrap();
+    let near = Nearest {
+        model: "m".into(),
+        vector: vec![1.0],
+    };
+    let find = |f: &Filter| {
+        let (hits, _) = ix
+            .find_by("bot", Ask::Hybrid(&q, &near), f, None, 10, &Deadline::never())
+            .unwrap();
+        hits.into_iter().map(|h| (h.id, h.score, h.matched)).collect::<Vec<_>>()
+    };
+    let r = |ranks: &[usize]| ranks.iter().map(|&n| 1.0 / (60.0 + n as f64)).sum::<f64>();
+    assert_eq!(
+        find(&all()),
+        [
+            ("y".into(), r(&[2, 1]), vec!["refund".to_string()]),
+            ("x".into(), r(&[1, 3]), vec!["refund".to_string()]),
+            ("z".into(), r(&[2]), vec![]),
+        ]
+    );
+    let only_t = Filter {
+        session: Some("t".into()),
+        ..all()
+    };
+    assert_eq!(find(&only_t), [("z".into(), r(&[2]), vec![])]);
 }
 
 /// A searcher reads what a store holds, shard by shard, up to a position, and answers as

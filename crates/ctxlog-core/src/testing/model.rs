@@ -569,17 +569,7 @@ pub fn search_matched(
             let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
             score += idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * doc.len() as f64 / avg));
         }
-        let r = &e.record;
-        let millis = e.hlc.millis();
-        let passes = filter.session.as_ref().is_none_or(|s| *s == r.session_id)
-            && (filter.roles.is_empty() || filter.roles.contains(&r.role))
-            && filter.since_millis.is_none_or(|t| millis >= t)
-            && filter.until_millis.is_none_or(|t| millis < t)
-            && filter
-                .metadata
-                .iter()
-                .all(|(k, v)| r.metadata.as_ref().and_then(|m| m.get(k)) == Some(v));
-        if !matched.is_empty() && passes {
+        if !matched.is_empty() && passes(e, filter) {
             hits.push((e, score, matched));
         }
     }
@@ -587,6 +577,138 @@ pub fn search_matched(
     hits.into_iter()
         .map(|(e, s, m)| (e.record.id.clone(), s, m.into_iter().collect()))
         .collect()
+}
+
+/// Rule 27's similarity written out again, not the index's: each sum over the dimensions
+/// in order, in `f64`.
+fn similarity_by_hand(metric: crate::record::Metric, q: &[f32], v: &[f32]) -> f64 {
+    let sum = |f: &dyn Fn(f64, f64) -> f64| {
+        let mut total = 0.0f64;
+        for i in 0..q.len().min(v.len()) {
+            total += f(f64::from(q[i]), f64::from(v[i]));
+        }
+        total
+    };
+    let dot = sum(&|a, b| a * b);
+    match metric {
+        crate::record::Metric::Dot => dot,
+        crate::record::Metric::L2 => -sum(&|a, b| (a - b) * (a - b)).sqrt(),
+        crate::record::Metric::Cosine => {
+            let (qq, vv) = (sum(&|a, _| a * a), sum(&|_, b| b * b));
+            if qq == 0.0 || vv == 0.0 {
+                0.0
+            } else {
+                dot / (qq.sqrt() * vv.sqrt())
+            }
+        }
+    }
+}
+
+/// Whether doc `e` passes `filter` (rule 26): its session, role, clock and metadata.
+fn passes(e: &Entry, filter: &crate::search::Filter) -> bool {
+    let r = &e.record;
+    let millis = e.hlc.millis();
+    filter.session.as_ref().is_none_or(|s| *s == r.session_id)
+        && (filter.roles.is_empty() || filter.roles.contains(&r.role))
+        && filter.since_millis.is_none_or(|t| millis >= t)
+        && filter.until_millis.is_none_or(|t| millis < t)
+        && filter
+            .metadata
+            .iter()
+            .all(|(k, v)| r.metadata.as_ref().and_then(|m| m.get(k)) == Some(v))
+}
+
+/// Rule 27's vector and hybrid search, by brute force, over the same docs as [`search`]: a
+/// doc's vector under a model is the newest (contract order) embedding of its id under it
+/// that reads back whole; a model's declaration is the earliest of the docs' vectors;
+/// vectors that disagree with it are not searched; a query of another dimension is refused (`None`). A hybrid search ranks
+/// the unfiltered text hits and the unfiltered vector hits, and scores each doc
+/// `Σ 1/(60 + rank)`, text first; the filter then leaves docs out. Ids and scores, best first.
+pub fn find(
+    entries: &[Entry],
+    bot_id: &str,
+    query: Option<&crate::search::Query>,
+    near: Option<&crate::search::Nearest>,
+    filter: &crate::search::Filter,
+) -> Option<Vec<(String, f64)>> {
+    use crate::search::RRF_K;
+    let set = entry_set(entries);
+    let all = crate::search::Filter::default();
+    let ids = by_id(&set);
+    // Per live text doc of the bot: its winner, and whether it passes the filter.
+    let docs: BTreeMap<&str, &Entry> = ids
+        .iter()
+        .filter(|((bot, _), _)| *bot == bot_id)
+        .filter_map(|((_, id), history)| {
+            let h = IdHistory::of(history);
+            let w = h.winner.filter(|_| h.is_live())?;
+            match (&w.record.body, w.record.kind) {
+                (Body::Text(_), Kind::Put | Kind::Summary) if !w.purged => Some((*id, w)),
+                _ => None,
+            }
+        })
+        .collect();
+    let key_of_doc = |id: &str| docs[id].key();
+    let rank = |mut scored: Vec<(String, f64)>| {
+        scored.sort_by(|a, b| {
+            b.1.total_cmp(&a.1)
+                .then_with(|| key_of_doc(&a.0).cmp(&key_of_doc(&b.0)))
+        });
+        scored
+    };
+    let vector_hits = match near {
+        None => None,
+        Some(q) => {
+            // The newest whole vector of `q.model`, per id of the bot without a tombstone.
+            type Held<'a> = (&'a str, &'a Entry, (usize, crate::record::Metric, Vec<f32>));
+            let newest: Vec<Held<'_>> = ids
+                .iter()
+                .filter(|((bot, _), history)| {
+                    *bot == bot_id && !history.iter().any(|e| e.record.kind == Kind::Tombstone)
+                })
+                .filter_map(|((_, id), history)| {
+                    history
+                        .iter()
+                        .rev()
+                        .filter(|e| !e.purged)
+                        .filter_map(|e| e.record.vector().map(|(m, metric, v)| (m, e, metric, v)))
+                        .find(|(m, ..)| *m == q.model)
+                        .map(|(_, e, metric, v)| (*id, *e, (v.len(), metric, v)))
+                })
+                .collect();
+            match newest
+                .iter()
+                .filter(|(id, ..)| docs.contains_key(id))
+                .min_by_key(|(_, e, _)| e.key())
+            {
+                // A model nothing was embedded by: an empty ranking.
+                None => Some(Vec::new()),
+                Some((_, _, (dim, _, _))) if q.vector.len() != *dim => return None,
+                Some((_, _, (dim, metric, _))) => Some(rank(
+                    newest
+                        .iter()
+                        .filter(|(id, _, (d, m, _))| (d, m) == (dim, metric) && docs.contains_key(id))
+                        .map(|(id, _, (_, _, v))| (id.to_string(), similarity_by_hand(*metric, &q.vector, v)))
+                        .collect(),
+                )),
+            }
+        }
+    };
+    let keep = |id: &str| passes(docs[id], filter);
+    Some(match (query, vector_hits) {
+        (Some(q), None) => search(entries, bot_id, q, filter),
+        (None, Some(v)) => v.into_iter().filter(|(id, _)| keep(id)).collect(),
+        (Some(q), Some(v)) => {
+            let mut fused: BTreeMap<String, f64> = BTreeMap::new();
+            for ranking in [search(entries, bot_id, q, &all), v] {
+                for (rank, (id, _)) in ranking.into_iter().enumerate() {
+                    *fused.entry(id).or_default() += 1.0 / (RRF_K + (rank + 1) as f64);
+                }
+            }
+            rank(fused.into_iter().filter(|(id, _)| keep(id)).collect())
+        }
+        (None, None) => Vec::new(),
+    })
 }
 
 #[cfg(test)]

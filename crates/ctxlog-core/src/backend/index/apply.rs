@@ -70,6 +70,8 @@ pub(super) fn apply_to(
     }
     match row.kind {
         Kind::Tombstone => state.extra().tombstones.push(row.key),
+        // Not a value (rule 27): held for the history checks (seqs, epochs), in no view.
+        Kind::Embedding => state.extra().embeddings.push(row.key),
         Kind::Put | Kind::Summary | Kind::Fork | Kind::Hide => {
             let known_here = state.sessions().any(|s| s == session);
             let put = Put {

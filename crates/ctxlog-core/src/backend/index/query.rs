@@ -210,7 +210,7 @@ impl ProjectionIndex {
                     .iter()
                     .chain(s.others().iter())
                     .map(|p| p.key.hlc)
-                    .chain(s.tombstones().iter().map(|k| k.hlc))
+                    .chain(s.tombstones().iter().chain(s.embeddings()).map(|k| k.hlc))
                     .max()
             })
             .max()
@@ -293,7 +293,7 @@ impl ProjectionIndex {
             };
         for (_, state) in states {
             let keys = state.winner.iter().chain(state.others()).map(|p| &p.key);
-            for k in keys.chain(state.tombstones()) {
+            for k in keys.chain(state.tombstones()).chain(state.embeddings()) {
                 if let Some(v) = out.get_mut(&k.shard) {
                     v.push((k.seq, k.epoch));
                 }

@@ -33,6 +33,18 @@ pub(crate) fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
                 if op == 0 {
                     record.kind = Kind::Tombstone;
                 }
+                if op == 4 {
+                    // An embedding (rule 27): no value, in no view, held for the checks.
+                    let v = [f32::from(text)];
+                    record = Record::embedding(
+                        format!("id{id}"),
+                        "bot",
+                        format!("s{sess}"),
+                        "m",
+                        crate::Metric::Dot,
+                        &v,
+                    );
+                }
                 if op >= 8 {
                     let mut c = crate::ids::Checkpoint::default();
                     for (w, seq) in covers {
