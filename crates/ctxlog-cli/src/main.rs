@@ -989,17 +989,10 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             let query = query.as_deref().map(Query::parse).transpose()?;
             let near = match (model, vector) {
                 (Some(model), Some(v)) => {
-                    ctxlog::search::check_model(model).map_err(|why| ctxlog::Error::invalid("model", None, why))?;
                     let vector: Vec<f32> = serde_json::from_str(v).map_err(|e| {
                         ctxlog::Error::invalid("vector", None, format!("not a JSON array of numbers: {e}"))
                     })?;
-                    if let Some(at) = vector.iter().position(|x| !x.is_finite()) {
-                        return Err(ctxlog::Error::invalid("vector", None, format!("value {at} is not finite")).into());
-                    }
-                    Some(Nearest {
-                        model: model.clone(),
-                        vector,
-                    })
+                    Some(Nearest::new(model.clone(), vector)?)
                 }
                 _ => None,
             };

@@ -409,6 +409,27 @@ pub struct Nearest {
     pub vector: Vec<f32>,
 }
 
+impl Nearest {
+    /// A vector search, checked as every surface checks it: the model's name
+    /// ([`check_model`], field `model`), 1 to [`MAX_DIMENSIONS`] finite values (field
+    /// `vector`).
+    pub fn new(model: impl Into<String>, vector: Vec<f32>) -> Result<Nearest> {
+        let model = model.into();
+        check_model(&model).map_err(|why| Error::invalid("model", None, why))?;
+        if vector.is_empty() || vector.len() > MAX_DIMENSIONS {
+            return Err(Error::invalid(
+                "vector",
+                None,
+                format!("{} dimensions: from 1 to {MAX_DIMENSIONS}", vector.len()),
+            ));
+        }
+        if let Some(at) = vector.iter().position(|v| !v.is_finite()) {
+            return Err(Error::invalid("vector", None, format!("value {at} is not finite")));
+        }
+        Ok(Nearest { model, vector })
+    }
+}
+
 /// What a search asks: words, a vector, or both (a hybrid search).
 #[derive(Clone, Copy, Debug)]
 pub enum Ask<'a> {
@@ -709,23 +730,22 @@ impl BotText {
     /// Hold `vector` as id's embedding under `model` unless a newer one is held (the newest
     /// replaces: rule 27).
     fn embed(&mut self, key: OrderKey, model: &str, decl: Declaration, vector: Box<[f32]>, id: &str) {
+        let held = self.vectors.get(id).and_then(|v| v.get(model)).map(|h| h.key);
+        match held {
+            Some(h) if h >= key => return,
+            Some(h) => self.undeclare(model, &h),
+            None => {}
+        }
+        // The model's name held once per bot while any vector of it is declared.
         let model: Arc<str> = match self.models.get_key_value(model) {
             Some((m, _)) => m.clone(),
             None => model.into(),
         };
-        let held = self.vectors.entry(id.into()).or_default();
-        match held.get(&model) {
-            Some(h) if h.key >= key => return,
-            Some(h) => {
-                let old = h.key;
-                self.undeclare(&model, &old);
-            }
-            None => {}
-        }
+        let embedded = Embedded { key, decl, vector };
         self.vectors
-            .get_mut(id)
-            .expect("held above")
-            .insert(model.clone(), Embedded { key, decl, vector });
+            .entry(id.into())
+            .or_default()
+            .insert(model.clone(), embedded);
         self.models.entry(model).or_default().insert(key, (decl, id.into()));
     }
 

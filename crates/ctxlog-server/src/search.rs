@@ -104,24 +104,7 @@ impl Search {
             (None, None) => None,
             (Some(_), None) => return Err(Problem::invalid("model", None, "a vector search names its model")),
             (None, Some(_)) => return Err(Problem::invalid("vector", None, "a model without a vector to search")),
-            (Some(vector), Some(model)) => {
-                ctxlog::search::check_model(&model).map_err(|why| Problem::invalid("model", None, why))?;
-                if vector.is_empty() || vector.len() > ctxlog::search::MAX_DIMENSIONS {
-                    return Err(Problem::invalid(
-                        "vector",
-                        None,
-                        format!(
-                            "{} dimensions: from 1 to {}",
-                            vector.len(),
-                            ctxlog::search::MAX_DIMENSIONS
-                        ),
-                    ));
-                }
-                if let Some(at) = vector.iter().position(|v| !v.is_finite()) {
-                    return Err(Problem::invalid("vector", None, format!("value {at} is not finite")));
-                }
-                Some(Nearest { model, vector })
-            }
+            (Some(vector), Some(model)) => Some(Nearest::new(model, vector).map_err(Problem::from)?),
         };
         if query.is_none() && near.is_none() {
             return Err(Problem::invalid(
