@@ -441,13 +441,30 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
         ensure!(got == want, "search `{q}`: {got:?}, the model {want:?}");
     }
     // Rule 27: vector and hybrid searches likewise, whatever the embeddings' order, models,
-    // replacements, tombstones and purges.
+    // replacements, tombstones and purges; by the cells every replica searches with, and by
+    // cells so small that a few vectors are split and the probe leaves some out.
     let variant = ctxlog_core::search::Query::parse("variant 1")?;
-    for (model, v) in [
+    let small = ctxlog_core::search::Cells {
+        sample: 2,
+        probe: 1,
+        candidates: 2,
+        exact: 3,
+    };
+    let mut small_cells = ctxlog_core::search::Searcher::with_cells(small);
+    small_cells.catch_up(store, &first.checkpoint()).await?;
+    for ((model, v), (searcher, cells)) in [
         ("m", vec![1.0f32, 0.5]),
         ("n", vec![0.0, 1.0, 1.0]),
         ("m", vec![1.0, 0.0, 0.0]),
-    ] {
+        ("m", vec![-1.0, 0.25]),
+    ]
+    .into_iter()
+    .flat_map(|q| {
+        [
+            (q.clone(), (&searcher, ctxlog_core::search::CELLS)),
+            (q, (&small_cells, small)),
+        ]
+    }) {
         let near = ctxlog_core::search::Nearest {
             model: model.into(),
             vector: v,
@@ -457,7 +474,7 @@ pub async fn check_history(store: &dyn Store, full: &dyn Store, history: &[Step]
             ctxlog_core::search::Ask::Hybrid(&variant, &near),
         ] {
             let text = matches!(ask, ctxlog_core::search::Ask::Hybrid(..)).then_some(&variant);
-            let want = model::find(&entries, "bot", text, Some(&near), &Default::default());
+            let want = model::find(&entries, "bot", text, Some(&near), &Default::default(), &cells);
             let got = searcher
                 .index()
                 .find_by("bot", ask, &Default::default(), None, usize::MAX, &Deadline::never());

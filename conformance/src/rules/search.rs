@@ -265,7 +265,14 @@ pub async fn vectors_and_hybrids_rank_as_written_by_hand_on_every_reader(ctx: Ct
                 vector: vec![1.0, 0.0],
             };
             let parsed = q.map(Query::parse).transpose()?;
-            let reference = model::find(entries, "bot", parsed.as_ref(), Some(&n), filter);
+            let reference = model::find(
+                entries,
+                "bot",
+                parsed.as_ref(),
+                Some(&n),
+                filter,
+                &ctxlog_core::search::CELLS,
+            );
             ensure!(
                 Some(&got) == reference.as_ref(),
                 "{reader}: {q:?} is {got:?}, the reference {reference:?}"

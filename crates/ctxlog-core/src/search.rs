@@ -14,12 +14,17 @@
 //! - a doc's *vector* under a model is the newest embedding (rule 27) of its id under that
 //!   model; a model's *declaration* (dimension and metric) is its earliest vector of a doc,
 //!   and only vectors that agree with it are searched ([`Nearest`]); a *hybrid* search ranks
-//!   both ways and fuses the two rankings ([`RRF_K`]).
+//!   both ways and fuses the two rankings ([`RRF_K`]);
+//! - a model's vectors of one declaration are a *lane*, split in *cells* ([`Cells`]): a
+//!   vector whose entry is *sampled* is a *centroid*, every vector is in the cell of the
+//!   centroid it is nearest by the *coarse* similarity ([`coarse`]); a vector search probes
+//!   the cells nearest the query and scores exactly only the best of their *candidates*.
 //!
 //! Statistics (docs, lengths, document frequencies) are per bot and over the bot's whole
 //! live corpus, never filtered: a doc's score does not depend on the filter (a filtered
-//! list is the unfiltered one with docs left out), and nothing of another bot's records —
-//! not even how common a word is there — moves a score (rule 23).
+//! text list is the unfiltered one with docs left out; a vector search takes its candidates
+//! among the docs that pass), and nothing of another bot's records — not even how common a
+//! word is there — moves a score (rule 23).
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -384,13 +389,272 @@ impl Postings {
     }
 }
 
-/// One embedding held: its model's declaration and vector, and its entry's key (the newest
-/// of an id and model replaces the others).
-#[derive(Clone, Debug)]
-struct Embedded {
+/// One embedding held, as its id knows it: its entry's key (the newest of an id and model
+/// replaces the others) and its model's declaration (which lane holds its vector).
+#[derive(Clone, Copy, Debug)]
+struct Held {
     key: OrderKey,
     decl: Declaration,
+}
+
+/// How a vector search approximates (rule 27), a function of the vectors held and nothing
+/// else, so that every replica answers the same.
+///
+/// A vector whose entry is sampled ([`sampled`]: one in `sample`) is a centroid; every
+/// vector of the lane is in the cell of the centroid it is nearest by [`coarse`] similarity
+/// (the earliest centroid of equals). A search takes the cells best first by the coarse
+/// similarity of their centroid to the query (the earliest of equals) until it has taken
+/// `probe` cells and they hold `candidates` candidates (docs that pass the filter; a hybrid
+/// search's vector ranking takes them unfiltered), then scores exactly the `exact`
+/// candidates best by coarse similarity (the earliest doc of equals). A lane without a
+/// centroid is one cell. The larger `probe`, `candidates` and `exact`, the nearer exact
+/// search (docs/benchmarks.md#vectors-rule-27 measures recall).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cells {
+    /// One embedding in `sample` is sampled (at least 1: every one).
+    pub sample: u64,
+    /// Cells taken at least.
+    pub probe: usize,
+    /// Candidates wanted before a search stops taking cells.
+    pub candidates: usize,
+    /// Candidates scored exactly, at most: a vector search's whole list (all its pages).
+    pub exact: usize,
+}
+
+/// The cells every replica searches with (rule 27): at 1M vectors of a model, about 490
+/// cells of about 2,000 vectors, 8 of them probed.
+pub const CELLS: Cells = Cells {
+    sample: 2048,
+    probe: 8,
+    candidates: 2048,
+    exact: 512,
+};
+
+impl Default for Cells {
+    fn default() -> Self {
+        CELLS
+    }
+}
+
+/// Whether the embedding at `key` is a centroid under `sample` (rule 27): the 64-bit FNV-1a
+/// hash of its shard's 16 bytes and then its seq's 8 little-endian bytes is a multiple of
+/// `sample`. Of the entry, not of the record id: a writer can name ids as it likes, but only
+/// one of its appends in `sample` lands at a sampled seq (it can choose which of its vectors
+/// those are, not how many).
+pub fn sampled(key: &OrderKey, sample: u64) -> bool {
+    let seq = key.seq.to_le_bytes();
+    let hash = key
+        .shard
+        .0
+        .as_bytes()
+        .iter()
+        .chain(&seq)
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    hash.is_multiple_of(sample.max(1))
+}
+
+/// `Σ f(q[i], v[i])` in `f32` over eight partial sums — dimension `i` into sum `i mod 8`, in
+/// order — added as `((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7))`: a fixed order every replica
+/// follows to the bit, and one the compiler can run eight wide.
+fn lanes8(q: &[f32], v: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut s = [0.0f32; 8];
+    let (qs, vs) = (q.chunks_exact(8), v.chunks_exact(8));
+    let (qr, vr) = (qs.remainder(), vs.remainder());
+    for (a, b) in qs.zip(vs) {
+        // Arrays of eight, not slices: no bounds checks, eight lanes at once.
+        let (a, b): (&[f32; 8], &[f32; 8]) = (a.try_into().expect("eight"), b.try_into().expect("eight"));
+        for i in 0..8 {
+            s[i] += f(a[i], b[i]);
+        }
+    }
+    for (i, (&a, &b)) in qr.iter().zip(vr).enumerate() {
+        s[i] += f(a, b);
+    }
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+}
+
+/// A vector's norm as [`coarse`] takes it: `√(Σ v[i]²)` by [`lanes8`].
+fn norm8(v: &[f32]) -> f32 {
+    lanes8(v, v, |a, b| a * b).sqrt()
+}
+
+/// The coarse similarity of `q` to `v` under `metric` (rule 27's cells; higher is nearer),
+/// in `f32` by eight partial sums: cosine `q·v / |v|` (0 when `|v|` is; `q`'s own norm ranks
+/// nothing), dot `q·v`, L2 `−|q − v|²`. `norm` is `v`'s ([`norm8`]). A NaN (sums of huge
+/// values overflow) is −∞ and −0 is 0: the sign of a NaN differs between processors, and the
+/// ranking by IEEE total order must not.
+pub fn coarse(metric: Metric, q: &[f32], v: &[f32], norm: f32) -> f32 {
+    let s = match metric {
+        Metric::Cosine if norm == 0.0 => 0.0,
+        Metric::Cosine => lanes8(q, v, |a, b| a * b) / norm,
+        Metric::Dot => lanes8(q, v, |a, b| a * b),
+        Metric::L2 => -lanes8(q, v, |a, b| (a - b) * (a - b)),
+    };
+    if s.is_nan() { f32::NEG_INFINITY } else { s + 0.0 }
+}
+
+/// Whether `a` is nearer than `b`: more similar, or as similar and earlier.
+fn nearer(a: (f32, OrderKey), b: (f32, OrderKey)) -> bool {
+    a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)).is_gt()
+}
+
+/// One vector of a lane.
+#[derive(Clone, Debug)]
+struct Member {
+    key: OrderKey,
     vector: Box<[f32]>,
+    norm: f32,
+    /// The centroid whose cell holds it (none while the lane has no centroid), and its coarse
+    /// similarity to it.
+    cell: Option<Arc<str>>,
+    near: f32,
+    /// The centroids it was compared with: those born (numbered by arrival) up to this.
+    routed_at: u64,
+}
+
+/// A model's vectors of one declaration, by id, in cells ([`Cells`]).
+#[derive(Clone, Debug, Default)]
+struct Lane {
+    members: HashMap<Arc<str>, Member>,
+    /// Per centroid, the ids of its cell.
+    cells: HashMap<Arc<str>, HashSet<Arc<str>>>,
+    /// The centroids again, side by side (what routing walks).
+    centroids: Vec<Centroid>,
+    /// Centroids come so far (each one's number of birth).
+    born: u64,
+    /// Centroids come, with their births, whose cells have not yet taken the vectors held
+    /// before them that are nearer them than their own centroid ([`Lane::settle`]): one
+    /// pass over the lane settles them all, so that a replica catching up on a long log
+    /// passes over each lane once rather than once per centroid.
+    pending: Vec<(u64, Centroid)>,
+}
+
+/// A centroid as routing walks it: its id, key, vector and norm.
+type Centroid = (Arc<str>, OrderKey, Box<[f32]>, f32);
+
+impl Lane {
+    /// The centroid `v` is nearest, and how near.
+    fn route(&self, metric: Metric, v: &[f32]) -> Option<(Arc<str>, f32)> {
+        let mut best: Option<(&Arc<str>, f32, OrderKey)> = None;
+        for (c, key, vector, norm) in &self.centroids {
+            let s = coarse(metric, v, vector, *norm);
+            if best.is_none_or(|(_, near, k)| nearer((s, *key), (near, k))) {
+                best = Some((c, s, *key));
+            }
+        }
+        best.map(|(c, s, _)| (c.clone(), s))
+    }
+
+    /// Put member `id` in the cell `routed` names (or none): routed against every centroid.
+    fn settle_member(&mut self, id: &Arc<str>, routed: Option<(Arc<str>, f32)>) {
+        let m = self.members.get_mut(id).expect("a member");
+        m.routed_at = self.born;
+        if let Some(old) = m.cell.take()
+            && let Some(cell) = self.cells.get_mut(&old)
+        {
+            cell.remove(id);
+        }
+        if let Some((c, near)) = routed {
+            m.near = near;
+            m.cell = Some(c.clone());
+            self.cells.get_mut(&c).expect("a centroid's cell").insert(id.clone());
+        }
+    }
+
+    /// Hold `vector` as `id`'s (which holds none in this lane), in the cell of the centroid
+    /// it is nearest. A new centroid's cell takes the vectors held before it at the next
+    /// [`Lane::settle`].
+    fn insert(&mut self, metric: Metric, id: &str, key: OrderKey, vector: Box<[f32]>, sample: u64) {
+        let id: Arc<str> = id.into();
+        let norm = norm8(&vector);
+        if sampled(&key, sample) {
+            self.born += 1;
+            let centroid = (id.clone(), key, vector.clone(), norm);
+            self.pending.push((self.born, centroid.clone()));
+            self.centroids.push(centroid);
+            self.cells.insert(id.clone(), HashSet::new());
+        }
+        self.members.insert(
+            id.clone(),
+            Member {
+                key,
+                vector,
+                norm,
+                cell: None,
+                near: 0.0,
+                routed_at: self.born,
+            },
+        );
+        let routed = self.route(metric, &self.members[&id].vector);
+        self.settle_member(&id, routed);
+    }
+
+    /// Move every vector nearer a pending centroid born after it was routed than to its own
+    /// centroid into that centroid's cell (the nearest and earliest such): one pass over the
+    /// lane, and then the cells are as [`Cells`] defines them.
+    fn settle(&mut self, metric: Metric) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let mut moves: Vec<(Arc<str>, Arc<str>, f32)> = Vec::new();
+        for (id, m) in &self.members {
+            let mut best: Option<(&Arc<str>, f32, OrderKey)> = None;
+            for (born, (c, key, vector, norm)) in &pending {
+                if *born <= m.routed_at {
+                    continue;
+                }
+                let s = coarse(metric, &m.vector, vector, *norm);
+                let beats = match (best, &m.cell) {
+                    (Some((_, near, k)), _) => nearer((s, *key), (near, k)),
+                    (None, None) => true,
+                    // Against its own centroid, whose key is looked up only on a tie.
+                    (None, Some(own)) => match s.total_cmp(&m.near) {
+                        std::cmp::Ordering::Greater => true,
+                        std::cmp::Ordering::Less => false,
+                        std::cmp::Ordering::Equal => *key < self.members[own].key,
+                    },
+                };
+                if beats {
+                    best = Some((c, s, *key));
+                }
+            }
+            if let Some((c, s, _)) = best {
+                moves.push((id.clone(), c.clone(), s));
+            }
+        }
+        for (id, c, s) in moves {
+            self.settle_member(&id, Some((c, s)));
+        }
+        for m in self.members.values_mut() {
+            m.routed_at = self.born;
+        }
+    }
+    /// Let go of `id`'s vector; if it was a centroid, its cell's vectors go to the cells of
+    /// the centroids they are nearest now.
+    fn remove(&mut self, metric: Metric, id: &str) {
+        let Some((id, m)) = self.members.remove_entry(id) else {
+            return;
+        };
+        if let Some(c) = &m.cell
+            && let Some(cell) = self.cells.get_mut(c)
+        {
+            cell.remove(&id);
+        }
+        if let Some(cell) = self.cells.remove(&id) {
+            self.centroids.retain(|(c, ..)| *c != id);
+            self.pending.retain(|(_, (c, ..))| *c != id);
+            for mid in cell {
+                if let Some(m) = self.members.get_mut(&mid) {
+                    m.cell = None;
+                }
+                let routed = self.route(metric, &self.members[&mid].vector);
+                self.settle_member(&mid, routed);
+            }
+        }
+    }
 }
 
 /// What an embedding declares of its model: its dimension and metric.
@@ -470,7 +734,9 @@ pub fn similarity(metric: Metric, q: &[f32], v: &[f32]) -> f64 {
 struct BotText {
     ids: HashMap<Box<str>, IdState>,
     /// Per record id not dead, its newest embedding per model.
-    vectors: HashMap<Box<str>, BTreeMap<Arc<str>, Embedded>>,
+    vectors: HashMap<Box<str>, BTreeMap<Arc<str>, Held>>,
+    /// Per model and declaration, the vectors held.
+    lanes: HashMap<Arc<str>, HashMap<Declaration, Lane>>,
     /// Per model, the declarations of the embeddings held, by key, with their ids: the
     /// earliest of an id with a live doc governs.
     models: HashMap<Arc<str>, Declarations>,
@@ -491,19 +757,55 @@ struct BotText {
 #[derive(Clone, Debug, Default)]
 pub struct TextIndex {
     bots: HashMap<String, BotText>,
+    cells: Cells,
+    /// Fed since the last [`TextIndex::settle`]: some lane may hold pending centroids.
+    unsettled: bool,
 }
 
 impl TextIndex {
-    /// An empty index.
+    /// An empty index, searching vectors by [`CELLS`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty index searching vectors by `cells` (tests: small cells on small corpora). An
+    /// index of other cells than [`CELLS`] answers vector searches unlike every replica.
+    #[doc(hidden)]
+    pub fn with_cells(cells: Cells) -> Self {
+        TextIndex {
+            bots: HashMap::new(),
+            cells,
+            unsettled: false,
+        }
     }
 
     /// Feed one entry. Order-independent: any order of the same entries leaves the same
     /// answers. A tombstone takes its id out for good; a put earlier in the contract's order
     /// than the held winner of its id replaces it (rule 6); a later one changes nothing.
     pub fn apply(&mut self, e: &Entry) {
+        let unsettled = self.unsettled;
+        self.feed(e);
+        if let Some(bot) = self.bots.get_mut(&e.record.bot_id) {
+            bot.settle();
+        }
+        self.unsettled = unsettled;
+    }
+
+    /// Settle every lane ([`Lane::settle`]): after [`TextIndex::feed`]s, before a search.
+    pub(crate) fn settle(&mut self) {
+        if std::mem::take(&mut self.unsettled) {
+            for bot in self.bots.values_mut() {
+                bot.settle();
+            }
+        }
+    }
+
+    /// [`TextIndex::apply`] but for the cells of new centroids, which take the vectors held
+    /// before them only at the next [`TextIndex::settle`]: no search may come between.
+    pub(crate) fn feed(&mut self, e: &Entry) {
+        self.unsettled = true;
         let r = &e.record;
+        let sample = self.cells.sample;
         let bot = self.bots.entry(r.bot_id.clone()).or_default();
         if r.kind == Kind::Tombstone {
             if let Some(IdState::Live { doc: Some(doc), .. }) = bot.ids.insert(r.id.as_str().into(), IdState::Dead) {
@@ -512,6 +814,7 @@ impl TextIndex {
             // Its vectors go with it, for good (rule 27).
             for (model, held) in bot.vectors.remove(r.id.as_str()).unwrap_or_default() {
                 bot.undeclare(&model, &held.key);
+                bot.unlane(&model, held.decl, &r.id);
             }
             return;
         }
@@ -520,7 +823,8 @@ impl TextIndex {
                 && !e.purged
                 && let Some((model, metric, vector)) = r.vector()
             {
-                bot.embed(e.key(), model, (vector.len(), metric), vector.into_boxed_slice(), &r.id);
+                let vector = vector.into_boxed_slice();
+                bot.embed(e.key(), model, (vector.len(), metric), vector, &r.id, sample);
             }
             return;
         }
@@ -587,7 +891,8 @@ impl TextIndex {
     /// order), past `after`, at most `k`; and whether more follow. A text search scores by
     /// BM25, a vector search by the model's similarity, a hybrid one by reciprocal rank
     /// fusion of both rankings — each ranking over the bot's docs unfiltered, so that a
-    /// filter only leaves docs out. Given up at `deadline` ([`Error::Timeout`], nothing
+    /// filter only leaves docs out — but for a vector search's candidates, taken among the
+    /// docs that pass ([`Cells`]). Given up at `deadline` ([`Error::Timeout`], nothing
     /// written).
     pub fn find_by(
         &self,
@@ -611,10 +916,10 @@ impl TextIndex {
         let mut phrases: Vec<&[String]> = Vec::new();
         let scores = match ask {
             Ask::Text(query) => b.text_scores(query, &mut terms, &mut phrases, &clock)?,
-            Ask::Vector(q) => b.nearest(q, &clock)?,
+            Ask::Vector(q) => b.nearest(q, filter, &self.cells, &clock)?,
             Ask::Hybrid(query, q) => {
                 let text = b.text_scores(query, &mut terms, &mut phrases, &clock)?;
-                let near = b.nearest(q, &clock)?;
+                let near = b.nearest(q, &Filter::default(), &self.cells, &clock)?;
                 let mut fused: DocMap<f64> = DocMap::default();
                 // Text first, then vectors: each doc's sum is added in the same order on
                 // every replica.
@@ -659,10 +964,11 @@ impl TextIndex {
     /// Whether `bot` holds a vector of record `id` under `model` (what a test of forgetting
     /// asks: a tombstoned id's vectors are gone from the index).
     pub fn has_vector(&self, bot: &str, id: &str, model: &str) -> bool {
-        self.bots
-            .get(bot)
-            .and_then(|b| b.vectors.get(id))
-            .is_some_and(|v| v.contains_key(model))
+        let Some(b) = self.bots.get(bot) else { return false };
+        b.vectors.get(id).is_some_and(|v| v.contains_key(model))
+            || b.lanes
+                .get(model)
+                .is_some_and(|lanes| lanes.values().any(|l| l.members.contains_key(id)))
     }
 }
 
@@ -729,11 +1035,14 @@ impl BotText {
 
     /// Hold `vector` as id's embedding under `model` unless a newer one is held (the newest
     /// replaces: rule 27).
-    fn embed(&mut self, key: OrderKey, model: &str, decl: Declaration, vector: Box<[f32]>, id: &str) {
-        let held = self.vectors.get(id).and_then(|v| v.get(model)).map(|h| h.key);
+    fn embed(&mut self, key: OrderKey, model: &str, decl: Declaration, vector: Box<[f32]>, id: &str, sample: u64) {
+        let held = self.vectors.get(id).and_then(|v| v.get(model)).copied();
         match held {
-            Some(h) if h >= key => return,
-            Some(h) => self.undeclare(model, &h),
+            Some(h) if h.key >= key => return,
+            Some(h) => {
+                self.undeclare(model, &h.key);
+                self.unlane(model, h.decl, id);
+            }
             None => {}
         }
         // The model's name held once per bot while any vector of it is declared.
@@ -741,12 +1050,43 @@ impl BotText {
             Some((m, _)) => m.clone(),
             None => model.into(),
         };
-        let embedded = Embedded { key, decl, vector };
         self.vectors
             .entry(id.into())
             .or_default()
-            .insert(model.clone(), embedded);
-        self.models.entry(model).or_default().insert(key, (decl, id.into()));
+            .insert(model.clone(), Held { key, decl });
+        self.models
+            .entry(model.clone())
+            .or_default()
+            .insert(key, (decl, id.into()));
+        self.lanes
+            .entry(model)
+            .or_default()
+            .entry(decl)
+            .or_default()
+            .insert(decl.1, id, key, vector, sample);
+    }
+
+    /// Settle every lane of the bot.
+    fn settle(&mut self) {
+        for lanes in self.lanes.values_mut() {
+            for ((_, metric), lane) in lanes.iter_mut() {
+                lane.settle(*metric);
+            }
+        }
+    }
+
+    /// Let go of `id`'s vector in the lane of `model` and `decl`.
+    fn unlane(&mut self, model: &str, decl: Declaration, id: &str) {
+        let Some(lanes) = self.lanes.get_mut(model) else { return };
+        if let Some(lane) = lanes.get_mut(&decl) {
+            lane.remove(decl.1, id);
+            if lane.members.is_empty() {
+                lanes.remove(&decl);
+            }
+        }
+        if lanes.is_empty() {
+            self.lanes.remove(model);
+        }
     }
 
     /// Forget the declaration of the embedding `key` of `model` (replaced or dead).
@@ -759,12 +1099,12 @@ impl BotText {
         }
     }
 
-    /// Per live doc holding a vector under `q.model` that agrees with the model's declaration
-    /// (that of its earliest vector of a live doc: a vector of an id without one — not yet
-    /// put, or a bytes body — declares nothing), its similarity to `q.vector`. A query vector
-    /// of another dimension than the model's is refused (field `vector`); a model no doc
-    /// holds a vector of finds nothing.
-    fn nearest(&self, q: &Nearest, clock: &Clock) -> Result<DocMap<f64>> {
+    /// Per candidate (by `cells`, among live docs that pass `filter`) holding a vector under
+    /// `q.model` that agrees with the model's declaration (that of its earliest vector of a
+    /// live doc: a vector of an id without one — not yet put, or a bytes body — declares
+    /// nothing), its similarity to `q.vector`. A query vector of another dimension than the
+    /// model's is refused (field `vector`); a model no doc holds a vector of finds nothing.
+    fn nearest(&self, q: &Nearest, filter: &Filter, cells: &Cells, clock: &Clock) -> Result<DocMap<f64>> {
         let mut scores = DocMap::default();
         let mut declared = None;
         for (decl, id) in self.models.get(q.model.as_str()).into_iter().flat_map(|d| d.values()) {
@@ -788,16 +1128,62 @@ impl BotText {
                 ),
             ));
         }
-        for (id, held) in &self.vectors {
-            clock.tick()?;
-            let Some(v) = held.get(q.model.as_str()).filter(|v| v.decl == (dim, metric)) else {
-                continue;
-            };
-            if let Some(IdState::Live { doc: Some(doc), .. }) = self.ids.get(id) {
-                scores.insert(*doc, similarity(metric, &q.vector, &v.vector));
+        let Some(lane) = self.lanes.get(q.model.as_str()).and_then(|l| l.get(&(dim, metric))) else {
+            return Ok(scores);
+        };
+        // Candidates: coarse similarity, doc key, doc, vector.
+        let mut found: Vec<(f32, OrderKey, u64, &[f32])> = Vec::new();
+        if lane.cells.is_empty() {
+            for (id, m) in &lane.members {
+                clock.tick()?;
+                found.extend(self.candidate(id, m, metric, &q.vector, filter));
+            }
+        } else {
+            let mut order = Vec::with_capacity(lane.centroids.len());
+            for (c, key, vector, norm) in &lane.centroids {
+                clock.tick()?;
+                order.push((coarse(metric, &q.vector, vector, *norm), *key, &lane.cells[c]));
+            }
+            order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            for (probed, (_, _, cell)) in order.into_iter().enumerate() {
+                if probed >= cells.probe && found.len() >= cells.candidates {
+                    break;
+                }
+                for id in cell {
+                    clock.tick()?;
+                    found.extend(self.candidate(id, &lane.members[id], metric, &q.vector, filter));
+                }
             }
         }
+        let best = |a: &(f32, OrderKey, u64, &[f32]), b: &(f32, OrderKey, u64, &[f32])| {
+            b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1))
+        };
+        if found.len() > cells.exact {
+            found.select_nth_unstable_by(cells.exact, best);
+            found.truncate(cells.exact);
+        }
+        for (_, _, doc, v) in found {
+            clock.tick()?;
+            scores.insert(doc, similarity(metric, &q.vector, v));
+        }
         Ok(scores)
+    }
+
+    /// Vector `m` of `id` as a candidate of a search for `q`: its coarse similarity, its doc's
+    /// key and number, and the vector; none unless its id has a live doc that passes `filter`.
+    fn candidate<'a>(
+        &self,
+        id: &str,
+        m: &'a Member,
+        metric: Metric,
+        q: &[f32],
+        filter: &Filter,
+    ) -> Option<(f32, OrderKey, u64, &'a [f32])> {
+        let Some(IdState::Live { doc: Some(doc), .. }) = self.ids.get(id) else {
+            return None;
+        };
+        let d = &self.docs[doc];
+        passes(d, filter).then(|| (coarse(metric, q, &m.vector, m.norm), d.key, *doc, &m.vector[..]))
     }
 
     /// Per doc holding a clause of `query`, its BM25 score summed in clause order; the terms
@@ -1069,6 +1455,23 @@ impl Searcher {
         Self::default()
     }
 
+    /// Whether its index is whole: false after a [`Searcher::catch_up`] that did not finish
+    /// (its future dropped half-way), whose entries are held but whose new centroids' cells
+    /// have not taken their vectors yet — until the next `catch_up`, which settles first.
+    pub fn settled(&self) -> bool {
+        !self.index.unsettled
+    }
+
+    /// A searcher that holds nothing yet and searches vectors by `cells` (tests; see
+    /// [`TextIndex::with_cells`]).
+    #[doc(hidden)]
+    pub fn with_cells(cells: Cells) -> Self {
+        Searcher {
+            index: TextIndex::with_cells(cells),
+            ..Self::default()
+        }
+    }
+
     /// The index as far as it has read.
     pub fn index(&self) -> &TextIndex {
         &self.index
@@ -1101,6 +1504,16 @@ impl Searcher {
                 ),
             ));
         }
+        // Fed without settling, settled once at the end, whatever the end (and at the
+        // start: a catch-up whose future was dropped half-way did not).
+        self.index.settle();
+        let read = self.read_to(store, to).await;
+        self.index.settle();
+        read
+    }
+
+    /// Feed the index from `store` up to `to` ([`TextIndex::feed`]): how many entries.
+    async fn read_to(&mut self, store: &dyn Store, to: &Checkpoint) -> Result<usize> {
         let mut fed = 0;
         for (&shard, &end) in &to.0 {
             let mut after = self.at.get(shard);
@@ -1122,7 +1535,7 @@ impl Searcher {
                     ));
                 }
                 for e in page.iter().filter(|e| e.seq <= end) {
-                    self.index.apply(e);
+                    self.index.feed(e);
                     fed += 1;
                     after = e.seq;
                 }

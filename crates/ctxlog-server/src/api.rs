@@ -522,7 +522,9 @@ pub struct SearchIn {
     #[serde(default)]
     pub query: Option<String>,
     /// A vector search (rule 27): the records nearest this vector among those embedded by
-    /// `model`, by the metric the model declares. Of the model's dimension.
+    /// `model`, by the metric the model declares — approximate (the nearest cells of the
+    /// model's vectors are probed; at most 512 hits over all pages), the same on every
+    /// replica. Of the model's dimension.
     #[serde(default)]
     pub vector: Option<Vec<f32>>,
     /// The model `vector` was made by (required with it).

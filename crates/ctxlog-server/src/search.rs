@@ -78,10 +78,14 @@ fn millis(field: &'static str, t: Option<&str>) -> Result<Option<u64>, Problem> 
 impl Search {
     /// Catch the searcher up to `to` (nothing past what it holds is read twice).
     async fn catch_up(&self, r: &Replica, to: &Checkpoint) -> Result<(), Problem> {
-        // Holding all of `to` already: no exclusive lock, which would queue every other
-        // search behind the searches scoring now.
-        if to.first_beyond(self.searcher.read().await.position()).is_none() {
-            return Ok(());
+        // Holding all of `to` already, and settled (a catch-up cancelled half-way is not):
+        // no exclusive lock, which would queue every other search behind the searches
+        // scoring now.
+        {
+            let s = self.searcher.read().await;
+            if to.first_beyond(s.position()).is_none() && s.settled() {
+                return Ok(());
+            }
         }
         let mut s = self.searcher.write().await;
         s.catch_up(&*r.store, to).await.map_err(Problem::from)?;

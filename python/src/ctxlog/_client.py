@@ -155,11 +155,13 @@ class Client:
     ) -> SearchPage:
         """Search `bot`'s live records, best first: full text (contract rule 26: words,
         `"phrases"` and `prefix*`es, BM25-ranked), the records nearest `vector` among those
-        embedded by `model` (rule 27: by the metric the model declares; see `embedding`),
-        or both (reciprocal rank fusion). At most `k` (default 10, up to 100), the next
-        page with `after=page.next`. Filters: one `session`, `roles`, `since`/`until`
-        (RFC 3339, the log's clock), `metadata` keys with exactly these values. Sees every
-        append acknowledged before the call; never a forgotten record."""
+        embedded by `model` (rule 27: by the metric the model declares, approximate — the
+        nearest cells probed, at most 512 hits over all pages — and the same on every
+        replica; see `embedding`), or both (reciprocal rank fusion). At most `k` (default
+        10, up to 100), the next page with `after=page.next`. Filters: one `session`,
+        `roles`, `since`/`until` (RFC 3339, the log's clock), `metadata` keys with exactly
+        these values. Sees every append acknowledged before the call; never a forgotten
+        record."""
         body = _core.search_body(
             query,
             vector=vector,

@@ -429,15 +429,30 @@ proptest! {
         dim in 2..4usize,
         q in prop::option::of(prop::sample::select(vec!["refund", "refund order", "sh*"])),
         session in prop::option::of(0..3usize),
+        cells in prop::sample::select(vec![
+            CELLS,
+            // Small cells: a few vectors split, probes that leave cells out, candidates that
+            // outnumber what is scored exactly.
+            Cells { sample: 2, probe: 1, candidates: 2, exact: 3 },
+            Cells { sample: 3, probe: 2, candidates: 1, exact: 2 },
+            Cells { sample: 1, probe: 1, candidates: 4, exact: 100 },
+        ]),
     ) {
         let near = Nearest { model: model.into(), vector: [1.0, -2.0, 0.5][..dim].to_vec() };
+        let index = |entries: &[Entry]| {
+            let mut ix = TextIndex::with_cells(cells);
+            for e in entries {
+                ix.apply(e);
+            }
+            ix
+        };
         let query = q.map(|q| Query::parse(q).unwrap());
         let ask = match &query {
             Some(t) => Ask::Hybrid(t, &near),
             None => Ask::Vector(&near),
         };
         let filter = Filter { session: session.map(|s| format!("s{s}")), ..Filter::default() };
-        let want = model::find(&entries, "bot", query.as_ref(), Some(&near), &filter);
+        let want = model::find(&entries, "bot", query.as_ref(), Some(&near), &filter, &cells);
         let shuffled = shuffle(&entries, seed);
         let twice: Vec<Entry> = shuffled.iter().chain(&entries).cloned().collect();
         for order in [&entries, &shuffled, &twice] {
@@ -465,6 +480,212 @@ proptest! {
                 }
             }
             prop_assert_eq!(&paged, &want);
+        }
+    }
+}
+
+/// Cells worked out by hand (rule 27). With one embedding in two sampled, three centroids on
+/// the axes (`r1`, `r3`, `r5`: their embeddings land at sampled seqs) and one vector beside
+/// each; the query leans towards `r1`'s cell.
+#[test]
+fn a_search_probes_the_nearest_cells_and_scores_the_best_candidates() {
+    let placed = [
+        ("r1", [1.0, 0.0], true),
+        ("r3", [0.0, 1.0], true),
+        ("r5", [-1.0, 0.0], true),
+        ("r0", [1.0, 0.2], false),
+        ("r2", [0.2, 1.0], false),
+        ("r4", [-1.0, 0.1], false),
+    ];
+    let mut entries = Vec::new();
+    let mut seq = 0;
+    for (n, (id, v, centroid)) in placed.iter().enumerate() {
+        entries.push(entry(
+            "p",
+            n as u64 + 1,
+            1_000 + n as u64,
+            Record::text(*id, "bot", "s", "user", "text"),
+        ));
+        // The next seq whose embedding is sampled, or not, as wanted.
+        let e = loop {
+            seq += 1;
+            let e = emb(seq, id, "m", Metric::Cosine, v);
+            if sampled(&e.key(), 2) == *centroid {
+                break e;
+            }
+        };
+        entries.push(e);
+    }
+    let near = Nearest {
+        model: "m".into(),
+        vector: vec![1.0, 0.1],
+    };
+    let found = |ix: &TextIndex| {
+        let (hits, _) = ix
+            .find_by("bot", Ask::Vector(&near), &all(), None, 100, &Deadline::never())
+            .unwrap();
+        hits.into_iter().map(|h| h.id).collect::<Vec<_>>()
+    };
+    let with = |cells: Cells, entries: &[Entry]| {
+        let mut ix = TextIndex::with_cells(cells);
+        for e in entries {
+            ix.apply(e);
+        }
+        found(&ix)
+    };
+    let cells = |probe, candidates, exact| Cells {
+        sample: 2,
+        probe,
+        candidates,
+        exact,
+    };
+    // r1's cell alone (r1 and r0) holds enough: cos(q, r0) = 1.02/(|q|·|r0|) ≈ 0.9952 beats
+    // cos(q, r1) = 1/|q| ≈ 0.9950.
+    assert_eq!(with(cells(1, 1, 10), &entries), ["r0", "r1"]);
+    // The same when each centroid comes after the vector beside it.
+    let reversed: Vec<Entry> = entries.iter().rev().cloned().collect();
+    assert_eq!(with(cells(1, 1, 10), &reversed), ["r0", "r1"]);
+    // Three candidates wanted: r3's cell is the next nearest (q·r3/|r3| = 0.1, against −1
+    // for r5).
+    assert_eq!(with(cells(1, 3, 10), &entries), ["r0", "r1", "r2", "r3"]);
+    // Two cells at least, whatever the candidates.
+    assert_eq!(with(cells(2, 1, 10), &entries), ["r0", "r1", "r2", "r3"]);
+    // One scored exactly: the best by coarse similarity, q·r0/|r0| ≈ 1.0002 against 1.
+    assert_eq!(with(cells(1, 3, 1), &entries), ["r0"]);
+    // A tombstone takes centroid r1 away: r0 moves to the cell of r3 (coarse 0.2, against −1
+    // for r5), the cell the query is nearest now.
+    entries.push(entry("p", 100, 2_000, Record::tombstone("r1", "bot", "s")));
+    assert_eq!(with(cells(1, 1, 10), &entries), ["r0", "r2", "r3"]);
+    // A lane without a centroid is one cell.
+    assert_eq!(
+        with(
+            Cells {
+                sample: u64::MAX,
+                ..cells(1, 1, 10)
+            },
+            &entries
+        ),
+        ["r0", "r2", "r3", "r4", "r5"]
+    );
+}
+
+/// The coarse similarity adds dimension `i` into partial sum `i mod 8` and the eight sums
+/// pairwise: dimension 8 is added to 1e8 in sum 0 and lost (`1e8 + 1` is `1e8` in `f32`),
+/// and sums 2 and 3 (4 each) are added to each other before 1e8 (`1e8 + 4` alone would be
+/// lost too). In dimension order, or sum after sum, the answer would be 1e8.
+#[test]
+fn coarse_similarity_adds_eight_partial_sums_pairwise() {
+    let v = [1e8f32, 0.0, 4.0, 4.0, 0.0, 0.0, 0.0, 0.0, 1.0];
+    assert_eq!(coarse(Metric::Dot, &[1.0; 9], &v, 0.0), 100_000_008.0);
+    assert_eq!(v.iter().fold(0.0f32, |s, x| s + x), 1e8);
+    assert_eq!(
+        coarse(
+            Metric::L2,
+            &[0.0; 9],
+            &[3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0],
+            0.0
+        ),
+        -25.0
+    );
+    assert_eq!(coarse(Metric::Cosine, &[1.0, 1.0], &[3.0, 4.0], 5.0), 7.0 / 5.0);
+    assert_eq!(coarse(Metric::Cosine, &[1.0, 1.0], &[0.0, 0.0], 0.0), 0.0);
+}
+
+/// Histories of many vectors of one model and metric: puts, embeddings (again, of ids never
+/// put, after tombstones), tombstones, from three writers.
+fn arb_vectors() -> impl Strategy<Value = Vec<Entry>> {
+    let one = (
+        0..3usize,
+        0..24usize,
+        0..3usize,
+        0..10u8,
+        prop::collection::vec(-4i8..5, 2),
+    );
+    let metric = prop::sample::select(vec![Metric::Cosine, Metric::Dot, Metric::L2]);
+    (metric, prop::collection::vec(one, 1..120)).prop_map(|(metric, specs)| {
+        let mut seqs = [0u64; 3];
+        specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (w, id, session, what, v))| {
+                seqs[w] += 1;
+                let (session, id) = (format!("s{session}"), format!("v{id}"));
+                let record = match what {
+                    0 => Record::tombstone(id, "bot", session),
+                    1..=3 => Record::text(id, "bot", session, "user", "refund"),
+                    _ => {
+                        let v: Vec<f32> = v.iter().map(|&x| f32::from(x) / 2.0).collect();
+                        Record::embedding(id, "bot", session, "m", metric, &v)
+                    }
+                };
+                entry(["w0", "w1", "w2"][w], seqs[w], 1_000 + (i as u64 * 7919) % 7, record)
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The coarse similarity is the reference's to the bit — which dimension goes into which
+    /// partial sum, the order they are added in, overflow to NaN as −∞ — at any dimension,
+    /// with values from tiny to huge.
+    #[test]
+    fn coarse_similarity_is_the_reference_to_the_bit(
+        pairs in prop::collection::vec(((-100i32..100, -70i32..70), (-100i32..100, -70i32..70)), 1..40),
+        metric in prop::sample::select(vec![Metric::Cosine, Metric::Dot, Metric::L2]),
+    ) {
+        let value = |(m, e): (i32, i32)| m as f32 * 2f32.powi(e);
+        let q: Vec<f32> = pairs.iter().map(|&(a, _)| value(a)).collect();
+        let v: Vec<f32> = pairs.iter().map(|&(_, b)| value(b)).collect();
+        prop_assert_eq!(
+            coarse(metric, &q, &v, norm8(&v)).to_bits(),
+            model::coarse_by_hand(metric, &q, &v).to_bits()
+        );
+    }
+
+    /// Cells (rule 27) split, probed and screened as the reference does it by brute force —
+    /// whichever centroids come and go with embeddings, re-embeddings and tombstones, in any
+    /// order.
+    #[test]
+    fn cells_are_the_reference_in_any_order(
+        entries in arb_vectors(),
+        seed in any::<u64>(),
+        q in prop::collection::vec(-4i8..5, 2),
+        session in prop::option::of(0..3usize),
+        hybrid in any::<bool>(),
+        (sample, probe, candidates, exact) in (1..5u64, 1..4usize, 1..8usize, 1..10usize),
+    ) {
+        let cells = Cells { sample, probe, candidates, exact };
+        let near = Nearest { model: "m".into(), vector: q.iter().map(|&x| f32::from(x)).collect() };
+        let refund = Query::parse("refund").unwrap();
+        let query = hybrid.then_some(&refund);
+        let ask = match query {
+            Some(t) => Ask::Hybrid(t, &near),
+            None => Ask::Vector(&near),
+        };
+        let filter = Filter { session: session.map(|s| format!("s{s}")), ..Filter::default() };
+        let want = model::find(&entries, "bot", query, Some(&near), &filter, &cells).unwrap();
+        let shuffled = shuffle(&entries, seed);
+        let twice: Vec<Entry> = shuffled.iter().chain(&entries).cloned().collect();
+        // Settled after every entry, or fed in runs (split by `seed`) each settled once.
+        for (order, runs) in [(&entries, false), (&shuffled, false), (&twice, false), (&shuffled, true), (&twice, true)] {
+            let mut ix = TextIndex::with_cells(cells);
+            for (n, e) in order.iter().enumerate() {
+                if runs {
+                    ix.feed(e);
+                    if (seed >> (n % 64)) & 1 == 1 {
+                        ix.settle();
+                    }
+                } else {
+                    ix.apply(e);
+                }
+            }
+            ix.settle();
+            let (hits, more) = ix.find_by("bot", ask, &filter, None, 1000, &Deadline::never()).unwrap();
+            prop_assert!(!more);
+            let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+            prop_assert_eq!(&got, &want);
         }
     }
 }
@@ -743,4 +964,121 @@ fn a_phrase_looks_at_its_deadline_per_position_of_a_long_doc() {
     let text = vec!["a"; 5_000].join(" ");
     let ix = index(&[put(1, "long", "s", &text)]);
     looks_exactly(&ix, "\"a a\"", 10);
+}
+
+/// A store whose reads after the first never answer: a catch-up cancelled half-way.
+struct HangsAfterOneRead {
+    inner: crate::testing::ReferenceStore,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Store for HangsAfterOneRead {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn options(&self) -> &crate::options::StoreOptions {
+        self.inner.options()
+    }
+    async fn open_shard(&self, writer: &WriterId) -> Result<Box<dyn crate::Shard>> {
+        self.inner.open_shard(writer).await
+    }
+    async fn reopen_shard(&self, writer: &WriterId, held: crate::ids::Epoch) -> Result<Box<dyn crate::Shard>> {
+        self.inner.reopen_shard(writer, held).await
+    }
+    async fn shards(&self) -> Result<Vec<crate::ShardInfo>> {
+        self.inner.shards().await
+    }
+    async fn read_shard(&self, shard: crate::ids::ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
+        if self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            std::future::pending::<()>().await;
+        }
+        self.inner.read_shard(shard, after_seq, limit).await
+    }
+    async fn format(&self) -> Result<u32> {
+        self.inner.format().await
+    }
+    async fn set_format(&self, from: u32, to: u32) -> Result<()> {
+        self.inner.set_format(from, to).await
+    }
+    fn projector(&self) -> Box<dyn crate::Projector> {
+        self.inner.projector()
+    }
+    fn conflict_discovery(&self) -> Box<dyn crate::ConflictDiscovery> {
+        self.inner.conflict_discovery()
+    }
+    async fn compact(&self, options: &crate::options::CompactOptions) -> Result<crate::options::CompactReport> {
+        self.inner.compact(options).await
+    }
+    async fn gc(&self, options: &crate::options::GcOptions) -> Result<crate::options::GcReport> {
+        self.inner.gc(options).await
+    }
+    async fn purge(&self, options: &crate::options::PurgeOptions) -> Result<crate::options::PurgeReport> {
+        self.inner.purge(options).await
+    }
+}
+
+/// A catch-up dropped after its first read holds what it read unsettled — the searcher says
+/// so — and the next one settles it: its vector searches are the reference's.
+#[tokio::test]
+async fn a_catch_up_dropped_half_way_is_settled_by_the_next() {
+    use crate::options::StoreOptions;
+    use crate::testing::ReferenceStore;
+    let store = ReferenceStore::open("search-dropped", StoreOptions::default()).unwrap();
+    // Every embedding a centroid: each one's cell must take the vectors held before it.
+    let cells = Cells {
+        sample: 1,
+        probe: 1,
+        candidates: 1,
+        exact: 100,
+    };
+    for (writer, ids) in [("a", ["a1", "a2", "a3"]), ("b", ["b1", "b2", "b3"])] {
+        let mut shard = store.open_shard(&WriterId::new(writer).unwrap()).await.unwrap();
+        for (n, id) in ids.iter().enumerate() {
+            let v = [1.0, n as f32 - 1.0];
+            shard
+                .append(vec![
+                    Record::text(*id, "bot", "s", "user", "text"),
+                    Record::embedding(*id, "bot", "s", "m", Metric::Cosine, &v),
+                ])
+                .await
+                .unwrap();
+        }
+    }
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    let to = p.checkpoint();
+    let hangs = HangsAfterOneRead {
+        inner: store,
+        reads: Default::default(),
+    };
+    let mut searcher = Searcher::with_cells(cells);
+    {
+        let mut once = std::pin::pin!(searcher.catch_up(&hangs, &to));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(once.as_mut().poll(&mut cx).is_pending(), "the second read hangs");
+    }
+    assert!(!searcher.settled(), "one shard fed, its centroids pending");
+    let store = hangs.inner;
+    searcher.catch_up(&store, &to).await.unwrap();
+    assert!(searcher.settled());
+    let mut entries = Vec::new();
+    for shard in store.shards().await.unwrap() {
+        entries.extend(store.read_shard(shard.shard, 0, 100).await.unwrap());
+    }
+    for q in [[1.0, -1.0], [1.0, 1.0], [0.0, 1.0]] {
+        let near = Nearest {
+            model: "m".into(),
+            vector: q.to_vec(),
+        };
+        let (hits, _) = searcher
+            .index()
+            .find_by("bot", Ask::Vector(&near), &all(), None, 100, &Deadline::never())
+            .unwrap();
+        let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+        assert_eq!(
+            Some(got),
+            model::find(&entries, "bot", None, Some(&near), &all(), &cells)
+        );
+    }
 }

@@ -618,18 +618,61 @@ fn passes(e: &Entry, filter: &crate::search::Filter) -> bool {
             .all(|(k, v)| r.metadata.as_ref().and_then(|m| m.get(k)) == Some(v))
 }
 
+/// Rule 27's coarse similarity written out again: each sum in `f32` over eight partial sums
+/// (dimension `i` into sum `i mod 8`, in order), added pairwise; a NaN is −∞, −0 is 0.
+pub fn coarse_by_hand(metric: crate::record::Metric, q: &[f32], v: &[f32]) -> f32 {
+    let sum = |f: &dyn Fn(f32, f32) -> f32| {
+        let mut s = [0.0f32; 8];
+        for i in 0..q.len().min(v.len()) {
+            s[i % 8] += f(q[i], v[i]);
+        }
+        ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+    };
+    let s = match metric {
+        crate::record::Metric::Dot => sum(&|a, b| a * b),
+        crate::record::Metric::L2 => -sum(&|a, b| (a - b) * (a - b)),
+        crate::record::Metric::Cosine => {
+            let norm = sum(&|_, b| b * b).sqrt();
+            if norm == 0.0 { 0.0 } else { sum(&|a, b| a * b) / norm }
+        }
+    };
+    if s.is_nan() {
+        f32::NEG_INFINITY
+    } else if s == 0.0 {
+        0.0
+    } else {
+        s
+    }
+}
+
+/// Rule 27's sampling written out again: the 64-bit FNV-1a hash of the entry's shard bytes
+/// and then its seq's little-endian bytes.
+fn sampled_by_hand(e: &Entry, sample: u64) -> bool {
+    let mut hash: u64 = 14_695_981_039_346_656_037;
+    for b in e.shard.0.as_bytes().iter().copied().chain(e.seq.to_le_bytes()) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(1_099_511_628_211);
+    }
+    hash.is_multiple_of(sample.max(1))
+}
+
 /// Rule 27's vector and hybrid search, by brute force, over the same docs as [`search`]: a
 /// doc's vector under a model is the newest (contract order) embedding of its id under it
 /// that reads back whole; a model's declaration is the earliest of the docs' vectors;
-/// vectors that disagree with it are not searched; a query of another dimension is refused (`None`). A hybrid search ranks
-/// the unfiltered text hits and the unfiltered vector hits, and scores each doc
-/// `Σ 1/(60 + rank)`, text first; the filter then leaves docs out. Ids and scores, best first.
+/// vectors that disagree with it are not searched; a query of another dimension is refused
+/// (`None`). The vectors agreeing with it (of any id not tombstoned) are split in `cells`:
+/// each in the cell of the sampled vector it is nearest by coarse similarity; the cells
+/// nearest the query are taken until enough are and they hold enough candidates, and the
+/// candidates best by coarse similarity are ranked exactly. A hybrid search ranks the
+/// unfiltered text hits and the unfiltered vector hits, and scores each doc `Σ 1/(60 +
+/// rank)`, text first; the filter then leaves docs out. Ids and scores, best first.
 pub fn find(
     entries: &[Entry],
     bot_id: &str,
     query: Option<&crate::search::Query>,
     near: Option<&crate::search::Nearest>,
     filter: &crate::search::Filter,
+    cells: &crate::search::Cells,
 ) -> Option<Vec<(String, f64)>> {
     use crate::search::RRF_K;
     let set = entry_set(entries);
@@ -656,6 +699,8 @@ pub fn find(
         });
         scored
     };
+    // A hybrid search's vector ranking is unfiltered.
+    let vector_filter = if query.is_some() { &all } else { filter };
     let vector_hits = match near {
         None => None,
         Some(q) => {
@@ -684,13 +729,57 @@ pub fn find(
                 // A model nothing was embedded by: an empty ranking.
                 None => Some(Vec::new()),
                 Some((_, _, (dim, _, _))) if q.vector.len() != *dim => return None,
-                Some((_, _, (dim, metric, _))) => Some(rank(
-                    newest
+                Some((_, _, (dim, metric, _))) => {
+                    let metric = *metric;
+                    let lane: Vec<&Held<'_>> = newest
                         .iter()
-                        .filter(|(id, _, (d, m, _))| (d, m) == (dim, metric) && docs.contains_key(id))
-                        .map(|(id, _, (_, _, v))| (id.to_string(), similarity_by_hand(*metric, &q.vector, v)))
-                        .collect(),
-                )),
+                        .filter(|(_, _, (d, m, _))| (d, m) == (dim, &metric))
+                        .collect();
+                    let centroids: Vec<&Held<'_>> = lane
+                        .iter()
+                        .copied()
+                        .filter(|(_, e, _)| sampled_by_hand(e, cells.sample))
+                        .collect();
+                    // Centroids by coarse similarity to `x`, nearest first, the earliest of equals.
+                    let by_nearness = |x: &[f32]| {
+                        let mut cs = centroids.clone();
+                        cs.sort_by(|a, b| {
+                            coarse_by_hand(metric, x, &b.2.2)
+                                .total_cmp(&coarse_by_hand(metric, x, &a.2.2))
+                                .then_with(|| a.1.key().cmp(&b.1.key()))
+                        });
+                        cs
+                    };
+                    let candidate = |h: &&Held<'_>| docs.get(h.0).is_some_and(|d| passes(d, vector_filter));
+                    let mut candidates: Vec<&Held<'_>> = Vec::new();
+                    if centroids.is_empty() {
+                        candidates.extend(lane.iter().copied().filter(candidate));
+                    } else {
+                        for (taken, c) in by_nearness(&q.vector).into_iter().enumerate() {
+                            if taken >= cells.probe && candidates.len() >= cells.candidates {
+                                break;
+                            }
+                            candidates.extend(
+                                lane.iter()
+                                    .copied()
+                                    .filter(candidate)
+                                    .filter(|h| by_nearness(&h.2.2)[0].0 == c.0),
+                            );
+                        }
+                    }
+                    candidates.sort_by(|a, b| {
+                        coarse_by_hand(metric, &q.vector, &b.2.2)
+                            .total_cmp(&coarse_by_hand(metric, &q.vector, &a.2.2))
+                            .then_with(|| key_of_doc(a.0).cmp(&key_of_doc(b.0)))
+                    });
+                    candidates.truncate(cells.exact);
+                    Some(rank(
+                        candidates
+                            .iter()
+                            .map(|(id, _, (_, _, v))| (id.to_string(), similarity_by_hand(metric, &q.vector, v)))
+                            .collect(),
+                    ))
+                }
             }
         }
     };
