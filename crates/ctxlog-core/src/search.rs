@@ -524,21 +524,22 @@ struct Lane {
     centroids: Vec<Centroid>,
     /// Centroids come so far (each one's number of birth).
     born: u64,
-    /// Centroids come, with their births, whose cells have not yet taken the vectors held
-    /// before them that are nearer them than their own centroid ([`Lane::settle`]): one
-    /// pass over the lane settles them all, so that a replica catching up on a long log
-    /// passes over each lane once rather than once per centroid.
-    pending: Vec<(u64, Centroid)>,
+    /// The births up to which every vector was compared with every centroid: the cells of
+    /// those born later have not yet taken the vectors held before them that are nearer
+    /// them than their own centroid ([`Lane::settle`]). One pass over the lane settles them
+    /// all, so that a replica catching up on a long log passes over each lane once rather
+    /// than once per centroid.
+    settled: u64,
 }
 
-/// A centroid as routing walks it: its id, key, vector and norm.
-type Centroid = (Arc<str>, OrderKey, Box<[f32]>, f32);
+/// A centroid as routing walks it: its id, key, vector, norm and birth.
+type Centroid = (Arc<str>, OrderKey, Box<[f32]>, f32, u64);
 
 impl Lane {
     /// The centroid `v` is nearest, and how near.
     fn route(&self, metric: Metric, v: &[f32]) -> Option<(Arc<str>, f32)> {
         let mut best: Option<(&Arc<str>, f32, OrderKey)> = None;
-        for (c, key, vector, norm) in &self.centroids {
+        for (c, key, vector, norm, _) in &self.centroids {
             let s = coarse(metric, v, vector, *norm);
             if best.is_none_or(|(_, near, k)| nearer((s, *key), (near, k))) {
                 best = Some((c, s, *key));
@@ -571,9 +572,7 @@ impl Lane {
         let norm = norm8(&vector);
         if sampled(&key, sample) {
             self.born += 1;
-            let centroid = (id.clone(), key, vector.clone(), norm);
-            self.pending.push((self.born, centroid.clone()));
-            self.centroids.push(centroid);
+            self.centroids.push((id.clone(), key, vector.clone(), norm, self.born));
             self.cells.insert(id.clone(), HashSet::new());
         }
         self.members.insert(
@@ -591,18 +590,17 @@ impl Lane {
         self.settle_member(&id, routed);
     }
 
-    /// Move every vector nearer a pending centroid born after it was routed than to its own
-    /// centroid into that centroid's cell (the nearest and earliest such): one pass over the
-    /// lane, and then the cells are as [`Cells`] defines them.
+    /// Move every vector nearer a centroid born after it was routed than to its own centroid
+    /// into that centroid's cell (the nearest and earliest such): one pass over the lane, and
+    /// then the cells are as [`Cells`] defines them.
     fn settle(&mut self, metric: Metric) {
-        if self.pending.is_empty() {
+        if self.settled == self.born {
             return;
         }
-        let pending = std::mem::take(&mut self.pending);
         let mut moves: Vec<(Arc<str>, Arc<str>, f32)> = Vec::new();
         for (id, m) in &self.members {
             let mut best: Option<(&Arc<str>, f32, OrderKey)> = None;
-            for (born, (c, key, vector, norm)) in &pending {
+            for (c, key, vector, norm, born) in &self.centroids {
                 if *born <= m.routed_at {
                     continue;
                 }
@@ -631,6 +629,7 @@ impl Lane {
         for m in self.members.values_mut() {
             m.routed_at = self.born;
         }
+        self.settled = self.born;
     }
     /// Let go of `id`'s vector; if it was a centroid, its cell's vectors go to the cells of
     /// the centroids they are nearest now.
@@ -645,11 +644,9 @@ impl Lane {
         }
         if let Some(cell) = self.cells.remove(&id) {
             self.centroids.retain(|(c, ..)| *c != id);
-            self.pending.retain(|(_, (c, ..))| *c != id);
+            // Each of its cell's vectors routed again (`settle_member` takes it out of the
+            // cell gone).
             for mid in cell {
-                if let Some(m) = self.members.get_mut(&mid) {
-                    m.cell = None;
-                }
                 let routed = self.route(metric, &self.members[&mid].vector);
                 self.settle_member(&mid, routed);
             }
@@ -758,7 +755,7 @@ struct BotText {
 pub struct TextIndex {
     bots: HashMap<String, BotText>,
     cells: Cells,
-    /// Fed since the last [`TextIndex::settle`]: some lane may hold pending centroids.
+    /// Fed since the last [`TextIndex::settle`]: some lane may hold centroids whose cells are not settled.
     unsettled: bool,
 }
 
@@ -1140,7 +1137,7 @@ impl BotText {
             }
         } else {
             let mut order = Vec::with_capacity(lane.centroids.len());
-            for (c, key, vector, norm) in &lane.centroids {
+            for (c, key, vector, norm, _) in &lane.centroids {
                 clock.tick()?;
                 order.push((coarse(metric, &q.vector, vector, *norm), *key, &lane.cells[c]));
             }
