@@ -220,6 +220,27 @@ async def test_mcp_over_stdio(store: str, servers: list[Server]) -> None:
 
     async with stdio(store, "helpdesk") as c:
         await exercise(c, append)
+        # By vector (rule 27): embeddings another replica appended, found by this one.
+        with ctxlog.Client(other.url) as client:
+            client.session("helpdesk", "t-9").append(
+                [
+                    {"role": "user", "text": "north", "id": "n"},
+                    {"role": "user", "text": "east", "id": "e"},
+                    ctxlog.embedding("n", "m", [0.0, 1.0]),
+                    ctxlog.embedding("e", "m", [1.0, 0.0]),
+                ]
+            )
+        up = {"bot": "helpdesk", "vector": [0.1, 0.9], "model": "m"}
+        near = result(await c.call_tool("search", up))
+        assert [h["record"]["id"] for h in near["hits"]] == ["n", "e"], near
+        # Both rankings fused: `e` first by words and second by vector beats `n`, first by
+        # vector only.
+        both = result(await c.call_tool("search", {**up, "query": "east"}))
+        assert [h["record"]["id"] for h in both["hits"]] == ["e", "n"], both
+        flat = problem(await c.call_tool("search", {**up, "vector": [1.0, 0.0, 0.0]}))
+        assert flat["field"] == "vector" and flat["written"] == "nothing", flat
+        nameless = problem(await c.call_tool("search", {"bot": "helpdesk", "vector": [1.0, 0.0]}))
+        assert nameless["field"] == "model" and nameless["written"] == "nothing", nameless
         # Started for `helpdesk` only: another bot is refused, nothing written.
         p = problem(
             await c.call_tool(

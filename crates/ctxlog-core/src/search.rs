@@ -500,28 +500,102 @@ fn nearer(a: (f32, OrderKey), b: (f32, OrderKey)) -> bool {
     a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)).is_gt()
 }
 
-/// One vector of a lane.
+/// A cell's number in its lane. Cell [`LOOSE`] holds the vectors routed to no centroid (a
+/// lane without one is one cell); a removed centroid's number is reused.
+type CellNo = u32;
+
+/// The cell of vectors routed to no centroid.
+const LOOSE: CellNo = 0;
+
+/// One vector of a lane, in its cell (its values are the cell's `vectors` at its slot).
 #[derive(Clone, Debug)]
-struct Member {
-    key: OrderKey,
-    vector: Box<[f32]>,
+struct Slot {
+    id: Arc<str>,
     norm: f32,
-    /// The centroid whose cell holds it (none while the lane has no centroid), and its coarse
-    /// similarity to it.
-    cell: Option<Arc<str>>,
+    /// Its coarse similarity to its cell's centroid.
     near: f32,
     /// The centroids it was compared with: those born (numbered by arrival) up to this.
     routed_at: u64,
+    /// Its id's live doc and that doc's key, if it has one ([`BotText::redoc`] keeps it): a
+    /// search takes a candidate without looking its id up.
+    doc: Option<(u64, OrderKey)>,
 }
 
-/// A model's vectors of one declaration, by id, in cells ([`Cells`]).
+/// Vectors a cell holds per block.
+const BLOCK: usize = 64;
+
+/// The vectors of one cell side by side, so that a search reads a cell front to back: in
+/// blocks of [`BLOCK`] vectors rather than one array, so that a cell grows without copying
+/// and without leaving freed arrays of every size behind (vectors are most of a replica's
+/// memory).
 #[derive(Clone, Debug, Default)]
+struct CellVectors {
+    /// Its centroid's key (none for the loose cell and a free number's).
+    centroid: Option<OrderKey>,
+    slots: Vec<Slot>,
+    /// Slot `i`'s vector is block `i / BLOCK`'s `i % BLOCK`th.
+    blocks: Vec<Box<[f32]>>,
+}
+
+impl CellVectors {
+    /// The slots with their vectors, in order.
+    fn iter(&self, dim: usize) -> impl Iterator<Item = (&Slot, &[f32])> {
+        self.slots
+            .iter()
+            .zip(self.blocks.iter().flat_map(move |b| b.chunks_exact(dim)))
+    }
+
+    fn vector_mut(&mut self, dim: usize, i: usize) -> &mut [f32] {
+        &mut self.blocks[i / BLOCK][(i % BLOCK) * dim..][..dim]
+    }
+
+    fn push(&mut self, dim: usize, slot: Slot, vector: &[f32]) {
+        let i = self.slots.len();
+        if i.is_multiple_of(BLOCK) {
+            self.blocks.push(vec![0.0; BLOCK * dim].into_boxed_slice());
+        }
+        self.vector_mut(dim, i).copy_from_slice(vector);
+        self.slots.push(slot);
+    }
+
+    /// Take slot `i` out with its vector: the last slot takes its place.
+    fn swap_remove(&mut self, dim: usize, i: usize) -> (Slot, Vec<f32>) {
+        let last = self.slots.len() - 1;
+        let vector = self.vector_mut(dim, i).to_vec();
+        if i != last {
+            let moved = self.vector_mut(dim, last).to_vec();
+            self.vector_mut(dim, i).copy_from_slice(&moved);
+        }
+        if last.is_multiple_of(BLOCK) {
+            self.blocks.pop();
+        }
+        (self.slots.swap_remove(i), vector)
+    }
+}
+
+/// A centroid as routing walks it (its vector is its lane's `centroid_vectors` at its index).
+#[derive(Clone, Debug)]
+struct Centroid {
+    id: Arc<str>,
+    key: OrderKey,
+    norm: f32,
+    /// Its number of birth.
+    born: u64,
+    cell: CellNo,
+}
+
+/// A model's vectors of one declaration, in cells ([`Cells`]).
+#[derive(Clone, Debug)]
 struct Lane {
-    members: HashMap<Arc<str>, Member>,
-    /// Per centroid, the ids of its cell.
-    cells: HashMap<Arc<str>, HashSet<Arc<str>>>,
-    /// The centroids again, side by side (what routing walks).
+    dim: usize,
+    /// Per vector's id, its cell and slot.
+    at: HashMap<Arc<str>, (CellNo, u32)>,
+    cells: Vec<CellVectors>,
+    /// Cell numbers free for reuse.
+    free: Vec<CellNo>,
     centroids: Vec<Centroid>,
+    /// The centroids' vectors side by side, in `centroids`' order (what routing walks).
+    centroid_vectors: Vec<f32>,
     /// Centroids come so far (each one's number of birth).
     born: u64,
     /// The births up to which every vector was compared with every centroid: the cells of
@@ -532,62 +606,95 @@ struct Lane {
     settled: u64,
 }
 
-/// A centroid as routing walks it: its id, key, vector, norm and birth.
-type Centroid = (Arc<str>, OrderKey, Box<[f32]>, f32, u64);
-
 impl Lane {
-    /// The centroid `v` is nearest, and how near.
-    fn route(&self, metric: Metric, v: &[f32]) -> Option<(Arc<str>, f32)> {
-        let mut best: Option<(&Arc<str>, f32, OrderKey)> = None;
-        for (c, key, vector, norm, _) in &self.centroids {
-            let s = coarse(metric, v, vector, *norm);
-            if best.is_none_or(|(_, near, k)| nearer((s, *key), (near, k))) {
-                best = Some((c, s, *key));
+    fn new(dim: usize) -> Lane {
+        Lane {
+            dim,
+            at: HashMap::new(),
+            cells: vec![CellVectors::default()],
+            free: Vec::new(),
+            centroids: Vec::new(),
+            centroid_vectors: Vec::new(),
+            born: 0,
+            settled: 0,
+        }
+    }
+
+    /// The centroids with their vectors.
+    fn centroids(&self) -> impl Iterator<Item = (&Centroid, &[f32])> {
+        self.centroids.iter().zip(self.centroid_vectors.chunks_exact(self.dim))
+    }
+
+    /// The cell of the centroid `v` is nearest, and how near (the loose cell while there is
+    /// no centroid).
+    fn route(&self, metric: Metric, v: &[f32]) -> (CellNo, f32) {
+        let mut best: Option<(CellNo, f32, OrderKey)> = None;
+        for (c, w) in self.centroids() {
+            let s = coarse(metric, v, w, c.norm);
+            if best.is_none_or(|(_, near, k)| nearer((s, c.key), (near, k))) {
+                best = Some((c.cell, s, c.key));
             }
         }
-        best.map(|(c, s, _)| (c.clone(), s))
+        best.map_or((LOOSE, 0.0), |(c, s, _)| (c, s))
     }
 
-    /// Put member `id` in the cell `routed` names (or none): routed against every centroid.
-    fn settle_member(&mut self, id: &Arc<str>, routed: Option<(Arc<str>, f32)>) {
-        let m = self.members.get_mut(id).expect("a member");
-        m.routed_at = self.born;
-        if let Some(old) = m.cell.take()
-            && let Some(cell) = self.cells.get_mut(&old)
-        {
-            cell.remove(id);
-        }
-        if let Some((c, near)) = routed {
-            m.near = near;
-            m.cell = Some(c.clone());
-            self.cells.get_mut(&c).expect("a centroid's cell").insert(id.clone());
-        }
+    /// Put `slot` with `vector` at the end of `cell`.
+    fn put(&mut self, cell: CellNo, slot: Slot, vector: &[f32]) {
+        let c = &mut self.cells[cell as usize];
+        self.at.insert(slot.id.clone(), (cell, c.slots.len() as u32));
+        c.push(self.dim, slot, vector);
     }
 
-    /// Hold `vector` as `id`'s (which holds none in this lane), in the cell of the centroid
-    /// it is nearest. A new centroid's cell takes the vectors held before it at the next
-    /// [`Lane::settle`].
-    fn insert(&mut self, metric: Metric, id: &str, key: OrderKey, vector: Box<[f32]>, sample: u64) {
+    /// Take slot `i` out of `cell` with its vector: the cell's last takes its place. Its id
+    /// stays in `at`.
+    fn take(&mut self, cell: CellNo, i: u32) -> (Slot, Vec<f32>) {
+        let c = &mut self.cells[cell as usize];
+        let last = c.slots.len() - 1;
+        if i as usize != last {
+            *self.at.get_mut(&c.slots[last].id).expect("a slot's id") = (cell, i);
+        }
+        c.swap_remove(self.dim, i as usize)
+    }
+
+    /// Hold `vector` as `id`'s (which holds none in this lane), of `doc`, in the cell of the
+    /// centroid it is nearest. A new centroid's cell takes the vectors held before it at the
+    /// next [`Lane::settle`].
+    fn insert(
+        &mut self,
+        metric: Metric,
+        id: &str,
+        key: OrderKey,
+        vector: &[f32],
+        doc: Option<(u64, OrderKey)>,
+        sample: u64,
+    ) {
         let id: Arc<str> = id.into();
-        let norm = norm8(&vector);
+        let norm = norm8(vector);
         if sampled(&key, sample) {
             self.born += 1;
-            self.centroids.push((id.clone(), key, vector.clone(), norm, self.born));
-            self.cells.insert(id.clone(), HashSet::new());
-        }
-        self.members.insert(
-            id.clone(),
-            Member {
+            let cell = self.free.pop().unwrap_or_else(|| {
+                self.cells.push(CellVectors::default());
+                (self.cells.len() - 1) as CellNo
+            });
+            self.cells[cell as usize].centroid = Some(key);
+            self.centroids.push(Centroid {
+                id: id.clone(),
                 key,
-                vector,
                 norm,
-                cell: None,
-                near: 0.0,
-                routed_at: self.born,
-            },
-        );
-        let routed = self.route(metric, &self.members[&id].vector);
-        self.settle_member(&id, routed);
+                born: self.born,
+                cell,
+            });
+            self.centroid_vectors.extend_from_slice(vector);
+        }
+        let (cell, near) = self.route(metric, vector);
+        let slot = Slot {
+            id,
+            norm,
+            near,
+            routed_at: self.born,
+            doc,
+        };
+        self.put(cell, slot, vector);
     }
 
     /// Move every vector nearer a centroid born after it was routed than to its own centroid
@@ -597,59 +704,83 @@ impl Lane {
         if self.settled == self.born {
             return;
         }
-        let mut moves: Vec<(Arc<str>, Arc<str>, f32)> = Vec::new();
-        for (id, m) in &self.members {
-            let mut best: Option<(&Arc<str>, f32, OrderKey)> = None;
-            for (c, key, vector, norm, born) in &self.centroids {
-                if *born <= m.routed_at {
-                    continue;
+        let mut moves: Vec<(Arc<str>, CellNo, f32)> = Vec::new();
+        for cell in &self.cells {
+            for (slot, v) in cell.iter(self.dim) {
+                let mut best: Option<(CellNo, f32, OrderKey)> = None;
+                for (c, w) in self.centroids() {
+                    if c.born <= slot.routed_at {
+                        continue;
+                    }
+                    let s = coarse(metric, v, w, c.norm);
+                    let beats = match (best, cell.centroid) {
+                        (Some((_, near, k)), _) => nearer((s, c.key), (near, k)),
+                        (None, None) => true,
+                        (None, Some(own)) => nearer((s, c.key), (slot.near, own)),
+                    };
+                    if beats {
+                        best = Some((c.cell, s, c.key));
+                    }
                 }
-                let s = coarse(metric, &m.vector, vector, *norm);
-                let beats = match (best, &m.cell) {
-                    (Some((_, near, k)), _) => nearer((s, *key), (near, k)),
-                    (None, None) => true,
-                    // Against its own centroid, whose key is looked up only on a tie.
-                    (None, Some(own)) => match s.total_cmp(&m.near) {
-                        std::cmp::Ordering::Greater => true,
-                        std::cmp::Ordering::Less => false,
-                        std::cmp::Ordering::Equal => *key < self.members[own].key,
-                    },
-                };
-                if beats {
-                    best = Some((c, s, *key));
+                if let Some((c, s, _)) = best {
+                    moves.push((slot.id.clone(), c, s));
                 }
             }
-            if let Some((c, s, _)) = best {
-                moves.push((id.clone(), c.clone(), s));
+        }
+        for (id, cell, near) in moves {
+            let (from, i) = self.at[&id];
+            let (slot, vector) = self.take(from, i);
+            self.put(cell, Slot { near, ..slot }, &vector);
+        }
+        let born = self.born;
+        for cell in &mut self.cells {
+            for slot in &mut cell.slots {
+                slot.routed_at = born;
+            }
+            // A cell that gave most of its vectors to new cells gives back their room.
+            let len = cell.slots.len();
+            if cell.slots.capacity() > 2 * len + 16 {
+                cell.slots.shrink_to(len + len / 8);
             }
         }
-        for (id, c, s) in moves {
-            self.settle_member(&id, Some((c, s)));
-        }
-        for m in self.members.values_mut() {
-            m.routed_at = self.born;
-        }
-        self.settled = self.born;
+        self.settled = born;
     }
+
     /// Let go of `id`'s vector; if it was a centroid, its cell's vectors go to the cells of
     /// the centroids they are nearest now.
     fn remove(&mut self, metric: Metric, id: &str) {
-        let Some((id, m)) = self.members.remove_entry(id) else {
+        let Some(&(cell, i)) = self.at.get(id) else {
             return;
         };
-        if let Some(c) = &m.cell
-            && let Some(cell) = self.cells.get_mut(c)
-        {
-            cell.remove(&id);
+        self.take(cell, i);
+        self.at.remove(id);
+        let Some(n) = self.centroids.iter().position(|c| &*c.id == id) else {
+            return;
+        };
+        let c = self.centroids.remove(n);
+        self.centroid_vectors.drain(n * self.dim..(n + 1) * self.dim);
+        let gone = std::mem::take(&mut self.cells[c.cell as usize]);
+        self.free.push(c.cell);
+        for (slot, v) in gone.iter(self.dim) {
+            let slot = slot.clone();
+            let (cell, near) = self.route(metric, v);
+            let routed_at = self.born;
+            self.put(
+                cell,
+                Slot {
+                    near,
+                    routed_at,
+                    ..slot
+                },
+                v,
+            );
         }
-        if let Some(cell) = self.cells.remove(&id) {
-            self.centroids.retain(|(c, ..)| *c != id);
-            // Each of its cell's vectors routed again (`settle_member` takes it out of the
-            // cell gone).
-            for mid in cell {
-                let routed = self.route(metric, &self.members[&mid].vector);
-                self.settle_member(&mid, routed);
-            }
+    }
+
+    /// Hold `doc` as the doc of `id`'s vector, if it holds one.
+    fn set_doc(&mut self, id: &str, doc: Option<(u64, OrderKey)>) {
+        if let Some(&(cell, i)) = self.at.get(id) {
+            self.cells[cell as usize].slots[i as usize].doc = doc;
         }
     }
 }
@@ -841,6 +972,7 @@ impl TextIndex {
         };
         let doc = text.map(|t| bot.add(e, t));
         bot.ids.insert(r.id.as_str().into(), IdState::Live { key, doc });
+        bot.redoc(&r.id, doc.map(|d| (d, key)));
     }
 
     /// Whether any live doc of `bot` holds `term` (what a test of forgetting asks: a term only
@@ -965,7 +1097,7 @@ impl TextIndex {
         b.vectors.get(id).is_some_and(|v| v.contains_key(model))
             || b.lanes
                 .get(model)
-                .is_some_and(|lanes| lanes.values().any(|l| l.members.contains_key(id)))
+                .is_some_and(|lanes| lanes.values().any(|l| l.at.contains_key(id)))
     }
 }
 
@@ -1055,12 +1187,26 @@ impl BotText {
             .entry(model.clone())
             .or_default()
             .insert(key, (decl, id.into()));
+        let doc = match self.ids.get(id) {
+            Some(IdState::Live { doc: Some(doc), .. }) => Some((*doc, self.docs[doc].key)),
+            _ => None,
+        };
         self.lanes
             .entry(model)
             .or_default()
             .entry(decl)
-            .or_default()
-            .insert(decl.1, id, key, vector, sample);
+            .or_insert_with(|| Lane::new(decl.0))
+            .insert(decl.1, id, key, &vector, doc, sample);
+    }
+
+    /// Hold `doc` (and its key) as the doc of `id`'s vectors: its live doc changed.
+    fn redoc(&mut self, id: &str, doc: Option<(u64, OrderKey)>) {
+        let Some(held) = self.vectors.get(id) else { return };
+        for (model, h) in held {
+            if let Some(lane) = self.lanes.get_mut(&**model).and_then(|l| l.get_mut(&h.decl)) {
+                lane.set_doc(id, doc);
+            }
+        }
     }
 
     /// Settle every lane of the bot.
@@ -1077,7 +1223,7 @@ impl BotText {
         let Some(lanes) = self.lanes.get_mut(model) else { return };
         if let Some(lane) = lanes.get_mut(&decl) {
             lane.remove(decl.1, id);
-            if lane.members.is_empty() {
+            if lane.at.is_empty() {
                 lanes.remove(&decl);
             }
         }
@@ -1130,26 +1276,29 @@ impl BotText {
         };
         // Candidates: coarse similarity, doc key, doc, vector.
         let mut found: Vec<(f32, OrderKey, u64, &[f32])> = Vec::new();
-        if lane.cells.is_empty() {
-            for (id, m) in &lane.members {
-                clock.tick()?;
-                found.extend(self.candidate(id, m, metric, &q.vector, filter));
-            }
+        if lane.centroids.is_empty() {
+            self.candidates(
+                &lane.cells[LOOSE as usize],
+                lane.dim,
+                metric,
+                &q.vector,
+                filter,
+                clock,
+                &mut found,
+            )?;
         } else {
             let mut order = Vec::with_capacity(lane.centroids.len());
-            for (c, key, vector, norm, _) in &lane.centroids {
+            for (c, w) in lane.centroids() {
                 clock.tick()?;
-                order.push((coarse(metric, &q.vector, vector, *norm), *key, &lane.cells[c]));
+                order.push((coarse(metric, &q.vector, w, c.norm), c.key, c.cell));
             }
             order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
             for (probed, (_, _, cell)) in order.into_iter().enumerate() {
                 if probed >= cells.probe && found.len() >= cells.candidates {
                     break;
                 }
-                for id in cell {
-                    clock.tick()?;
-                    found.extend(self.candidate(id, &lane.members[id], metric, &q.vector, filter));
-                }
+                let cell = &lane.cells[cell as usize];
+                self.candidates(cell, lane.dim, metric, &q.vector, filter, clock, &mut found)?;
             }
         }
         let best = |a: &(f32, OrderKey, u64, &[f32]), b: &(f32, OrderKey, u64, &[f32])| {
@@ -1166,21 +1315,28 @@ impl BotText {
         Ok(scores)
     }
 
-    /// Vector `m` of `id` as a candidate of a search for `q`: its coarse similarity, its doc's
-    /// key and number, and the vector; none unless its id has a live doc that passes `filter`.
-    fn candidate<'a>(
+    /// The vectors of `cell` whose ids have a live doc that passes `filter`, as candidates
+    /// of a search for `q` (onto `found`): coarse similarity, doc key, doc, vector.
+    #[allow(clippy::too_many_arguments)]
+    fn candidates<'a>(
         &self,
-        id: &str,
-        m: &'a Member,
+        cell: &'a CellVectors,
+        dim: usize,
         metric: Metric,
         q: &[f32],
         filter: &Filter,
-    ) -> Option<(f32, OrderKey, u64, &'a [f32])> {
-        let Some(IdState::Live { doc: Some(doc), .. }) = self.ids.get(id) else {
-            return None;
-        };
-        let d = &self.docs[doc];
-        passes(d, filter).then(|| (coarse(metric, q, &m.vector, m.norm), d.key, *doc, &m.vector[..]))
+        clock: &Clock,
+        found: &mut Vec<(f32, OrderKey, u64, &'a [f32])>,
+    ) -> Result<()> {
+        let unfiltered = *filter == Filter::default();
+        for (slot, v) in cell.iter(dim) {
+            clock.tick()?;
+            let Some((doc, key)) = slot.doc else { continue };
+            if unfiltered || passes(&self.docs[&doc], filter) {
+                found.push((coarse(metric, q, v, slot.norm), key, doc, v));
+            }
+        }
+        Ok(())
     }
 
     /// Per doc holding a clause of `query`, its BM25 score summed in clause order; the terms

@@ -165,7 +165,7 @@ struct SummaryArgs {
     id: Option<String>,
 }
 
-/// A full-text search of a bot's live records.
+/// A search of a bot's live records: by words, by a vector, or both.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SearchArgs {
@@ -173,7 +173,15 @@ struct SearchArgs {
     bot: String,
     /// Words, `"exact phrases"` and `prefix*`es; a record holding any of them is a hit, the
     /// best (BM25) first. At most 1024 bytes, 32 clauses, 4 prefixes.
-    query: String,
+    #[serde(default)]
+    query: Option<String>,
+    /// A vector to find the nearest records of, among those embedded by `model` (the
+    /// embedder's: ctxlog calls none); with `query` too, both rankings fused.
+    #[serde(default)]
+    vector: Option<Vec<f32>>,
+    /// The model `vector` was made by (required with it).
+    #[serde(default)]
+    model: Option<String>,
     /// Only this session's records.
     #[serde(default)]
     session: Option<String>,
@@ -429,18 +437,19 @@ impl Tools {
     }
 
     #[tool(
-        description = "Search a bot's live records by words: the best matches first (BM25), each with a snippet \
-                       and the query terms it holds. Forgotten records are never found. Narrow it to a session, \
-                       roles, a time range or metadata; continue with `after` = the answer's `next`.",
+        description = "Search a bot's live records by words (`query`): the best matches first (BM25), each with a \
+                       snippet and the query terms it holds; or by a `vector` of an embedding `model` (the nearest \
+                       first); or both, fused. Forgotten records are never found. Narrow it to a session, roles, a \
+                       time range or metadata; continue with `after` = the answer's `next`.",
         annotations(read_only_hint = true)
     )]
     async fn search(&self, Parameters(a): Parameters<SearchArgs>, ext: Extensions) -> CallToolResult {
         let result = async {
             self.grant_for(&ext, &a.bot, Right::Read)?;
             let input = crate::api::SearchIn {
-                query: Some(a.query),
-                vector: None,
-                model: None,
+                query: a.query,
+                vector: a.vector,
+                model: a.model,
                 k: a.k,
                 after: a.after,
                 session: a.session,
