@@ -234,6 +234,13 @@ pub async fn vectors_and_hybrids_rank_as_written_by_hand_on_every_reader(ctx: Ct
     b.append(vec![rec("c", "t", "the weather is fine")]).await?;
     // An indexer embeds `c` later, through another writer, then again (the newer replaces).
     b.append(vec![emb("c", "t", &[0.0, 1.0])]).await?;
+    // A put of bytes (an image) is found by its vectors, never by words, and counts in no
+    // text statistic: under a model of its own, nearer (0, 1) than `a`.
+    let mut image = Record::text("img", "bot", "u", "user", "");
+    image.body = ctxlog_core::Body::Bytes(b"\x89PNG refund".to_vec());
+    let clip = |id: &str, session: &str, v: &[f32]| Record::embedding(id, "bot", session, "clip", Metric::Cosine, v);
+    a.append(vec![image, clip("img", "u", &[0.0, 1.0]), clip("a", "s", &[1.0, 0.0])])
+        .await?;
     let all = Filter::default();
     let s = searcher(store.as_ref()).await?;
     // Against (1, 0): cos a = 1, b = 0.6, c = 0.
@@ -257,6 +264,20 @@ pub async fn vectors_and_hybrids_rank_as_written_by_hand_on_every_reader(ctx: Ct
         (None, &only_t, &["c"]),
     ];
     let check = |s: &Searcher, entries: &[Entry], reader: &str| -> anyhow::Result<()> {
+        let pictures = near(s, "bot", None, "clip", &[0.0, 1.0], &all)?;
+        ensure!(
+            names(&pictures) == ["img", "a"],
+            "{reader}: clip ranks {:?}",
+            names(&pictures)
+        );
+        let both = near(s, "bot", Some("refund"), "clip", &[0.0, 1.0], &all)?;
+        // Text ranks b, a (not `img`: bytes hold no words); vectors img, a: fused a = 1/62 +
+        // 1/62, b = 1/61, img = 1/61, b before img in the contract's order.
+        ensure!(
+            names(&both) == ["a", "b", "img"],
+            "{reader}: clip hybrid ranks {:?}",
+            names(&both)
+        );
         for (q, filter, want) in &asks {
             let got = near(s, "bot", *q, "mini", &[1.0, 0.0], filter)?;
             ensure!(names(&got) == *want, "{reader}: {q:?} ranks {:?}", names(&got));

@@ -331,7 +331,8 @@ impl std::hash::Hasher for DocHasher {
 enum IdState {
     /// A tombstone was fed: nothing of it is held, for good (rule 7).
     Dead,
-    /// Its winning put so far, and that put's doc if it is one (text of a put or summary).
+    /// Its winning put so far, and that put's doc if it is one (a put or summary not purged:
+    /// of text, or of bytes found only by vector).
     Live { key: OrderKey, doc: Option<u64> },
 }
 
@@ -346,6 +347,8 @@ struct Doc {
     role: Arc<str>,
     metadata: Option<Box<serde_json::Value>>,
     len: u32,
+    /// Whether it is text (a doc of rule 26); a put of bytes is a doc of vector search only.
+    text: bool,
     terms: Box<[TermNo]>,
 }
 
@@ -551,8 +554,16 @@ impl CellVectors {
 
     fn push(&mut self, dim: usize, slot: Slot, vector: &[f32]) {
         let i = self.slots.len();
+        let room = self.blocks.last().map_or(0, |b| b.len() / dim);
         if i.is_multiple_of(BLOCK) {
-            self.blocks.push(vec![0.0; BLOCK * dim].into_boxed_slice());
+            // The first block of a cell holds one vector, and doubles up to a whole block:
+            // a bot's few vectors of a model cost what they are, not a block each.
+            let vectors = if i == 0 { 1 } else { BLOCK };
+            self.blocks.push(vec![0.0; vectors * dim].into_boxed_slice());
+        } else if i == room {
+            let mut grown = vec![0.0; (2 * room).min(BLOCK) * dim];
+            grown[..room * dim].copy_from_slice(&self.blocks[0]);
+            self.blocks[0] = grown.into_boxed_slice();
         }
         self.vector_mut(dim, i).copy_from_slice(vector);
         self.slots.push(slot);
@@ -878,6 +889,8 @@ struct BotText {
     free: Vec<TermNo>,
     /// Sessions and roles of live docs, each held once.
     names: HashSet<Arc<str>>,
+    /// The docs of text (rule 26's: what BM25's statistics count), and their terms.
+    text_docs: u64,
     total_len: u64,
 }
 
@@ -966,11 +979,13 @@ impl TextIndex {
             }
             _ => {}
         }
-        let text = match (&r.body, r.kind) {
-            (Body::Text(t), Kind::Put | Kind::Summary) if !e.purged => Some(t),
+        let doc = match (&r.body, r.kind) {
+            (_, Kind::Put | Kind::Summary) if e.purged => None,
+            (Body::Text(t), Kind::Put | Kind::Summary) => Some(bot.add(e, Some(t))),
+            // Found by its vectors only (rule 27).
+            (Body::Bytes(_), Kind::Put | Kind::Summary) => Some(bot.add(e, None)),
             _ => None,
         };
-        let doc = text.map(|t| bot.add(e, t));
         bot.ids.insert(r.id.as_str().into(), IdState::Live { key, doc });
         bot.redoc(&r.id, doc.map(|d| (d, key)));
     }
@@ -981,7 +996,7 @@ impl TextIndex {
         self.bots.get(bot).is_some_and(|b| b.dict.contains_key(term))
     }
 
-    /// Live docs of `bot`.
+    /// Live docs of `bot` (of text, and puts of bytes: rule 27's docs).
     pub fn docs(&self, bot: &str) -> usize {
         self.bots.get(bot).map_or(0, |b| b.docs.len())
     }
@@ -1120,10 +1135,12 @@ fn passes(d: &Doc, f: &Filter) -> bool {
 }
 
 impl BotText {
-    fn add(&mut self, e: &Entry, text: &str) -> u64 {
+    /// Hold `e` as a new doc: of `text`, or of no text (a put of bytes).
+    fn add(&mut self, e: &Entry, text: Option<&str>) -> u64 {
         let doc = self.next_doc;
         self.next_doc += 1;
-        let words = tokens(text);
+        let words = text.map(tokens).unwrap_or_default();
+        self.text_docs += u64::from(text.is_some());
         // Per distinct term, its positions: a doc's number is the largest yet, so each
         // term's postings take it at their end.
         let mut held: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
@@ -1156,6 +1173,7 @@ impl BotText {
                 role,
                 metadata: r.metadata.clone().map(Box::new),
                 len,
+                text: text.is_some(),
                 terms: terms.into_boxed_slice(),
             },
         );
@@ -1244,8 +1262,8 @@ impl BotText {
 
     /// Per candidate (by `cells`, among live docs that pass `filter`) holding a vector under
     /// `q.model` that agrees with the model's declaration (that of its earliest vector of a
-    /// live doc: a vector of an id without one — not yet put, or a bytes body — declares
-    /// nothing), its similarity to `q.vector`. A query vector of another dimension than the
+    /// live doc, of text or bytes: a vector of an id without one — not yet put, or purged —
+    /// declares nothing), its similarity to `q.vector`. A query vector of another dimension than the
     /// model's is refused (field `vector`); a model no doc holds a vector of finds nothing.
     fn nearest(&self, q: &Nearest, filter: &Filter, cells: &Cells, clock: &Clock) -> Result<DocMap<f64>> {
         let mut scores = DocMap::default();
@@ -1332,7 +1350,7 @@ impl BotText {
         for (slot, v) in cell.iter(dim) {
             clock.tick()?;
             let Some((doc, key)) = slot.doc else { continue };
-            if unfiltered || passes(&self.docs[&doc], filter) {
+            if unfiltered || self.docs.get(&doc).is_some_and(|d| passes(d, filter)) {
                 found.push((coarse(metric, q, v, slot.norm), key, doc, v));
             }
         }
@@ -1348,7 +1366,7 @@ impl BotText {
         phrases: &mut Vec<&'q [String]>,
         clock: &Clock,
     ) -> Result<DocMap<f64>> {
-        let n = self.docs.len() as f64;
+        let n = self.text_docs as f64;
         let avg = self.total_len as f64 / n;
         let mut scores: DocMap<f64> = DocMap::default();
         for clause in &query.clauses {
@@ -1430,6 +1448,7 @@ impl BotText {
     fn remove(&mut self, doc: u64) {
         let Some(d) = self.docs.remove(&doc) else { return };
         self.total_len -= u64::from(d.len);
+        self.text_docs -= u64::from(d.text);
         for &no in &d.terms {
             let p = &mut self.postings[no as usize];
             p.live -= 1;

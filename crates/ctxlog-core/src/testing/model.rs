@@ -678,17 +678,15 @@ pub fn find(
     let set = entry_set(entries);
     let all = crate::search::Filter::default();
     let ids = by_id(&set);
-    // Per live text doc of the bot: its winner, and whether it passes the filter.
+    // Per live doc of the bot, its winner: a put or summary not purged, of text (rule 26's
+    // docs, which `search` ranks by words) or of bytes (found by vector only).
     let docs: BTreeMap<&str, &Entry> = ids
         .iter()
         .filter(|((bot, _), _)| *bot == bot_id)
         .filter_map(|((_, id), history)| {
             let h = IdHistory::of(history);
             let w = h.winner.filter(|_| h.is_live())?;
-            match (&w.record.body, w.record.kind) {
-                (Body::Text(_), Kind::Put | Kind::Summary) if !w.purged => Some((*id, w)),
-                _ => None,
-            }
+            (matches!(w.record.kind, Kind::Put | Kind::Summary) && !w.purged).then_some((*id, w))
         })
         .collect();
     let key_of_doc = |id: &str| docs[id].key();
