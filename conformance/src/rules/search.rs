@@ -238,6 +238,7 @@ pub async fn vectors_and_hybrids_rank_as_written_by_hand_on_every_reader(ctx: Ct
     // text statistic: under a model of its own, nearer (0, 1) than `a`.
     let mut image = Record::text("img", "bot", "u", "user", "");
     image.body = ctxlog_core::Body::Bytes(b"\x89PNG refund".to_vec());
+    image.content_type = "image/png".into();
     let clip = |id: &str, session: &str, v: &[f32]| Record::embedding(id, "bot", session, "clip", Metric::Cosine, v);
     a.append(vec![image, clip("img", "u", &[0.0, 1.0]), clip("a", "s", &[1.0, 0.0])])
         .await?;
@@ -278,6 +279,18 @@ pub async fn vectors_and_hybrids_rank_as_written_by_hand_on_every_reader(ctx: Ct
             "{reader}: clip hybrid ranks {:?}",
             names(&both)
         );
+        let clip = Nearest {
+            model: "clip".into(),
+            vector: vec![0.0, 1.0],
+        };
+        let refund = Query::parse("refund")?;
+        for (got, q) in [(&pictures, None), (&both, Some(&refund))] {
+            let reference = model::find(entries, "bot", q, Some(&clip), &all, &ctxlog_core::search::CELLS);
+            ensure!(
+                Some(got) == reference.as_ref(),
+                "{reader}: clip {q:?} is {got:?}, the reference {reference:?}"
+            );
+        }
         for (q, filter, want) in &asks {
             let got = near(s, "bot", *q, "mini", &[1.0, 0.0], filter)?;
             ensure!(names(&got) == *want, "{reader}: {q:?} ranks {:?}", names(&got));

@@ -528,9 +528,9 @@ struct Slot {
 const BLOCK: usize = 64;
 
 /// The vectors of one cell side by side, so that a search reads a cell front to back: in
-/// blocks of [`BLOCK`] vectors rather than one array, so that a cell grows without copying
-/// and without leaving freed arrays of every size behind (vectors are most of a replica's
-/// memory).
+/// blocks of [`BLOCK`] vectors rather than one array, so that a large cell grows without
+/// copying and without leaving freed arrays of every size behind (vectors are most of a
+/// replica's memory); only the first block grows, from one vector, by doubling.
 #[derive(Clone, Debug, Default)]
 struct CellVectors {
     /// Its centroid's key (none for the loose cell and a free number's).
@@ -889,7 +889,7 @@ struct BotText {
     free: Vec<TermNo>,
     /// Sessions and roles of live docs, each held once.
     names: HashSet<Arc<str>>,
-    /// The docs of text (rule 26's: what BM25's statistics count), and their terms.
+    /// How many docs are of text (rule 26's docs: what BM25's statistics count).
     text_docs: u64,
     total_len: u64,
 }
@@ -1350,7 +1350,7 @@ impl BotText {
         for (slot, v) in cell.iter(dim) {
             clock.tick()?;
             let Some((doc, key)) = slot.doc else { continue };
-            if unfiltered || self.docs.get(&doc).is_some_and(|d| passes(d, filter)) {
+            if unfiltered || passes(&self.docs[&doc], filter) {
                 found.push((coarse(metric, q, v, slot.norm), key, doc, v));
             }
         }

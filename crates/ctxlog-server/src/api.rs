@@ -568,7 +568,8 @@ pub struct HitOut {
     pub score: f64,
     /// The query's terms it holds.
     pub matched: Vec<String>,
-    /// A short part of its text around the first matched word.
+    /// A short part of its text around the first matched word (empty for a record of bytes,
+    /// found by its vectors).
     pub snippet: String,
 }
 

@@ -712,8 +712,8 @@ fn nearest(ix: &TextIndex, model: &str, v: &[f32]) -> Vec<(String, f64)> {
 
 /// Vectors rank by their model's metric, as worked out by hand: cosine by angle, dot by
 /// projection, L2 by distance; a record embedded again ranks by its newest vector, the same
-/// vector the same on every metric's terms; a record without a text body, or without a
-/// vector of the model, is not found.
+/// vector the same on every metric's terms; a record without a vector of the model is not
+/// found.
 #[test]
 fn vectors_rank_by_the_metric_their_model_declares() {
     let mut entries = vec![
@@ -1081,4 +1081,66 @@ async fn a_catch_up_dropped_half_way_is_settled_by_the_next() {
             model::find(&entries, "bot", None, Some(&near), &all(), &cells)
         );
     }
+}
+
+/// A record of bytes is found by its vectors, never by its bytes as words, and counts in no
+/// text statistic; a cell of several blocks (64 vectors each) answers as the reference while
+/// its vectors go in any order.
+#[test]
+fn a_record_of_bytes_is_found_by_vector_and_a_cell_spans_blocks() {
+    let mut image = Record::text("img", "bot", "s", "user", "");
+    image.body = Body::Bytes(b"refund".to_vec());
+    let ix = index(&[
+        put(1, "t", "s", "refund order"),
+        entry("w", 2, 1_002, image),
+        emb(3, "img", "m", Metric::Dot, &[1.0, 0.0]),
+        emb(4, "t", "m", Metric::Dot, &[0.5, 0.0]),
+    ]);
+    let (hits, _) = ix.search("bot", &Query::parse("refund").unwrap(), &all(), None, 10);
+    assert_eq!(hits.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(), ["t"]);
+    // N = 1 and the average length 2: the bytes are no doc of text.
+    assert_eq!(hits[0].score, bm25(1.0, 1.0, 1.0, 2.0, 2.0));
+    assert_eq!(nearest(&ix, "m", &[1.0, 0.0]), [("img".into(), 1.0), ("t".into(), 0.5)]);
+    assert_eq!(ix.docs("bot"), 2);
+
+    // No centroid (one in 2^40): one cell of 200 vectors, then of fewer and fewer.
+    let cells = Cells {
+        sample: 1 << 40,
+        probe: 1,
+        candidates: 1_000,
+        exact: 1_000,
+    };
+    let mut entries = Vec::new();
+    for i in 0..200u64 {
+        let id = format!("r{i}");
+        entries.push(put(1 + 2 * i, &id, "s", "x"));
+        entries.push(emb(2 + 2 * i, &id, "m", Metric::Dot, &[i as f32, 1.0]));
+    }
+    let mut ix = TextIndex::with_cells(cells);
+    for e in &entries {
+        ix.apply(e);
+    }
+    let near = Nearest {
+        model: "m".into(),
+        vector: vec![-1.0, 0.5],
+    };
+    let mut seq = 1_000;
+    for round in 0..8 {
+        let (hits, _) = ix
+            .find_by("bot", Ask::Vector(&near), &all(), None, 100, &Deadline::never())
+            .unwrap();
+        let got: Vec<(String, f64)> = hits.into_iter().map(|h| (h.id, h.score)).collect();
+        let mut want = model::find(&entries, "bot", None, Some(&near), &all(), &cells).unwrap();
+        want.truncate(100);
+        assert_eq!(got, want, "round {round}");
+        // Twenty-five more gone, scattered over the cell's blocks.
+        for n in 0..25u64 {
+            let i = (round * 25 + n) * 37 % 200;
+            seq += 1;
+            let gone = entry("w", seq, 1_000 + seq, Record::tombstone(format!("r{i}"), "bot", "s"));
+            ix.apply(&gone);
+            entries.push(gone);
+        }
+    }
+    assert!(nearest(&ix, "m", &[1.0, 0.0]).is_empty());
 }

@@ -656,7 +656,8 @@ fn sampled_by_hand(e: &Entry, sample: u64) -> bool {
     hash.is_multiple_of(sample.max(1))
 }
 
-/// Rule 27's vector and hybrid search, by brute force, over the same docs as [`search`]: a
+/// Rule 27's vector and hybrid search, by brute force, over the docs of [`search`] and the
+/// live puts and summaries of bytes (found by vector only): a
 /// doc's vector under a model is the newest (contract order) embedding of its id under it
 /// that reads back whole; a model's declaration is the earliest of the docs' vectors;
 /// vectors that disagree with it are not searched; a query of another dimension is refused
