@@ -416,7 +416,7 @@ struct Held {
 pub struct Cells {
     /// One embedding in `sample` is sampled (at least 1: every one).
     pub sample: u64,
-    /// Cells taken at least.
+    /// Cells taken at least (at least 1).
     pub probe: usize,
     /// Candidates wanted before a search stops taking cells.
     pub candidates: usize,
@@ -510,7 +510,7 @@ type CellNo = u32;
 /// The cell of vectors routed to no centroid.
 const LOOSE: CellNo = 0;
 
-/// One vector of a lane, in its cell (its values are the cell's `vectors` at its slot).
+/// One vector of a lane, in its cell (its values are in the cell's blocks, at its slot).
 #[derive(Clone, Debug)]
 struct Slot {
     id: Arc<str>,
@@ -599,6 +599,7 @@ struct Centroid {
 #[derive(Clone, Debug)]
 struct Lane {
     dim: usize,
+    metric: Metric,
     /// Per vector's id, its cell and slot.
     at: HashMap<Arc<str>, (CellNo, u32)>,
     cells: Vec<CellVectors>,
@@ -618,9 +619,10 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(dim: usize) -> Lane {
+    fn new((dim, metric): Declaration) -> Lane {
         Lane {
             dim,
+            metric,
             at: HashMap::new(),
             cells: vec![CellVectors::default()],
             free: Vec::new(),
@@ -638,10 +640,10 @@ impl Lane {
 
     /// The cell of the centroid `v` is nearest, and how near (the loose cell while there is
     /// no centroid).
-    fn route(&self, metric: Metric, v: &[f32]) -> (CellNo, f32) {
+    fn route(&self, v: &[f32]) -> (CellNo, f32) {
         let mut best: Option<(CellNo, f32, OrderKey)> = None;
         for (c, w) in self.centroids() {
-            let s = coarse(metric, v, w, c.norm);
+            let s = coarse(self.metric, v, w, c.norm);
             if best.is_none_or(|(_, near, k)| nearer((s, c.key), (near, k))) {
                 best = Some((c.cell, s, c.key));
             }
@@ -670,15 +672,7 @@ impl Lane {
     /// Hold `vector` as `id`'s (which holds none in this lane), of `doc`, in the cell of the
     /// centroid it is nearest. A new centroid's cell takes the vectors held before it at the
     /// next [`Lane::settle`].
-    fn insert(
-        &mut self,
-        metric: Metric,
-        id: &str,
-        key: OrderKey,
-        vector: &[f32],
-        doc: Option<(u64, OrderKey)>,
-        sample: u64,
-    ) {
+    fn insert(&mut self, id: &str, key: OrderKey, vector: &[f32], doc: Option<(u64, OrderKey)>, sample: u64) {
         let id: Arc<str> = id.into();
         let norm = norm8(vector);
         if sampled(&key, sample) {
@@ -697,7 +691,7 @@ impl Lane {
             });
             self.centroid_vectors.extend_from_slice(vector);
         }
-        let (cell, near) = self.route(metric, vector);
+        let (cell, near) = self.route(vector);
         let slot = Slot {
             id,
             norm,
@@ -711,7 +705,7 @@ impl Lane {
     /// Move every vector nearer a centroid born after it was routed than to its own centroid
     /// into that centroid's cell (the nearest and earliest such): one pass over the lane, and
     /// then the cells are as [`Cells`] defines them.
-    fn settle(&mut self, metric: Metric) {
+    fn settle(&mut self) {
         if self.settled == self.born {
             return;
         }
@@ -723,7 +717,7 @@ impl Lane {
                     if c.born <= slot.routed_at {
                         continue;
                     }
-                    let s = coarse(metric, v, w, c.norm);
+                    let s = coarse(self.metric, v, w, c.norm);
                     let beats = match (best, cell.centroid) {
                         (Some((_, near, k)), _) => nearer((s, c.key), (near, k)),
                         (None, None) => true,
@@ -759,7 +753,7 @@ impl Lane {
 
     /// Let go of `id`'s vector; if it was a centroid, its cell's vectors go to the cells of
     /// the centroids they are nearest now.
-    fn remove(&mut self, metric: Metric, id: &str) {
+    fn remove(&mut self, id: &str) {
         let Some(&(cell, i)) = self.at.get(id) else {
             return;
         };
@@ -774,7 +768,7 @@ impl Lane {
         self.free.push(c.cell);
         for (slot, v) in gone.iter(self.dim) {
             let slot = slot.clone();
-            let (cell, near) = self.route(metric, v);
+            let (cell, near) = self.route(v);
             let routed_at = self.born;
             self.put(
                 cell,
@@ -964,8 +958,7 @@ impl TextIndex {
                 && !e.purged
                 && let Some((model, metric, vector)) = r.vector()
             {
-                let vector = vector.into_boxed_slice();
-                bot.embed(e.key(), model, (vector.len(), metric), vector, &r.id, sample);
+                bot.embed(e.key(), model, (vector.len(), metric), &vector, &r.id, sample);
             }
             return;
         }
@@ -1182,7 +1175,7 @@ impl BotText {
 
     /// Hold `vector` as id's embedding under `model` unless a newer one is held (the newest
     /// replaces: rule 27).
-    fn embed(&mut self, key: OrderKey, model: &str, decl: Declaration, vector: Box<[f32]>, id: &str, sample: u64) {
+    fn embed(&mut self, key: OrderKey, model: &str, decl: Declaration, vector: &[f32], id: &str, sample: u64) {
         let held = self.vectors.get(id).and_then(|v| v.get(model)).copied();
         match held {
             Some(h) if h.key >= key => return,
@@ -1213,8 +1206,8 @@ impl BotText {
             .entry(model)
             .or_default()
             .entry(decl)
-            .or_insert_with(|| Lane::new(decl.0))
-            .insert(decl.1, id, key, &vector, doc, sample);
+            .or_insert_with(|| Lane::new(decl))
+            .insert(id, key, vector, doc, sample);
     }
 
     /// Hold `doc` (and its key) as the doc of `id`'s vectors: its live doc changed.
@@ -1229,10 +1222,8 @@ impl BotText {
 
     /// Settle every lane of the bot.
     fn settle(&mut self) {
-        for lanes in self.lanes.values_mut() {
-            for ((_, metric), lane) in lanes.iter_mut() {
-                lane.settle(*metric);
-            }
+        for lane in self.lanes.values_mut().flat_map(|l| l.values_mut()) {
+            lane.settle();
         }
     }
 
@@ -1240,7 +1231,7 @@ impl BotText {
     fn unlane(&mut self, model: &str, decl: Declaration, id: &str) {
         let Some(lanes) = self.lanes.get_mut(model) else { return };
         if let Some(lane) = lanes.get_mut(&decl) {
-            lane.remove(decl.1, id);
+            lane.remove(id);
             if lane.at.is_empty() {
                 lanes.remove(&decl);
             }
@@ -1292,32 +1283,26 @@ impl BotText {
         let Some(lane) = self.lanes.get(q.model.as_str()).and_then(|l| l.get(&(dim, metric))) else {
             return Ok(scores);
         };
+        // The cells nearest first, the earliest centroid of equals (a lane without a
+        // centroid is one cell).
+        let mut order = Vec::with_capacity(lane.centroids.len());
+        for (c, w) in lane.centroids() {
+            clock.tick()?;
+            order.push((coarse(metric, &q.vector, w, c.norm), c.key, c.cell));
+        }
+        order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let cells_in_order = if order.is_empty() {
+            vec![LOOSE]
+        } else {
+            order.into_iter().map(|(_, _, cell)| cell).collect()
+        };
         // Candidates: coarse similarity, doc key, doc, vector.
         let mut found: Vec<(f32, OrderKey, u64, &[f32])> = Vec::new();
-        if lane.centroids.is_empty() {
-            self.candidates(
-                &lane.cells[LOOSE as usize],
-                lane.dim,
-                metric,
-                &q.vector,
-                filter,
-                clock,
-                &mut found,
-            )?;
-        } else {
-            let mut order = Vec::with_capacity(lane.centroids.len());
-            for (c, w) in lane.centroids() {
-                clock.tick()?;
-                order.push((coarse(metric, &q.vector, w, c.norm), c.key, c.cell));
+        for (probed, cell) in cells_in_order.into_iter().enumerate() {
+            if probed >= cells.probe && found.len() >= cells.candidates {
+                break;
             }
-            order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-            for (probed, (_, _, cell)) in order.into_iter().enumerate() {
-                if probed >= cells.probe && found.len() >= cells.candidates {
-                    break;
-                }
-                let cell = &lane.cells[cell as usize];
-                self.candidates(cell, lane.dim, metric, &q.vector, filter, clock, &mut found)?;
-            }
+            self.candidates(lane, cell, &q.vector, filter, clock, &mut found)?;
         }
         let best = |a: &(f32, OrderKey, u64, &[f32]), b: &(f32, OrderKey, u64, &[f32])| {
             b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1))
@@ -1333,25 +1318,23 @@ impl BotText {
         Ok(scores)
     }
 
-    /// The vectors of `cell` whose ids have a live doc that passes `filter`, as candidates
-    /// of a search for `q` (onto `found`): coarse similarity, doc key, doc, vector.
-    #[allow(clippy::too_many_arguments)]
+    /// The vectors of `lane`'s `cell` whose ids have a live doc that passes `filter`, as
+    /// candidates of a search for `q` (onto `found`): coarse similarity, doc key, doc, vector.
     fn candidates<'a>(
         &self,
-        cell: &'a CellVectors,
-        dim: usize,
-        metric: Metric,
+        lane: &'a Lane,
+        cell: CellNo,
         q: &[f32],
         filter: &Filter,
         clock: &Clock,
         found: &mut Vec<(f32, OrderKey, u64, &'a [f32])>,
     ) -> Result<()> {
         let unfiltered = *filter == Filter::default();
-        for (slot, v) in cell.iter(dim) {
+        for (slot, v) in lane.cells[cell as usize].iter(lane.dim) {
             clock.tick()?;
             let Some((doc, key)) = slot.doc else { continue };
             if unfiltered || passes(&self.docs[&doc], filter) {
-                found.push((coarse(metric, q, v, slot.norm), key, doc, v));
+                found.push((coarse(lane.metric, q, v, slot.norm), key, doc, v));
             }
         }
         Ok(())

@@ -317,12 +317,10 @@ fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
         prop::collection::vec(-3i8..4, 3),
     );
     prop::collection::vec(one, 1..40).prop_map(|specs| {
-        let mut seqs = [0u64; 3];
-        specs
+        let records = specs
             .into_iter()
             .enumerate()
             .map(|(i, (w, id, session, bot, words, what, v))| {
-                seqs[w] += 1;
                 let text: Vec<&str> = words.iter().map(|&k| WORDS[k]).collect();
                 let (bot, session, id) = (["bot", "other"][bot], format!("s{session}"), format!("r{id}"));
                 let record = match what {
@@ -357,12 +355,30 @@ fn arb_entries() -> impl Strategy<Value = Vec<Entry>> {
                     }
                     _ => Record::text(id, bot, session, ["user", "tool"][i % 2], text.join(" ")),
                 };
-                // Few clock values: equal scores tie on the clock too, and the contract's
-                // order goes on to shard and seq.
-                entry(["w0", "w1", "w2"][w], seqs[w], 1_000 + (i as u64 * 7919) % 5, record)
-            })
-            .collect()
+                (w, record)
+            });
+        by_writers(records, 5)
     })
+}
+
+/// `records` as entries of writers `w0`, `w1` and `w2` (each record's writer by number), in
+/// order, over `clocks` clock values: equal scores tie on the clock too, and the contract's
+/// order goes on to shard and seq.
+fn by_writers(records: impl IntoIterator<Item = (usize, Record)>, clocks: u64) -> Vec<Entry> {
+    let mut seqs = [0u64; 3];
+    records
+        .into_iter()
+        .enumerate()
+        .map(|(i, (w, record))| {
+            seqs[w] += 1;
+            entry(
+                ["w0", "w1", "w2"][w],
+                seqs[w],
+                1_000 + (i as u64 * 7919) % clocks,
+                record,
+            )
+        })
+        .collect()
 }
 
 /// `entries` in an order drawn from `seed`.
@@ -603,24 +619,19 @@ fn arb_vectors() -> impl Strategy<Value = Vec<Entry>> {
     );
     let metric = prop::sample::select(vec![Metric::Cosine, Metric::Dot, Metric::L2]);
     (metric, prop::collection::vec(one, 1..120)).prop_map(|(metric, specs)| {
-        let mut seqs = [0u64; 3];
-        specs
-            .into_iter()
-            .enumerate()
-            .map(|(i, (w, id, session, what, v))| {
-                seqs[w] += 1;
-                let (session, id) = (format!("s{session}"), format!("v{id}"));
-                let record = match what {
-                    0 => Record::tombstone(id, "bot", session),
-                    1..=3 => Record::text(id, "bot", session, "user", "refund"),
-                    _ => {
-                        let v: Vec<f32> = v.iter().map(|&x| f32::from(x) / 2.0).collect();
-                        Record::embedding(id, "bot", session, "m", metric, &v)
-                    }
-                };
-                entry(["w0", "w1", "w2"][w], seqs[w], 1_000 + (i as u64 * 7919) % 7, record)
-            })
-            .collect()
+        let records = specs.into_iter().map(|(w, id, session, what, v)| {
+            let (session, id) = (format!("s{session}"), format!("v{id}"));
+            let record = match what {
+                0 => Record::tombstone(id, "bot", session),
+                1..=3 => Record::text(id, "bot", session, "user", "refund"),
+                _ => {
+                    let v: Vec<f32> = v.iter().map(|&x| f32::from(x) / 2.0).collect();
+                    Record::embedding(id, "bot", session, "m", metric, &v)
+                }
+            };
+            (w, record)
+        });
+        by_writers(records, 7)
     })
 }
 
