@@ -374,7 +374,11 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 takeovers += 1;
             }
             3 => {
-                let out = crate::bench::probe::output_within(&mut driver(&["compact"]), Duration::from_secs(120))?;
+                // Compaction works through every shard's new generations, which the writers
+                // pile up fast: it runs with an operator's deadline, not a writer's.
+                let mut cmd = Command::new(&bin);
+                cmd.args(["--store", &uri, "--timeout", &COMPACT_TIMEOUT.as_secs().to_string(), "compact"]);
+                let out = crate::bench::probe::output_within(&mut cmd, COMPACT_TIMEOUT * 2)?;
                 compactions += 1;
                 if !out.status.success() {
                     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -601,6 +605,9 @@ fn stop_reader(mut reader: Child, hangs: &mut u64, failures: &mut Vec<String>) -
     Ok(())
 }
 
+/// The deadline of a compaction (`--timeout`); the soak's loop waits for it (twice as long,
+/// then it is a hang), so it is shorter than a maintenance command's.
+const COMPACT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The deadline of a maintenance command (`--timeout`).
 const MAINTENANCE_TIMEOUT: Duration = Duration::from_secs(240);
 /// Past its deadline, how long a maintenance process may take to end before it counts as hung.
