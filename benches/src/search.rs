@@ -179,6 +179,7 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64,
         (records / 100).clamp(1, FRESH_APPENDS),
     )
     .await?;
+    let saved = saved_index(store.as_ref(), &mut searcher, &asks).await?;
     drop(searcher);
 
     // The floor: FTS5 on the same texts.
@@ -240,6 +241,7 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64,
         },
         "vectors": vectors,
         "freshness": freshness,
+        "saved_index": saved,
         "query": summary(ours.0.clone()),
         "query_in_session": summary(ours.1.clone()),
         "fts5": {
@@ -252,7 +254,59 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64,
             "query_p99_over_fts5": p99(&ours.0) / p99(&floor.0),
             "query_in_session_p99_over_fts5": p99(&ours.1) / p99(&floor.1),
             "build_over_fts5": build_s / fts_build_s,
+            "cold_load_over_build": saved["cold_load_s"].as_f64().unwrap_or(f64::NAN) / build_s,
         },
+    }))
+}
+
+/// The index saved to a file beside the store and loaded back as a cold replica would: the
+/// bytes, the time to save (tails read, encoded, written, synced) and to load (read, checked,
+/// decoded, tails checked against the store), and the loaded index answering the text
+/// queries as the one it was saved from.
+async fn saved_index(
+    store: &dyn ctxlog::Store,
+    searcher: &mut Searcher,
+    asks: &[(Vec<String>, String)],
+) -> Result<Value> {
+    use ctxlog::search::persist;
+    let dir = std::env::temp_dir().join(format!("ctxlog-bench-saved-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("index");
+    let started = Instant::now();
+    let tails = searcher.tails(store).await?;
+    let bytes = searcher.encode("bench", 0, tails)?;
+    let encode_s = started.elapsed().as_secs_f64();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    let save_s = started.elapsed().as_secs_f64();
+    let len = bytes.len();
+    drop(bytes);
+    let started = Instant::now();
+    let bytes = std::fs::read(&path)?;
+    let read_s = started.elapsed().as_secs_f64();
+    let loaded = persist::decode(&bytes, "bench", ctxlog::search::CELLS)?;
+    drop(bytes);
+    let decode_s = started.elapsed().as_secs_f64() - read_s;
+    Searcher::holds_tails(store, &loaded.tails).await??;
+    let cold_load_s = started.elapsed().as_secs_f64();
+    std::fs::remove_dir_all(&dir)?;
+    for (words, _) in asks.iter().take(20) {
+        let q = Query::parse(&words.join(" "))?;
+        let want = searcher.index().search(BOT, &q, &Filter::default(), None, 10);
+        let got = loaded.searcher.index().search(BOT, &q, &Filter::default(), None, 10);
+        anyhow::ensure!(got == want, "the loaded index answers {q:?} otherwise");
+    }
+    Ok(json!({
+        "bytes": len,
+        "encode_s": encode_s,
+        "save_s": save_s,
+        "read_s": read_s,
+        "decode_s": decode_s,
+        "cold_load_s": cold_load_s,
     }))
 }
 

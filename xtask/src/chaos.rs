@@ -377,7 +377,13 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                 // Compaction works through every shard's new generations, which the writers
                 // pile up fast: it runs with an operator's deadline, not a writer's.
                 let mut cmd = Command::new(&bin);
-                cmd.args(["--store", &uri, "--timeout", &COMPACT_TIMEOUT.as_secs().to_string(), "compact"]);
+                cmd.args([
+                    "--store",
+                    &uri,
+                    "--timeout",
+                    &COMPACT_TIMEOUT.as_secs().to_string(),
+                    "compact",
+                ]);
                 let out = crate::bench::probe::output_within(&mut cmd, COMPACT_TIMEOUT * 2)?;
                 compactions += 1;
                 if !out.status.success() {
@@ -395,6 +401,9 @@ pub(crate) fn soak(backend: &str, seconds: Duration, seed: u64, s3: Option<&s3_l
                     // Only the bot of the writers' cold sessions (written once, then idle).
                     "retain" => ctxlog_cli(&["retain", "--bot", "chaos-cold", "--older-than", "3s"]),
                     "gc" => ctxlog_cli(&["gc", "--grace", &grace]),
+                    // The search index too: saved beside writers and purges (a purge that
+                    // overlaps it withdraws it).
+                    "snapshot" => ctxlog_cli(&["snapshot", "--search"]),
                     other => ctxlog_cli(&[other]),
                 };
                 let child = cmd

@@ -256,6 +256,7 @@ pub(crate) fn run(s3: &s3_loopback::Server) -> Result<()> {
         "query_p99_over_fts5",
         "query_in_session_p99_over_fts5",
         "build_over_fts5",
+        "cold_load_over_build",
     ] {
         ensure!(r["ratios"][k].as_f64().is_some_and(|v| v > 0.0), "{k} missing in {r}");
     }

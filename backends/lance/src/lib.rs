@@ -185,26 +185,32 @@ impl Store for LanceStore {
     /// entry), and base-table versions superseded longer ago than the grace period. See
     /// `reclaim.rs`.
     async fn gc(&self, options: &GcOptions) -> Result<GcReport> {
-        with_deadline(
-            "gc",
-            self.shared.timeout(),
-            None,
-            Written::Unknown,
-            reclaim::gc(&self.shared, options),
-        )
+        with_deadline("gc", self.shared.timeout(), None, Written::Unknown, async {
+            let report = reclaim::gc(&self.shared, options).await?;
+            // Saved search indexes begun before the last purge (a save that died half-way).
+            if let Some(saved) = self.saved_indexes() {
+                ctxlog_core::search::saved::sweep(&*saved).await?;
+            }
+            Ok(report)
+        })
         .await
     }
 
     /// Fold, erase the base table's rows of tombstoned ids, rewrite their fragments; `gc`
     /// deletes the older copies. See `reclaim.rs`.
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
-        with_deadline(
-            "purge",
-            self.shared.timeout(),
-            None,
-            Written::Unknown,
+        let purge = ctxlog_core::search::saved::around_purge(
+            self.saved_indexes(),
+            BACKEND,
             reclaim::purge(&self.shared, options),
-        )
-        .await
+        );
+        with_deadline("purge", self.shared.timeout(), None, Written::Unknown, purge).await
+    }
+
+    /// Objects under the dataset, `_ctxlog/search/` (beside the snapshots).
+    fn saved_indexes(&self) -> Option<Arc<dyn ctxlog_core::search::saved::SavedIndexes>> {
+        Some(Arc::new(snapshots::LanceIndexes {
+            shared: self.shared.clone(),
+        }))
     }
 }

@@ -29,10 +29,6 @@ fn identity_path(base: &Path) -> Path {
 /// Where the snapshots lie under the dataset.
 const DIR: &str = "_ctxlog/snapshots";
 
-fn dir(base: &Path) -> Path {
-    Path::from(format!("{base}/{DIR}"))
-}
-
 fn snapshot_path(base: &Path, name: &str) -> Path {
     Path::from(format!("{base}/{DIR}/{name}"))
 }
@@ -63,14 +59,19 @@ pub(crate) async fn identity(shared: &Shared, create: bool) -> Result<Option<Str
 
 /// The stored snapshots' names, newest first.
 pub(crate) async fn names(shared: &Shared) -> Result<Vec<String>> {
+    names_in(shared, DIR, "list snapshots").await
+}
+
+/// The names of the objects in `dir` under the dataset, newest first.
+async fn names_in(shared: &Shared, dir: &str, op: &'static str) -> Result<Vec<String>> {
     let (store, base_path) = shared.objects().await?;
-    let prefix = dir(&base_path);
+    let prefix = Path::from(format!("{base_path}/{dir}"));
     let listed: Vec<object_store::ObjectMeta> = store
         .inner
         .list(Some(&prefix))
         .try_collect()
         .await
-        .map_err(|e| store_err("list snapshots", None, Written::Nothing, e))?;
+        .map_err(|e| store_err(op, None, Written::Nothing, e))?;
     let mut names: Vec<String> = listed
         .into_iter()
         .filter_map(|m| m.location.filename().map(str::to_string))
@@ -81,11 +82,16 @@ pub(crate) async fn names(shared: &Shared) -> Result<Vec<String>> {
 
 /// The bytes of snapshot `name`; `None` if it is gone.
 pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>> {
-    if let Some(dir) = crate::io::local_dir(&shared.uri) {
-        return read_local_file(dir.join(DIR).join(name)).await;
+    read_in(shared, DIR, name, "read a snapshot").await
+}
+
+/// The bytes of the object `name` in `dir` under the dataset; `None` if it is gone.
+async fn read_in(shared: &Shared, dir: &str, name: &str, op: &'static str) -> Result<Option<Vec<u8>>> {
+    if let Some(local) = crate::io::local_dir(&shared.uri) {
+        return read_local_file(local.join(dir).join(name)).await;
     }
     let (store, base_path) = shared.objects().await?;
-    let path = snapshot_path(&base_path, name);
+    let path = Path::from(format!("{base_path}/{dir}/{name}"));
     let bytes = match store.inner.get(&path).await {
         Ok(got) => got.bytes().await,
         Err(e) => Err(e),
@@ -94,7 +100,7 @@ pub(crate) async fn read(shared: &Shared, name: &str) -> Result<Option<Vec<u8>>>
         // The loaded index keeps these bytes: take the buffer rather than copy it.
         Ok(bytes) => Ok(Some(Vec::from(bytes))),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(store_err("read a snapshot", None, Written::Nothing, e)),
+        Err(e) => Err(store_err(op, None, Written::Nothing, e)),
     }
 }
 
@@ -301,6 +307,127 @@ pub(crate) async fn rewrite_sources(
     })
     .await?;
     Ok(rewritten)
+}
+
+/// Where saved search indexes lie under the dataset (`<millis>-<uuid>.idx`), and the purge
+/// mark beside them.
+const SEARCH_DIR: &str = "_ctxlog/search";
+const SEARCH_MARK: &str = "_ctxlog/search-purged";
+
+/// Saved search indexes (issue 34) as objects under the dataset: put whole by the object
+/// store, read like snapshots, the newest [`ctxlog_core::search::saved::KEEP`] kept.
+pub(crate) struct LanceIndexes {
+    pub(crate) shared: std::sync::Arc<Shared>,
+}
+
+#[async_trait::async_trait]
+impl ctxlog_core::search::saved::SavedIndexes for LanceIndexes {
+    async fn identity(&self, create: bool) -> Result<Option<String>> {
+        identity(&self.shared, create).await
+    }
+
+    async fn names(&self) -> Result<Vec<String>> {
+        let mut names = names_in(&self.shared, SEARCH_DIR, "list saved search indexes").await?;
+        names.retain(|n| n.ends_with(".idx"));
+        Ok(names)
+    }
+
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        if name.contains('/') {
+            return Ok(None);
+        }
+        read_in(&self.shared, SEARCH_DIR, name, "read a saved search index").await
+    }
+
+    async fn put(&self, bytes: Vec<u8>, tag: &str) -> Result<String> {
+        let (store, base_path) = self.shared.objects().await?;
+        let name = format!(
+            "{:020}-{}-{tag}.idx",
+            crate::io::storage_now().timestamp_millis().max(0),
+            uuid::Uuid::new_v4().simple()
+        );
+        store
+            .inner
+            .put(&Path::from(format!("{base_path}/{SEARCH_DIR}/{name}")), bytes.into())
+            .await
+            .map_err(|e| store_err("save a search index", None, Written::Unknown, e))?;
+        for old in self.names().await?.into_iter().skip(ctxlog_core::search::saved::KEEP) {
+            self.delete(&old).await?;
+        }
+        Ok(name)
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        if name.contains('/') {
+            return Ok(());
+        }
+        let (store, base_path) = self.shared.objects().await?;
+        match store
+            .inner
+            .delete(&Path::from(format!("{base_path}/{SEARCH_DIR}/{name}")))
+            .await
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_err("delete a saved search index", None, Written::Unknown, e)),
+        }
+    }
+
+    async fn mark(&self) -> Result<Option<String>> {
+        let (store, base_path) = self.shared.objects().await?;
+        match store
+            .read_one_all(&Path::from(format!("{base_path}/{SEARCH_MARK}")))
+            .await
+        {
+            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(lance_err("read the purge mark", None, Written::Nothing, e)),
+        }
+    }
+
+    async fn remark(&self) -> Result<()> {
+        let (store, base_path) = self.shared.objects().await?;
+        store
+            .inner
+            .put(
+                &Path::from(format!("{base_path}/{SEARCH_MARK}")),
+                uuid::Uuid::new_v4().to_string().into_bytes().into(),
+            )
+            .await
+            .map_err(|e| store_err("change the purge mark", None, Written::Unknown, e))?;
+        // On a local disk, a crashed put leaves its staging file (`<name>#<n>`) beside the
+        // saved indexes, which listing does not show: it may hold what the purge erases.
+        if let Some(dir) = crate::io::local_dir(&self.shared.uri) {
+            let dir = dir.join(SEARCH_DIR);
+            let swept = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(entries) => entries,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(e),
+                };
+                for entry in entries {
+                    let path = entry?.path();
+                    if !path.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".idx")) {
+                        match std::fs::remove_file(&path) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                            _ => {}
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await;
+            let err = |e: std::io::Error| {
+                lance_err(
+                    "sweep saved search indexes",
+                    None,
+                    Written::Unknown,
+                    lance::Error::io_source(Box::new(e)),
+                )
+            };
+            swept.map_err(|e| err(std::io::Error::other(e)))?.map_err(err)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

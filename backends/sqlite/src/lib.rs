@@ -225,6 +225,21 @@ impl Store for SqliteStore {
         ))))
     }
 
+    /// Files beside the store file, in `<store>.ctxlog-search/` (a saved index of a large
+    /// store is larger than a SQLite value may be, and would hold the write lock while
+    /// written).
+    fn saved_indexes(&self) -> Option<Arc<dyn ctxlog_core::search::saved::SavedIndexes>> {
+        let mut dir = self.path.clone().into_os_string();
+        dir.push(".ctxlog-search");
+        let identity = Arc::new(SqliteIndex::new(self.path.clone(), self.options.clone()));
+        Some(Arc::new(ctxlog_core::search::saved::DirIndexes::new(
+            PathBuf::from(dir),
+            "sqlite",
+            identity,
+            self.options.clock.clone(),
+        )))
+    }
+
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery> {
         let index = SqliteIndex::new(self.path.clone(), self.options.clone());
         Box::new(HistoryConflicts::new(
@@ -268,10 +283,17 @@ impl Store for SqliteStore {
         let deadline = tokio::time::Instant::now() + self.options.timeout;
         let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
         let (path, options) = (self.path.clone(), options.clone());
-        conn.run_by(deadline, "gc", None, Written::Unknown, move |c| {
-            reclaim::gc(c, &path, &options)
-        })
-        .await
+        let report = conn
+            .run_by(deadline, "gc", None, Written::Unknown, move |c| {
+                reclaim::gc(c, &path, &options)
+            })
+            .await?;
+        // Saved search indexes begun before the last purge (a save that died half-way).
+        if let Some(saved) = self.saved_indexes() {
+            let sweep = ctxlog_core::search::saved::sweep(&*saved);
+            ctxlog_core::backend::with_deadline("gc", self.options.timeout, None, Written::Unknown, sweep).await?;
+        }
+        Ok(report)
     }
 
     /// Bodies and metadata of tombstoned ids erased in place, freed bytes zeroed, the WAL
@@ -280,9 +302,10 @@ impl Store for SqliteStore {
         let deadline = tokio::time::Instant::now() + self.options.timeout;
         let conn = Conn::open_by(&self.path, Access::Write, self.options.timeout, deadline).await?;
         let (path, options) = (self.path.clone(), options.clone());
-        conn.run_by(deadline, "purge", None, Written::Unknown, move |c| {
+        let erase = conn.run_by(deadline, "purge", None, Written::Unknown, move |c| {
             reclaim::purge(c, &path, &options)
-        })
-        .await
+        });
+        let purge = ctxlog_core::search::saved::around_purge(self.saved_indexes(), "sqlite", erase);
+        ctxlog_core::backend::with_deadline("purge", self.options.timeout * 2, None, Written::Unknown, purge).await
     }
 }

@@ -588,3 +588,80 @@ async fn a_store_moves_to_format_2_with_its_first_summary_and_a_newer_one_is_ref
         "a refused store is left as it was"
     );
 }
+
+/// A saved search index of a store that was then restored from an older copy, and took other
+/// appends at the same seqs, is not used: the entries at its position are not the store's
+/// (rule 26). The older saved index, whose position the copy still holds, is.
+#[tokio::test]
+async fn a_saved_search_index_of_a_rolled_back_store_is_passed_over() {
+    use ctxlog_core::search::saved::{self, Saved};
+    use ctxlog_core::search::{Filter, Query, Searcher};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let text = |id: &str, t: &str| Record::text(id, "bot", "s", "user", t);
+    // The store's own files (not the saved indexes' directory beside them).
+    let files = |dir: &Path| -> Vec<(PathBuf, Vec<u8>)> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("s.db")))
+            .map(|p| {
+                let bytes = outside::read_file(&p).unwrap();
+                (p, bytes)
+            })
+            .collect()
+    };
+    let save = |store: Arc<SqliteStore>| async move {
+        let got = saved::save(&mut Searcher::new(), store.as_ref()).await.unwrap();
+        assert!(matches!(got, Saved::Put { .. }), "{got:?}");
+    };
+    let store = Arc::new(
+        SqliteStore::open(&path, options(Duration::from_secs(10)))
+            .await
+            .unwrap(),
+    );
+    let mut shard = store.open_shard(&w("a")).await.unwrap();
+    shard.append(vec![text("r1", "refund one")]).await.unwrap();
+    shard.close().await.unwrap();
+    bounded("the first save", save(store.clone())).await;
+    drop(store);
+    let copy = files(dir.path());
+    let store = Arc::new(
+        SqliteStore::open(&path, options(Duration::from_secs(10)))
+            .await
+            .unwrap(),
+    );
+    let mut shard = store.open_shard(&w("a")).await.unwrap();
+    shard.append(vec![text("r2", "refund two")]).await.unwrap();
+    shard.close().await.unwrap();
+    bounded("the second save", save(store.clone())).await;
+    drop(store);
+    // Restored from the copy (the saved indexes beside it stay), then written again.
+    for (p, _) in files(dir.path()) {
+        std::fs::remove_file(p).unwrap();
+    }
+    for (p, bytes) in &copy {
+        write_foreign(p, bytes);
+    }
+    let store = SqliteStore::open(&path, options(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut shard = store.open_shard(&w("a")).await.unwrap();
+    shard.append(vec![text("r3", "the weather")]).await.unwrap();
+    shard.close().await.unwrap();
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    let mut searcher = Searcher::new();
+    let fed = bounded("a cold catch-up", searcher.catch_up(&store, &p.checkpoint()))
+        .await
+        .unwrap();
+    assert_eq!(fed, 1, "the cold searcher did not start from the first saved index");
+    let ids = |q: &str| -> Vec<String> {
+        let (hits, _) = searcher
+            .index()
+            .search("bot", &Query::parse(q).unwrap(), &Filter::default(), None, 10);
+        hits.into_iter().map(|h| h.id).collect()
+    };
+    assert_eq!(ids("refund"), ["r1"], "a record the store no longer holds is found");
+    assert_eq!(ids("weather"), ["r3"]);
+}

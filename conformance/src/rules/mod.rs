@@ -13,6 +13,7 @@ pub mod maintenance;
 pub mod order;
 pub mod reading;
 pub mod reclaim;
+pub mod saved_search;
 pub mod search;
 pub mod snapshots;
 pub mod summaries;
@@ -37,6 +38,7 @@ pub fn all() -> Vec<crate::Case> {
         as_of::cases(),
         forks::cases(),
         search::cases(),
+        saved_search::cases(),
         faults::cases(),
     ]
     .concat()

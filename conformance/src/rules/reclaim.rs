@@ -321,6 +321,9 @@ fn files_containing(dir: &std::path::Path, needle: &str) -> anyhow::Result<Vec<s
 ///   compressed files a byte scan cannot see into, object stores), no decoded value of any
 ///   stored version, generation or log entry holds it.
 ///
+/// A search index saved while the secret lives holds it, and the purge deletes every saved
+/// index: the scans above cover their files and objects too.
+///
 /// Each check runs where it applies, both where both do (local Lance), and each must find the
 /// secret before the purge (so that it can fail).
 ///
@@ -384,6 +387,23 @@ pub async fn a_purged_secret_is_in_no_byte_of_any_file(ctx: Ctx) -> anyhow::Resu
     for _ in 0..3 {
         store.compact(&CompactOptions::default()).await?;
     }
+    // A search index saved while the secret lives (rule 26's derived data) holds it — its
+    // metadata, its vector's bytes — until the purge deletes every saved index.
+    let indexes = store
+        .saved_indexes()
+        .context("every backend keeps saved search indexes")?;
+    let mut searcher = ctxlog_core::search::Searcher::new();
+    let ctxlog_core::search::saved::Saved::Put { name, .. } =
+        ctxlog_core::search::saved::save(&mut searcher, store.as_ref()).await?
+    else {
+        bail!("the search index was not saved");
+    };
+    drop(searcher);
+    let held = indexes.read(&name).await?.context("the saved index reads back")?;
+    ensure!(
+        held.windows(secret.len()).any(|w| w == secret.as_bytes()),
+        "the saved search index holds no byte of the live secret: its check would prove nothing"
+    );
     if scan_files {
         ensure!(
             !files_containing(&ctx.root, &secret)?.is_empty(),
@@ -411,6 +431,10 @@ pub async fn a_purged_secret_is_in_no_byte_of_any_file(ctx: Ctx) -> anyhow::Resu
     }
     let report = store.purge(&PurgeOptions::default()).await?;
     ensure!(report.ids_purged == 3, "expected 3 ids purged, got {report:?}");
+    ensure!(
+        indexes.names().await?.is_empty(),
+        "a saved search index outlived the purge"
+    );
     for _ in 0..3 {
         store.compact(&CompactOptions::default()).await?;
     }

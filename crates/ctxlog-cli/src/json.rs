@@ -326,6 +326,16 @@ pub(crate) fn snapshot_json(r: &SnapshotReport, refreshed: &RefreshReport) -> Va
     })
 }
 
+/// Where a saved search index went.
+pub(crate) fn saved_index_json(s: &ctxlog::search::saved::Saved) -> Value {
+    use ctxlog::search::saved::Saved;
+    match s {
+        Saved::Put { name, bytes } => json!({"saved": name, "bytes": bytes}),
+        Saved::Nowhere => json!({"saved": null, "why": "the store keeps no saved search indexes"}),
+        Saved::Withdrawn => json!({"saved": null, "why": "a purge ran meanwhile; run it again"}),
+    }
+}
+
 /// What a purge pass did.
 pub(crate) fn purge_json(r: &PurgeReport) -> Value {
     json!({

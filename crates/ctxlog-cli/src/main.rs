@@ -219,7 +219,13 @@ enum Command {
     /// Save the projection in the store (a projection snapshot), so that new readers start
     /// from it and read only what is newer. Keeps the newest two. Run it after `compact` and
     /// `gc`: a snapshot that names what gc later removes is skipped (a full scan instead).
-    Snapshot,
+    Snapshot {
+        /// Also save the search index (built from the newest saved one and what is past it,
+        /// or from the whole log), so that a replica's first search loads it and reads only
+        /// what is newer. Every purge deletes the saved indexes: run this after `purge`.
+        #[arg(long)]
+        search: bool,
+    },
     /// Move a store written by an earlier release (format 1 or 2, record ids one namespace
     /// across bots) to format 3, where ids are scoped by bot. Run it once every process that
     /// writes the store runs this release. Prints what it found: ids under more than one bot
@@ -542,7 +548,7 @@ impl Command {
             | Command::Gc { .. }
             | Command::Retain { .. }
             | Command::Purge { .. }
-            | Command::Snapshot
+            | Command::Snapshot { .. }
             | Command::Upgrade { .. } => true,
             Command::Get { .. }
             | Command::Session { .. }
@@ -1077,11 +1083,16 @@ async fn read_command(uri: &str, options: StoreOptions, cmd: &Command) -> Result
             let report = store.purge(&PurgeOptions::default().with_max_ids(*max_ids)).await?;
             print(json::purge_json(&report));
         }
-        Command::Snapshot => {
+        Command::Snapshot { search } => {
             let mut projector = store.projector();
             let refreshed = projector.refresh().await?;
             let report = projector.save_snapshot().await?;
-            print(json::snapshot_json(&report, &refreshed));
+            let mut out = json::snapshot_json(&report, &refreshed);
+            if *search {
+                let saved = ctxlog::search::saved::save(&mut ctxlog::search::Searcher::new(), store.as_ref()).await?;
+                out["search_index"] = json::saved_index_json(&saved);
+            }
+            print(out);
         }
         Command::Upgrade { accept_changed_views } => {
             let report = ctxlog::upgrade_ids_by_bot(store.as_ref(), *accept_changed_views).await?;

@@ -422,6 +422,22 @@ async fn snapshot_saves_the_projection_and_readers_start_from_it() {
         assert_eq!(report["entries_read"], 0, "{store}: {report}");
         let out = ctxlog(&store, &["session", "--bot", "b", "--session", "s"], "").await;
         assert_eq!(lines(&out).len(), 5, "{store}");
+        // With `--search`, the search index too (rule 26); `ctxlog search` starts from it.
+        let out = ctxlog(&store, &["snapshot", "--search"], "").await;
+        assert!(
+            out.status.success(),
+            "{store}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let saved = &lines(&out)[0]["search_index"];
+        assert!(
+            saved["saved"].is_string() && saved["bytes"].as_u64().is_some_and(|b| b > 0),
+            "{store}: {saved}"
+        );
+        let out = ctxlog(&store, &["search", "--bot", "b", "--query", "t3"], "").await;
+        let hits = lines(&out);
+        assert_eq!(hits.len(), 1, "{store}: {hits:?}");
+        assert_eq!(hits[0]["record"]["id"], "m3", "{store}");
     }
 }
 

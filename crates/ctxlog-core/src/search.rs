@@ -1602,6 +1602,8 @@ pub struct Searcher {
     at: Checkpoint,
     /// The store was seen at format 3 or later (formats only move up).
     scoped: bool,
+    /// A first catch-up looked for a saved index ([`saved::load`]).
+    looked: bool,
 }
 
 impl Searcher {
@@ -1644,6 +1646,22 @@ impl Searcher {
     /// record ids are grouped across bots (`InvalidInput` on field `format`: run `ctxlog
     /// upgrade`): the index keeps rule 6 and 7 per bot.
     pub async fn catch_up(&mut self, store: &dyn Store, to: &Checkpoint) -> Result<usize> {
+        // A searcher that holds nothing starts from the store's newest saved index that
+        // passes every check and holds nothing past `to`, if the store keeps any (and the
+        // store's options let snapshots be read): it then reads only what is past it.
+        if !std::mem::replace(&mut self.looked, true)
+            && self.at.0.is_empty()
+            && self.index.bots.is_empty()
+            && store.options().read_snapshots
+        {
+            let (found, report) = saved::load(store, self.index.cells, to).await;
+            for (name, why) in &report.refused {
+                tracing::warn!(saved_index = %name, "a saved search index was not used: {why}");
+            }
+            if let Some(found) = found {
+                *self = Searcher { looked: true, ..found };
+            }
+        }
         let format = if self.scoped {
             crate::IDS_BY_BOT
         } else {
@@ -1703,6 +1721,9 @@ impl Searcher {
         Ok(fed)
     }
 }
+
+pub mod persist;
+pub mod saved;
 
 #[cfg(test)]
 mod tests;

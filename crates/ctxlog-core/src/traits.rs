@@ -95,6 +95,18 @@ pub trait Store: Send + Sync + 'static {
     /// A history checker over the whole log.
     fn conflict_discovery(&self) -> Box<dyn ConflictDiscovery>;
 
+    /// Where the store keeps saved search indexes (derived data, rule 26), if anywhere: a
+    /// cold searcher loads the newest instead of reading the whole log.
+    ///
+    /// # Contract
+    ///
+    /// A store that gives one runs its `purge` through `search::saved::around_purge` (every
+    /// saved index forgotten before and after erasing) and its `gc` through
+    /// `search::saved::sweep`: no saved index outlives a purge.
+    fn saved_indexes(&self) -> Option<std::sync::Arc<dyn SavedIndexes>> {
+        None
+    }
+
     /// Fold what readers would otherwise merge at read time into the base storage, bounded
     /// by `options`.
     ///
@@ -319,4 +331,35 @@ pub trait ConflictDiscovery: Send + Sync {
     /// Every conflict in the log, in canonical order; with `after`, only those involving an
     /// entry past that checkpoint.
     async fn conflicts(&mut self, after: Option<&Checkpoint>) -> Result<Vec<Conflict>>;
+}
+
+/// A store's saved search indexes.
+///
+/// # Contract
+///
+/// - `put` stores the bytes whole or not at all (no reader lists or reads a part) and names
+///   them `<time>-<unique>-<tag>.idx`, so that names sort by when they were put and end with
+///   the purge mark's `search::saved::tag` the save began under; then it deletes all but the newest
+///   `search::saved::KEEP`.
+/// - `names` lists them newest first; `read` of a name deleted meanwhile is `None`.
+/// - `delete` of a name that is gone succeeds.
+/// - `mark` changes on every `remark`, and only then.
+/// - `identity` is the store's (with `create`, made if it has none): a saved index of
+///   another store is not used.
+#[async_trait]
+pub trait SavedIndexes: Send + Sync + 'static {
+    /// The store's identity; with `create`, made if it has none yet.
+    async fn identity(&self, create: bool) -> Result<Option<String>>;
+    /// The saved indexes' names, newest first.
+    async fn names(&self) -> Result<Vec<String>>;
+    /// The bytes of the saved index `name`, if it is still there.
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>>;
+    /// Save `bytes` as the newest, named with `tag`; its name.
+    async fn put(&self, bytes: Vec<u8>, tag: &str) -> Result<String>;
+    /// Delete the saved index `name`.
+    async fn delete(&self, name: &str) -> Result<()>;
+    /// The purge mark (none before the first purge).
+    async fn mark(&self) -> Result<Option<String>>;
+    /// Change the purge mark.
+    async fn remark(&self) -> Result<()>;
 }

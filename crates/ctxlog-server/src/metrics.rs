@@ -1,6 +1,6 @@
 //! What `/metrics` says, in Prometheus text: requests and their latencies by route and
 //! status, append request sizes, commits (one per group commit) and their sizes, watch
-//! streams, refreshes and how far the view lags.
+//! streams, refreshes and how far the view lags, entries the searcher read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -46,6 +46,7 @@ pub(crate) struct Metrics {
     pub(crate) refreshes: Counter,
     pub(crate) refresh_errors: Counter,
     pub(crate) refresh_latency: Histogram,
+    pub(crate) search_entries_read: Counter,
     /// When the view last refreshed successfully (ms since `started`).
     last_refresh_ms: AtomicU64,
     started: Instant,
@@ -94,6 +95,12 @@ impl Metrics {
             "Time to refresh the view",
             refresh_latency.clone(),
         );
+        let search_entries_read = Counter::default();
+        registry.register(
+            "search_entries_read",
+            "Entries the replica's searcher read from the store (past the saved index it started from, if any)",
+            search_entries_read.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -106,6 +113,7 @@ impl Metrics {
             refreshes,
             refresh_errors,
             refresh_latency,
+            search_entries_read,
             last_refresh_ms: AtomicU64::new(0),
             started: Instant::now(),
         }

@@ -1281,7 +1281,18 @@ async fn admin(
             detached(async move {
                 let mut p = replica.view.fresh().await?;
                 let c = p.save_snapshot().await?;
-                Ok(json!({"entries": c.entries, "bytes": c.bytes, "taken_millis": c.taken_millis}))
+                drop(p);
+                // The replica's search index too, if it has one (rule 26's derived data).
+                // The projection snapshot is written: a failure to save the search index is
+                // reported in the answer, not as the operation's failure.
+                let search = match replica.search.save(&replica).await {
+                    Ok(Some(ctxlog::search::saved::Saved::Put { name, bytes })) => json!({"saved": name, "bytes": bytes}),
+                    Ok(Some(ctxlog::search::saved::Saved::Withdrawn)) => json!({"saved": null, "why": "a purge ran meanwhile"}),
+                    Ok(Some(ctxlog::search::saved::Saved::Nowhere)) => json!({"saved": null, "why": "the store keeps no saved search indexes"}),
+                    Ok(None) => json!({"saved": null, "why": "this replica has not searched"}),
+                    Err(p) => json!({"saved": null, "error": p}),
+                };
+                Ok(json!({"entries": c.entries, "bytes": c.bytes, "taken_millis": c.taken_millis, "search_index": search}))
             })
             .await?
         }

@@ -88,8 +88,29 @@ impl Search {
             }
         }
         let mut s = self.searcher.write().await;
-        s.catch_up(&*r.store, to).await.map_err(Problem::from)?;
+        let fed = s.catch_up(&*r.store, to).await.map_err(Problem::from)?;
+        r.metrics.search_entries_read.inc_by(fed as u64);
         Ok(())
+    }
+
+    /// Save the replica's searcher as the store's newest saved index (caught up to the
+    /// store's end first), if it has read anything: a replica that never searched builds no
+    /// index here. Searches wait while it catches up, not while it is encoded or put.
+    pub(crate) async fn save(&self, r: &Replica) -> Result<Option<ctxlog::search::saved::Saved>, Problem> {
+        use ctxlog::search::saved;
+        let mut s = self.searcher.write().await;
+        if s.position().0.is_empty() {
+            return Ok(None);
+        }
+        // Caught up under the exclusive lock; encoded under a shared one (searches go on);
+        // put with no lock held.
+        let Some(begun) = saved::begin(&mut s, &*r.store).await.map_err(Problem::from)? else {
+            return Ok(Some(saved::Saved::Nowhere));
+        };
+        let s = s.downgrade();
+        let bytes = saved::encode(&s, &*r.store, &begun).await.map_err(Problem::from)?;
+        drop(s);
+        Ok(Some(saved::put(&*r.store, begun, bytes).await.map_err(Problem::from)?))
     }
 
     /// One page of `bot`'s hits for `input`.

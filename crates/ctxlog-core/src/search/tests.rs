@@ -7,6 +7,7 @@ use super::*;
 use crate::hlc::Hlc;
 use crate::ids::WriterId;
 use crate::record::Record;
+use crate::search::saved::SavedIndexes as _;
 use crate::testing::model;
 
 fn entry(writer: &str, seq: u64, hlc: u64, record: Record) -> Entry {
@@ -977,14 +978,17 @@ fn a_phrase_looks_at_its_deadline_per_position_of_a_long_doc() {
     looks_exactly(&ix, "\"a a\"", 10);
 }
 
-/// A store whose reads after the first never answer: a catch-up cancelled half-way.
-struct HangsAfterOneRead {
+/// A reference store whose reads after the first never answer (`hangs`: a catch-up
+/// cancelled half-way), and whose saved indexes are `saved`'s.
+struct Wrapped {
     inner: crate::testing::ReferenceStore,
     reads: std::sync::atomic::AtomicUsize,
+    hangs: bool,
+    saved: Option<std::sync::Arc<dyn saved::SavedIndexes>>,
 }
 
 #[async_trait::async_trait]
-impl Store for HangsAfterOneRead {
+impl Store for Wrapped {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -1001,7 +1005,7 @@ impl Store for HangsAfterOneRead {
         self.inner.shards().await
     }
     async fn read_shard(&self, shard: crate::ids::ShardId, after_seq: u64, limit: usize) -> Result<Vec<Entry>> {
-        if self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+        if self.hangs && self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
             std::future::pending::<()>().await;
         }
         self.inner.read_shard(shard, after_seq, limit).await
@@ -1027,6 +1031,85 @@ impl Store for HangsAfterOneRead {
     async fn purge(&self, options: &crate::options::PurgeOptions) -> Result<crate::options::PurgeReport> {
         self.inner.purge(options).await
     }
+    fn saved_indexes(&self) -> Option<std::sync::Arc<dyn saved::SavedIndexes>> {
+        self.saved.clone()
+    }
+}
+
+/// Saved indexes in memory over which a purge runs (its mark changed, every index deleted)
+/// just before each put: a purge that overlaps a save.
+struct PurgedAfterPut(saved::MemoryIndexes);
+
+#[async_trait::async_trait]
+impl saved::SavedIndexes for PurgedAfterPut {
+    async fn identity(&self, create: bool) -> Result<Option<String>> {
+        self.0.identity(create).await
+    }
+    async fn names(&self) -> Result<Vec<String>> {
+        self.0.names().await
+    }
+    async fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        self.0.read(name).await
+    }
+    async fn put(&self, bytes: Vec<u8>, tag: &str) -> Result<String> {
+        // A purge ran while the index was encoded: it forgot every saved index before this
+        // one was put.
+        saved::forget(&self.0).await?;
+        self.0.put(bytes, tag).await
+    }
+    async fn delete(&self, name: &str) -> Result<()> {
+        self.0.delete(name).await
+    }
+    async fn mark(&self) -> Result<Option<String>> {
+        self.0.mark().await
+    }
+    async fn remark(&self) -> Result<()> {
+        self.0.remark().await
+    }
+}
+
+/// A save that a purge overlaps (the mark changed between its first look and its put's end)
+/// deletes what it put: it may hold what the purge erased. Without the overlap, it is kept.
+#[tokio::test]
+async fn a_save_that_a_purge_overlaps_is_withdrawn() {
+    use crate::options::StoreOptions;
+    use crate::testing::ReferenceStore;
+    let store = ReferenceStore::open("search-save-purged", StoreOptions::default()).unwrap();
+    let mut w = store.open_shard(&WriterId::new("a").unwrap()).await.unwrap();
+    w.append(vec![Record::text("r1", "bot", "s", "user", "refund my order")])
+        .await
+        .unwrap();
+    let overlapped = std::sync::Arc::new(PurgedAfterPut(saved::MemoryIndexes::new("x")));
+    let wrapped = Wrapped {
+        inner: store.clone(),
+        reads: Default::default(),
+        hangs: false,
+        saved: Some(overlapped.clone()),
+    };
+    let got = saved::save(&mut Searcher::new(), &wrapped).await.unwrap();
+    assert_eq!(got, saved::Saved::Withdrawn);
+    assert!(
+        overlapped.names().await.unwrap().is_empty(),
+        "the withdrawn index is kept"
+    );
+    let calm = std::sync::Arc::new(saved::MemoryIndexes::new("x"));
+    let wrapped = Wrapped {
+        saved: Some(calm.clone()),
+        ..wrapped
+    };
+    let got = saved::save(&mut Searcher::new(), &wrapped).await.unwrap();
+    assert!(matches!(got, saved::Saved::Put { .. }), "{got:?}");
+    assert_eq!(calm.names().await.unwrap().len(), 1);
+    let everything = Checkpoint(std::iter::once((WriterId::new("a").unwrap().shard_id(), 1)).collect());
+    let (loaded, _) = saved::load(&wrapped, CELLS, &everything).await;
+    assert!(loaded.is_some(), "the saved index is loaded");
+    // A save that died between its put and its look at the mark, a purge meanwhile: what it
+    // put is begun under the old mark, never loaded, and swept by `gc`.
+    calm.remark().await.unwrap();
+    let (loaded, report) = saved::load(&wrapped, CELLS, &everything).await;
+    assert!(loaded.is_none() && report.refused.len() == 1, "{report:?}");
+    assert_eq!(saved::sweep(&*calm).await.unwrap(), 1);
+    assert!(calm.names().await.unwrap().is_empty());
 }
 
 /// A catch-up dropped after its first read holds what it read unsettled — the searcher says
@@ -1059,9 +1142,11 @@ async fn a_catch_up_dropped_half_way_is_settled_by_the_next() {
     let mut p = store.projector();
     p.refresh().await.unwrap();
     let to = p.checkpoint();
-    let hangs = HangsAfterOneRead {
+    let hangs = Wrapped {
         inner: store,
         reads: Default::default(),
+        hangs: true,
+        saved: None,
     };
     let mut searcher = Searcher::with_cells(cells);
     {
@@ -1154,4 +1239,282 @@ fn a_record_of_bytes_is_found_by_vector_and_a_cell_spans_blocks() {
         }
     }
     assert!(nearest(&ix, "m", &[1.0, 0.0]).is_empty());
+}
+
+/// A searcher of `entries` fed one by one (its position is not kept: what these tests save is
+/// the index).
+fn searcher_of(entries: &[Entry], cells: Cells) -> Searcher {
+    let mut s = Searcher::with_cells(cells);
+    for e in entries {
+        s.index.feed(e);
+    }
+    s.index.settle();
+    s
+}
+
+/// Every answer a test of a saved index compares: text, vector and hybrid searches with and
+/// without a session filter (ids, score bits, matched terms, or the refusal), and which
+/// terms and vectors are held.
+fn answers(ix: &TextIndex) -> Vec<String> {
+    let near = |m: &str, v: &[f32]| Nearest::new(m, v.to_vec()).unwrap();
+    let texts: Vec<Query> = ["refund", "\"refund order\"", "sh*", "東 京"]
+        .iter()
+        .map(|q| Query::parse(q).unwrap())
+        .collect();
+    let nears = [
+        near("m", &[1.0, -2.0]),
+        near("n", &[0.5, 1.0, -1.0]),
+        near("m", &[1.0, -2.0, 0.5]),
+    ];
+    let mut asks: Vec<Ask<'_>> = texts.iter().map(Ask::Text).collect();
+    asks.extend(nears.iter().map(Ask::Vector));
+    asks.push(Ask::Hybrid(&texts[0], &nears[0]));
+    asks.push(Ask::Hybrid(&texts[2], &nears[1]));
+    let mut out = Vec::new();
+    for bot in ["bot", "other"] {
+        for ask in &asks {
+            for session in [None, Some("s1".to_string())] {
+                let filter = Filter {
+                    session,
+                    ..Filter::default()
+                };
+                let got = ix.find_by(bot, *ask, &filter, None, 1000, &Deadline::never());
+                out.push(match got {
+                    Ok((hits, more)) => format!(
+                        "{more} {:?}",
+                        hits.into_iter()
+                            .map(|h| (h.id, h.score.to_bits(), h.matched))
+                            .collect::<Vec<_>>()
+                    ),
+                    Err(e) => format!("refused: {e}"),
+                });
+            }
+        }
+        out.push(format!("{} docs", ix.docs(bot)));
+        for w in WORDS {
+            out.push(format!("{w}: {}", ix.has_term(bot, w)));
+        }
+        for id in 0..6 {
+            for m in ["m", "n"] {
+                out.push(format!("r{id} {m}: {}", ix.has_vector(bot, &format!("r{id}"), m)));
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// An index saved after any part of a history and loaded, then fed the rest, answers
+    /// every search to the bit as one fed the whole history at once; and a loaded index saves
+    /// the same bytes it was loaded from.
+    #[test]
+    fn a_saved_index_loads_to_the_index_it_was(
+        entries in arb_entries(),
+        seed in any::<u64>(),
+        split in 0.0..=1.0f64,
+        cells in prop::sample::select(vec![
+            CELLS,
+            Cells { sample: 2, probe: 1, candidates: 2, exact: 3 },
+            Cells { sample: 1, probe: 1, candidates: 4, exact: 100 },
+        ]),
+    ) {
+        let entries = shuffle(&entries, seed);
+        let at = (entries.len() as f64 * split) as usize;
+        let whole = searcher_of(&entries, cells);
+        let first = searcher_of(&entries[..at], cells);
+        let bytes = first.encode("store", 7, Vec::new()).unwrap();
+        let loaded = persist::decode(&bytes, "store", cells).unwrap();
+        prop_assert_eq!(loaded.taken_millis, 7);
+        let mut s = loaded.searcher;
+        prop_assert!(s.settled());
+        prop_assert_eq!(&answers(s.index()), &answers(first.index()));
+        prop_assert!(s.encode("store", 7, Vec::new()).unwrap() == bytes, "a loaded index saves other bytes");
+        for e in &entries[at..] {
+            s.index.feed(e);
+        }
+        s.index.settle();
+        let mut whole = whole;
+        whole.index.settle();
+        prop_assert_eq!(answers(s.index()), answers(whole.index()));
+    }
+
+    /// A saved index changed anywhere — a byte flipped (the checksum made to match or not),
+    /// or cut short — is refused or, if the change still decodes into a consistent index,
+    /// searched without a panic.
+    #[test]
+    fn a_damaged_saved_index_is_refused_and_never_panics(
+        entries in arb_entries(),
+        at in any::<prop::sample::Index>(),
+        value in any::<u8>(),
+        resum in any::<bool>(),
+    ) {
+        let bytes = searcher_of(&entries, Cells { sample: 2, probe: 1, candidates: 2, exact: 3 }).encode("store", 0, Vec::new()).unwrap();
+        let cells = Cells { sample: 2, probe: 1, candidates: 2, exact: 3 };
+        let i = at.index(bytes.len());
+        let mut bad = bytes.clone();
+        bad[i] ^= value.max(1);
+        if resum && i >= 44 {
+            let sum = blake3::hash(&bad[44..]);
+            bad[12..44].copy_from_slice(sum.as_bytes());
+        }
+        // A crafted header may name another store or other cells: refused all the same.
+        if let Ok(d) = persist::decode(&bad, "store", cells) {
+            prop_assert!(resum, "a flipped byte passed the checksum");
+            answers(d.searcher.index());
+            // Fed on (every entry again, then a tombstone of every id): removals, moves
+            // between cells and reused numbers on what was decoded.
+            let mut s = d.searcher;
+            for (n, e) in entries.iter().enumerate() {
+                s.index.feed(e);
+                let r = &e.record;
+                s.index.feed(&entry("w9", n as u64 + 1, 5_000, Record::tombstone(r.id.as_str(), &r.bot_id, &r.session_id)));
+            }
+            s.index.settle();
+            answers(s.index());
+        }
+        let cut = persist::decode(&bytes[..i], "store", cells);
+        prop_assert!(cut.is_err(), "cut at {i} of {}", bytes.len());
+    }
+}
+
+/// A saved index says why it is not used: not one, another format, another store, other cells.
+#[test]
+fn a_saved_index_of_another_kind_format_store_or_cells_is_refused() {
+    use persist::Rejected;
+    let entries = [put(1, "r1", "s1", "refund order")];
+    let bytes = searcher_of(&entries, CELLS).encode("store", 0, Vec::new()).unwrap();
+    assert!(persist::decode(&bytes, "store", CELLS).is_ok());
+    let refused = |b: &[u8], store: &str, cells: Cells| persist::decode(b, store, cells).unwrap_err();
+    assert!(matches!(
+        refused(
+            b"CTXLOGPS and more bytes than a preamble holds..........",
+            "store",
+            CELLS
+        ),
+        Rejected::NotAnIndex(_)
+    ));
+    let mut next = bytes.clone();
+    next[8..12].copy_from_slice(&(persist::FORMAT + 1).to_le_bytes());
+    assert_eq!(
+        refused(&next, "store", CELLS),
+        Rejected::UnknownFormat {
+            found: persist::FORMAT + 1
+        }
+    );
+    assert_eq!(
+        refused(&bytes, "other", CELLS),
+        Rejected::Foreign {
+            expected: "other".into(),
+            found: "store".into()
+        }
+    );
+    let small = Cells { sample: 2, ..CELLS };
+    assert!(matches!(refused(&bytes, "store", small), Rejected::Stale(_)));
+}
+
+/// An index saved after a record's tombstone holds no byte of what the record held: its
+/// text's words, its metadata, its vector, its id's text; only that the id is dead.
+#[test]
+fn a_saved_index_holds_nothing_of_a_forgotten_record() {
+    let secret: [f32; 3] = [1234.5, -8765.25, 0.125];
+    let mut r = Record::text("gone", "bot", "s1", "user", "zebracorn refund");
+    r.metadata = Some(serde_json::json!({"topic": "okapiwhale"}));
+    let entries = [
+        put(1, "kept", "s1", "refund order"),
+        entry("w", 2, 1_002, r),
+        emb(3, "gone", "m", Metric::L2, &secret),
+        entry("w", 4, 1_004, Record::tombstone("gone", "bot", "s1")),
+    ];
+    let before = searcher_of(&entries[..3], CELLS)
+        .encode("store", 0, Vec::new())
+        .unwrap();
+    let after = searcher_of(&entries, CELLS).encode("store", 0, Vec::new()).unwrap();
+    let vector: Vec<u8> = secret.iter().flat_map(|f| f.to_le_bytes()).collect();
+    let holds = |b: &[u8], needle: &[u8]| b.windows(needle.len()).any(|w| w == needle);
+    // What was saved while the record lived is loaded whole: its metadata filters.
+    let loaded = persist::decode(&before, "store", CELLS).unwrap().searcher;
+    let topic = Filter {
+        metadata: [("topic".to_string(), serde_json::json!("okapiwhale"))].into(),
+        ..Filter::default()
+    };
+    assert_eq!(ids(loaded.index(), "refund", &topic), ["gone"]);
+    for needle in [&b"zebracorn"[..], b"okapiwhale", &vector[..4], &vector[4..8]] {
+        assert!(holds(&before, needle), "the live record's {needle:?} is saved");
+        assert!(!holds(&after, needle), "the forgotten record's {needle:?} is saved");
+    }
+}
+
+/// A loader checks that the store still holds what the saved index read at its position:
+/// the same store does; one rolled back to before it (another store at the same position
+/// with other entries) does not.
+#[tokio::test]
+async fn a_saved_index_names_the_entries_at_its_position() {
+    use crate::options::StoreOptions;
+    use crate::testing::ReferenceStore;
+    let text = |id: &str, t: &str| Record::text(id, "bot", "s", "user", t);
+    let a = WriterId::new("a").unwrap();
+    let store = ReferenceStore::open("search-tails", StoreOptions::default()).unwrap();
+    let mut w = store.open_shard(&a).await.unwrap();
+    w.append(vec![text("r1", "refund my order"), text("r2", "late order")])
+        .await
+        .unwrap();
+    let mut p = store.projector();
+    p.refresh().await.unwrap();
+    let mut s = Searcher::new();
+    s.catch_up(&store, &p.checkpoint()).await.unwrap();
+    let tails = s.tails(&store).await.unwrap();
+    assert_eq!(tails.len(), 1);
+    let bytes = s.encode("store", 0, tails).unwrap();
+    let loaded = persist::decode(&bytes, "store", CELLS).unwrap();
+    assert_eq!(loaded.searcher.position(), s.position());
+    assert_eq!(Searcher::holds_tails(&store, &loaded.tails).await.unwrap(), Ok(()));
+    // The same position, other entries there.
+    let other = ReferenceStore::open("search-tails-other", StoreOptions::default()).unwrap();
+    let mut w = other.open_shard(&a).await.unwrap();
+    w.append(vec![text("r1", "refund my order"), text("r2", "late orders")])
+        .await
+        .unwrap();
+    let held = Searcher::holds_tails(&other, &loaded.tails).await.unwrap();
+    assert!(matches!(held, Err(persist::Rejected::Stale(_))), "{held:?}");
+    // A store that ends before the position.
+    let short = ReferenceStore::open("search-tails-short", StoreOptions::default()).unwrap();
+    let held = Searcher::holds_tails(&short, &loaded.tails).await.unwrap();
+    assert!(matches!(held, Err(persist::Rejected::Stale(_))), "{held:?}");
+}
+
+/// Saved indexes in a directory: put whole under names that sort by time, the newest two
+/// kept, read back; a purge's `forget` deletes every one, and every half-written file (a
+/// crashed save's), and changes the mark.
+#[tokio::test]
+async fn saved_indexes_in_a_directory_are_kept_two_and_forgotten_whole() {
+    use crate::options::StoreOptions;
+    use crate::testing::{ManualClock, ReferenceStore};
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("s.db.ctxlog-search");
+    let identity = std::sync::Arc::new(ReferenceStore::open("search-dir", StoreOptions::default()).unwrap());
+    let clock = ManualClock::new(1_000);
+    let saved = saved::DirIndexes::new(&dir, "test", identity, clock.clone());
+    assert!(saved.names().await.unwrap().is_empty(), "no directory yet");
+    let mut names = Vec::new();
+    for i in 0..3u8 {
+        clock.set(1_000 + u64::from(i));
+        names.push(saved.put(vec![i; 10], &saved::tag(None)).await.unwrap());
+    }
+    assert_eq!(saved.names().await.unwrap(), [names[2].clone(), names[1].clone()]);
+    assert_eq!(saved.read(&names[2]).await.unwrap(), Some(vec![2; 10]));
+    assert_eq!(saved.read(&names[0]).await.unwrap(), None);
+    let crashed = dir.join(".tmp-crashed");
+    std::fs::write(&crashed, b"a secret").unwrap();
+    let before = saved.mark().await.unwrap();
+    assert_eq!(saved::forget(&saved).await.unwrap(), 2);
+    assert!(saved.names().await.unwrap().is_empty());
+    assert!(!crashed.exists(), "a half-written saved index outlived a purge");
+    assert_ne!(saved.mark().await.unwrap(), before);
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["purged"]);
 }

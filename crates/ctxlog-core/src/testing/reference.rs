@@ -49,6 +49,8 @@ struct Shared {
     data: Mutex<Data>,
     /// The store's name: the scope of its failpoints.
     name: String,
+    /// Its saved search indexes, in memory.
+    saved: Arc<crate::search::saved::MemoryIndexes>,
 }
 
 /// Where an append has stored its batch and not yet answered (a lost acknowledgement).
@@ -82,6 +84,7 @@ impl ReferenceStore {
                 let s = Arc::new(Shared {
                     data: Mutex::new(Data::default()),
                     name: name.to_string(),
+                    saved: Arc::new(crate::search::saved::MemoryIndexes::new(format!("reference:{name}"))),
                 });
                 stores.insert(name.to_string(), s.clone());
                 s
@@ -243,6 +246,10 @@ impl Store for ReferenceStore {
         Box::new(HistoryConflicts::new(Arc::new(self.clone()), Arc::new(self.clone())))
     }
 
+    fn saved_indexes(&self) -> Option<Arc<dyn crate::search::saved::SavedIndexes>> {
+        Some(self.shared.saved.clone())
+    }
+
     /// Nothing to fold: every entry is where readers read it.
     async fn compact(&self, _options: &CompactOptions) -> Result<CompactReport> {
         Ok(CompactReport {
@@ -253,6 +260,7 @@ impl Store for ReferenceStore {
 
     /// Nothing to reclaim: no entry lives twice, and a purged body is gone at once.
     async fn gc(&self, _options: &GcOptions) -> Result<GcReport> {
+        crate::search::saved::sweep(&*self.shared.saved).await?;
         Ok(GcReport {
             note: "memory: nothing to reclaim".into(),
             ..Default::default()
@@ -260,6 +268,14 @@ impl Store for ReferenceStore {
     }
 
     async fn purge(&self, options: &PurgeOptions) -> Result<PurgeReport> {
+        let saved: Arc<dyn crate::search::saved::SavedIndexes> = self.shared.saved.clone();
+        crate::search::saved::around_purge(Some(saved), "reference", async { Ok(self.erase(options)) }).await
+    }
+}
+
+impl ReferenceStore {
+    /// Purge's erasing (rule 16).
+    fn erase(&self, options: &PurgeOptions) -> PurgeReport {
         let mut data = self.shared.data.lock().expect("not poisoned");
         let all = || data.shards.values().flat_map(|s| s.entries.iter());
         // Ids are scoped by bot (a reference store is of format 3): a tombstone erases its
@@ -282,13 +298,13 @@ impl Store for ReferenceStore {
                 entries += 1;
             }
         }
-        Ok(PurgeReport {
+        PurgeReport {
             ids_purged: now.len() as u64,
             entries_purged: entries,
             ids_remaining: (pending.len() - now.len()) as u64,
             erased: true,
             note: "memory: bodies dropped".into(),
-        })
+        }
     }
 }
 
