@@ -179,7 +179,7 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64,
         (records / 100).clamp(1, FRESH_APPENDS),
     )
     .await?;
-    let saved = saved_index(store.as_ref(), &mut searcher, &asks).await?;
+    let saved = saved_index(store.as_ref(), &searcher, &asks).await?;
     drop(searcher);
 
     // The floor: FTS5 on the same texts.
@@ -263,11 +263,7 @@ pub(crate) async fn search(uri: &str, records: usize, queries: usize, seed: u64,
 /// bytes, the time to save (tails read, encoded, written, synced) and to load (read, checked,
 /// decoded, tails checked against the store), and the loaded index answering the text
 /// queries as the one it was saved from.
-async fn saved_index(
-    store: &dyn ctxlog::Store,
-    searcher: &mut Searcher,
-    asks: &[(Vec<String>, String)],
-) -> Result<Value> {
+async fn saved_index(store: &dyn ctxlog::Store, searcher: &Searcher, asks: &[(Vec<String>, String)]) -> Result<Value> {
     use ctxlog::search::persist;
     let dir = std::env::temp_dir().join(format!("ctxlog-bench-saved-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

@@ -117,6 +117,18 @@ pub struct Tail {
     entries: Vec<(u64, u64, [u8; 32])>,
 }
 
+/// The entries `store` holds at `seq` of `shard`, as a tail names them, and whether there
+/// may be more than [`TAIL_READ`] of them (then not all are here).
+async fn entries_at(store: &dyn Store, shard: ShardId, seq: u64) -> Result<(Vec<(u64, u64, [u8; 32])>, bool)> {
+    let page = store.read_shard(shard, seq.saturating_sub(1), TAIL_READ).await?;
+    let at: Vec<_> = page
+        .iter()
+        .filter(|e| e.seq == seq)
+        .map(|e| (e.epoch, e.hlc.0, e.content_hash.0))
+        .collect();
+    Ok((at, page.len() == TAIL_READ && page.iter().all(|e| e.seq == seq)))
+}
+
 /// An order key as saved: clock, shard, seq, epoch.
 type Key = (u64, [u8; 16], u64, u64);
 
@@ -225,19 +237,14 @@ impl Searcher {
     pub async fn tails(&self, store: &dyn Store) -> Result<Vec<Tail>> {
         let mut tails = Vec::new();
         for (&shard, &seq) in &self.at.0 {
-            if seq == 0 {
-                continue;
+            if seq > 0 {
+                let (entries, _) = entries_at(store, shard, seq).await?;
+                tails.push(Tail {
+                    shard: *shard.0.as_bytes(),
+                    seq,
+                    entries,
+                });
             }
-            let page = store.read_shard(shard, seq - 1, TAIL_READ).await?;
-            tails.push(Tail {
-                shard: *shard.0.as_bytes(),
-                seq,
-                entries: page
-                    .iter()
-                    .filter(|e| e.seq == seq)
-                    .map(|e| (e.epoch, e.hlc.0, e.content_hash.0))
-                    .collect(),
-            });
         }
         Ok(tails)
     }
@@ -247,18 +254,13 @@ impl Searcher {
     pub async fn holds_tails(store: &dyn Store, tails: &[Tail]) -> Result<std::result::Result<(), Rejected>> {
         for t in tails {
             let shard = ShardId(uuid::Uuid::from_bytes(t.shard));
-            let page = store.read_shard(shard, t.seq.saturating_sub(1), TAIL_READ).await?;
-            if page.len() == TAIL_READ && page.iter().all(|e| e.seq == t.seq) {
+            let (held, full) = entries_at(store, shard, t.seq).await?;
+            if full {
                 return Ok(Err(Rejected::Stale(format!(
                     "shard {shard} holds more than {TAIL_READ} entries at seq {}: its tail cannot be checked",
                     t.seq
                 ))));
             }
-            let held: Vec<(u64, u64, [u8; 32])> = page
-                .iter()
-                .filter(|e| e.seq == t.seq)
-                .map(|e| (e.epoch, e.hlc.0, e.content_hash.0))
-                .collect();
             if let Some(missing) = t.entries.iter().find(|e| !held.contains(e)) {
                 return Ok(Err(Rejected::Stale(format!(
                     "shard {shard} does not hold the entry of epoch {} at seq {} that the index read",
